@@ -1,0 +1,119 @@
+//! Items 1 and 2: the PING round trip on each library's kind of client, and the uncontended
+//! acquire + release of one key, interleaved so that both see the same machine state.
+//!
+//! Next to lock-runtime's cycle the same two commands are also sent without any library on a
+//! plain `ConnectionManager`: `SET key token NX PX ttl` and lock-runtime's release script (its
+//! wire protocol). That is the floor the protocol itself sets, whatever the client does.
+
+use crate::libs::{Client, Lib, PerLib, Pinger};
+use crate::redis_stats::server_median_usec;
+use crate::stats::Samples;
+
+pub struct Uncontended {
+    pub rtt: PerLib<Samples>,
+    pub cycle: PerLib<Samples>,
+    /// lock-runtime's two commands sent by hand.
+    pub raw: Samples,
+    /// Server time per call (median), µs: PING, `SET NX PX`, the release script.
+    pub server_usec: [f64; 3],
+}
+
+/// lock-runtime's release script, verbatim: the owner-checked delete that notifies waiters
+/// (`ARGV[2]` is `PUBLISH` on a standalone server).
+pub const RELEASE_LUA: &str = r"
+if redis.pcall('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  redis.call(ARGV[2], KEYS[1], 'released')
+  return 1
+end
+return 0
+";
+
+/// `SET NX PX` and the release script on a plain connection.
+async fn raw_cycle(con: &mut Pinger, script: &redis::Script) -> std::time::Duration {
+    let Pinger::Manager(con) = con else {
+        unreachable!("lock-runtime uses a ConnectionManager")
+    };
+    let started = std::time::Instant::now();
+    let set: Option<String> = redis::cmd("SET")
+        .arg("lock:cycle:raw")
+        .arg("bench-token")
+        .arg("NX")
+        .arg("PX")
+        .arg(30_000)
+        .query_async(con)
+        .await
+        .expect("SET");
+    assert!(set.is_some(), "the raw key is free");
+    let released: i64 = script
+        .key("lock:cycle:raw")
+        .arg("bench-token")
+        .arg("PUBLISH")
+        .invoke_async(con)
+        .await
+        .expect("release script");
+    assert_eq!(released, 1);
+    started.elapsed()
+}
+
+pub async fn measure(url: &str, iterations: usize) -> Uncontended {
+    let mut clients = Vec::new();
+    let mut pingers = Vec::new();
+    for lib in Lib::ALL {
+        clients.push(Client::connect(lib, url).await);
+        pingers.push(Pinger::connect(lib, url).await);
+    }
+    let script = redis::Script::new(RELEASE_LUA);
+    let mut raw_con = Pinger::connect(Lib::Runtime, url).await;
+    let mut raw = Vec::with_capacity(iterations);
+    let keys: Vec<String> = Lib::ALL
+        .iter()
+        .map(|l| format!("cycle:{}", l.id()))
+        .collect();
+    // Connections, scripts and the lease keepers are started on first use: warm them up.
+    for _ in 0..200 {
+        for lib in Lib::ALL {
+            let i = lib as usize;
+            pingers[i].ping().await;
+            clients[i].cycle(&keys[i]).await.expect("warm-up cycle");
+        }
+        raw_cycle(&mut raw_con, &script).await;
+    }
+    let mut rtt = PerLib::<Vec<_>>::default();
+    let mut cycle = PerLib::<Vec<_>>::default();
+    for n in 0..iterations {
+        // Rotate who goes first, so no library always follows another's burst.
+        for k in 0..Lib::ALL.len() {
+            let lib = Lib::ALL[(n + k) % Lib::ALL.len()];
+            let i = lib as usize;
+            rtt.get_mut(lib).push(pingers[i].ping().await);
+            let started = std::time::Instant::now();
+            clients[i].cycle(&keys[i]).await.expect("uncontended cycle");
+            cycle.get_mut(lib).push(started.elapsed());
+            if lib == Lib::Runtime {
+                raw.push(raw_cycle(&mut raw_con, &script).await);
+            }
+        }
+    }
+    // What each command costs the server itself, measured alone: the median from the server's
+    // own latency histogram (a mean would count every preemption of redis-server by other
+    // processes on this machine).
+    let mut stats = redis::Client::open(url)
+        .and_then(|c| c.get_connection())
+        .expect("stats connection");
+    let () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(&mut stats)
+        .expect("CONFIG RESETSTAT");
+    for _ in 0..1000 {
+        raw_con.ping().await;
+        raw_cycle(&mut raw_con, &script).await;
+    }
+    let server_usec = ["ping", "set", "evalsha"].map(|c| server_median_usec(&mut stats, c));
+    Uncontended {
+        server_usec,
+        rtt: PerLib(rtt.0.map(Samples::new)),
+        cycle: PerLib(cycle.0.map(Samples::new)),
+        raw: Samples::new(raw),
+    }
+}

@@ -1,0 +1,142 @@
+//! The command line: what `lockctl` accepts, as clap derive types.
+
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+/// Inspect the Redis locks of lock-runtime (`#[distributed_lock]`): list, show, watch, and
+/// force-unlock them.
+///
+/// Without --url, --cluster or --redlock, the Redis to inspect comes from the same environment
+/// variables as the library: LOCK_REDIS_CLUSTER (seeds, comma-separated), else LOCK_REDIS_URL
+/// (comma-separated URLs mean Redlock), else REDIS_URL.
+#[derive(Debug, Parser)]
+#[command(name = "lockctl", version)]
+pub struct Cli {
+    /// Where the locks live.
+    #[command(flatten)]
+    pub target: TargetArgs,
+
+    /// The registry's key prefix: lock `deploy:1` is the Redis key `<prefix>deploy:1`.
+    #[arg(long, global = true, default_value = "lock:", value_name = "PREFIX")]
+    pub prefix: String,
+
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The deployment to talk to; at most one of these, else the environment decides.
+#[derive(Debug, Args)]
+pub struct TargetArgs {
+    /// One Redis server: redis://host:port/ (with an ACL user: redis://user:password@host:port/).
+    #[arg(long, global = true, value_name = "URL", conflicts_with_all = ["cluster", "redlock"])]
+    pub url: Option<String>,
+
+    /// A Redis Cluster, through these seed nodes.
+    #[arg(
+        long,
+        global = true,
+        value_name = "SEED,SEED",
+        value_delimiter = ',',
+        conflicts_with = "redlock"
+    )]
+    pub cluster: Vec<String>,
+
+    /// Redlock over these independent masters.
+    #[arg(long, global = true, value_name = "URL,URL,URL", value_delimiter = ',')]
+    pub redlock: Vec<String>,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// List the held locks whose key starts with KEY_PREFIX (all of them without one).
+    ///
+    /// Uses SCAN with MATCH (never KEYS, which blocks the server), on every master of a
+    /// cluster and on every Redlock node.
+    List {
+        /// Only keys starting with this, e.g. `deploy:` (matched literally, not as a glob).
+        #[arg(value_name = "KEY_PREFIX", default_value = "")]
+        key_prefix: String,
+    },
+    /// Show one lock: owner, remaining lease, last fencing token.
+    Show {
+        /// The lock's key as the code names it, without the prefix (`deploy:42`).
+        key: String,
+    },
+    /// Print a lock's changes (taken, renewed, released, taken over) until Ctrl-C or --for.
+    Watch {
+        /// The lock's key, without the prefix.
+        key: String,
+        /// Stop after this many seconds instead of waiting for Ctrl-C.
+        #[arg(long = "for", value_name = "SECS", value_parser = seconds)]
+        duration: Option<Duration>,
+        /// How often to look, in milliseconds. Taking a lock publishes nothing, so watching
+        /// polls; a change shorter than this can go unseen.
+        #[arg(long, value_name = "MS", default_value_t = 100)]
+        every: u64,
+    },
+    /// Force-unlock a lock, whoever holds it (asks first).
+    ///
+    /// The holder notices at its next renewal (within a third of its ttl) and, with
+    /// on_lost = "cancel", stops its work.
+    Unlock {
+        /// The lock's key, without the prefix.
+        key: String,
+        /// Do not ask (required when stdin is not a terminal).
+        #[arg(long, short = 'y')]
+        yes: bool,
+    },
+}
+
+fn seconds(s: &str) -> Result<Duration, String> {
+    let secs: f64 = s
+        .parse()
+        .map_err(|_| format!("`{s}` is not a number of seconds"))?;
+    Duration::try_from_secs_f64(secs).map_err(|_| format!("`{s}` is not a positive duration"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn command_line_definition_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn seeds_and_nodes_are_split_on_commas() {
+        let cli = Cli::try_parse_from(["lockctl", "--cluster", "redis://a:1,redis://b:2", "list"])
+            .unwrap();
+        assert_eq!(cli.target.cluster, ["redis://a:1", "redis://b:2"]);
+        let cli = Cli::try_parse_from(["lockctl", "show", "x", "--redlock", "redis://a,redis://b"])
+            .unwrap();
+        assert_eq!(cli.target.redlock, ["redis://a", "redis://b"]);
+    }
+
+    #[test]
+    fn two_deployments_at_once_are_refused() {
+        let both = Cli::try_parse_from([
+            "lockctl",
+            "--url",
+            "redis://a",
+            "--cluster",
+            "redis://b",
+            "list",
+        ]);
+        assert!(both.is_err());
+    }
+
+    #[test]
+    fn watch_duration_takes_fractional_seconds() {
+        let cli = Cli::try_parse_from(["lockctl", "watch", "k", "--for", "1.5"]).unwrap();
+        let Command::Watch { duration, .. } = cli.command else {
+            panic!("parsed as {:?}", cli.command);
+        };
+        assert_eq!(duration, Some(Duration::from_millis(1500)));
+        assert!(Cli::try_parse_from(["lockctl", "watch", "k", "--for", "-1"]).is_err());
+    }
+}

@@ -1,0 +1,117 @@
+//! `lockctl`: list, show, watch and force-unlock the Redis locks of lock-runtime.
+//!
+//! Reads and deletes go through `lock_runtime::Registry` (`inspect`, `force_unlock_owned_by`), so the
+//! tool sees the same keys, fencing counters and Redlock quorums as the services; only listing
+//! talks to Redis directly, since the library has no scan.
+
+mod cli;
+mod confirm;
+mod list;
+mod render;
+mod scan;
+mod target;
+mod watch;
+
+use std::io::IsTerminal;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+use lock_runtime::{LockError, Registry};
+
+use crate::cli::{Cli, Command};
+use crate::confirm::Answer;
+use crate::target::Target;
+
+/// A failure to report: one message for the operator, exit status 1.
+#[derive(Debug)]
+pub struct Failure(pub String);
+
+impl From<LockError> for Failure {
+    fn from(e: LockError) -> Self {
+        Self(e.to_string())
+    }
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Failure(message)) => {
+            eprintln!("lockctl: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> Result<(), Failure> {
+    let target = Target::resolve(&cli.target, |name| std::env::var(name).ok()).map_err(Failure)?;
+    let registry = target.registry(&cli.prefix)?;
+    match cli.command {
+        Command::List { key_prefix } => list::list(&target, &registry, &key_prefix).await,
+        Command::Show { key } => {
+            let info = registry.inspect(&key).await?;
+            print!("{}", render::details(&registry.redis_key(&key), &info));
+            Ok(())
+        }
+        Command::Watch {
+            key,
+            duration,
+            every,
+        } => {
+            // Fail fast on a bad key or an unreachable Redis instead of watching an error.
+            registry.inspect(&key).await?;
+            watch::watch(&registry, &key, Duration::from_millis(every), duration).await;
+            Ok(())
+        }
+        Command::Unlock { key, yes } => unlock(&registry, &key, yes).await,
+    }
+}
+
+async fn unlock(registry: &Registry, key: &str, yes: bool) -> Result<(), Failure> {
+    let redis_key = registry.redis_key(key);
+    let info = registry.inspect(key).await?;
+    let Some(owner) = info.owner.as_deref() else {
+        println!("{redis_key} is not held; nothing to unlock");
+        return Ok(());
+    };
+    if !yes {
+        let question = format!(
+            "Force-unlock {redis_key}, held by {owner} ({} left, fence {})? Its holder loses \
+             the lock at its next renewal, and another may take it at once.",
+            render::remaining(&info),
+            render::fence(&info),
+        );
+        let stdin = std::io::stdin();
+        match confirm::ask(
+            &question,
+            stdin.is_terminal(),
+            &mut stdin.lock(),
+            &mut std::io::stderr(),
+        ) {
+            Answer::Yes => {}
+            Answer::No => {
+                return Err(Failure(format!(
+                    "not confirmed: {redis_key} is still locked"
+                )));
+            }
+            Answer::CannotAsk(why) => {
+                return Err(Failure(format!(
+                    "refusing to force-unlock {redis_key}: {why}"
+                )));
+            }
+        }
+    }
+    // Owner-checked: if the lock changed hands since we looked (or since the question), the new
+    // holder's lock stays; the operator looks again.
+    if registry.force_unlock_owned_by(key, owner).await? {
+        println!("force-unlocked {redis_key} (held by {owner})");
+        Ok(())
+    } else {
+        Err(Failure(format!(
+            "{redis_key} is no longer held by {owner} (released, expired or taken over since); \
+             nothing was deleted: run `lockctl show` and try again"
+        )))
+    }
+}

@@ -1,0 +1,139 @@
+//! How locks are shown to an operator: durations, owners and tables.
+
+use std::time::Duration;
+
+use lock_runtime::LockInfo;
+
+/// A remaining lease, readable at a glance: `850ms`, `4.2s`, `12m05s`, `3h20m`.
+#[must_use]
+pub fn duration(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms < 1000 {
+        format!("{ms}ms")
+    } else if ms < 60_000 {
+        format!("{:.1}s", d.as_secs_f64())
+    } else if ms < 3_600_000 {
+        format!("{}m{:02}s", ms / 60_000, ms / 1000 % 60)
+    } else {
+        format!("{}h{:02}m", ms / 3_600_000, ms / 60_000 % 60)
+    }
+}
+
+/// The remaining lease of a held lock; a lock without expiry was written by someone else.
+#[must_use]
+pub fn remaining(info: &LockInfo) -> String {
+    match (info.owner.as_ref(), info.remaining) {
+        (None, _) => "-".to_owned(),
+        (Some(_), Some(left)) => duration(left),
+        (Some(_), None) => "no expiry".to_owned(),
+    }
+}
+
+/// The last fencing token, or `-` when fencing was never used on the key (or on Redlock).
+#[must_use]
+pub fn fence(info: &LockInfo) -> String {
+    info.fence.map_or_else(|| "-".to_owned(), |f| f.to_string())
+}
+
+/// `host` and `pid` read from a lock-runtime owner token (`host:pid:<32 hex>`); `None` for a
+/// token written by another client (redis-py, redsync, ...), which has its own format.
+#[must_use]
+pub fn owner_parts(token: &str) -> Option<(&str, u32)> {
+    let (rest, random) = token.rsplit_once(':')?;
+    let (host, pid) = rest.rsplit_once(':')?;
+    let is_ours = random.len() == 32 && random.bytes().all(|b| b.is_ascii_hexdigit());
+    is_ours.then_some(())?;
+    Some((host, pid.parse().ok()?))
+}
+
+/// The lines of `lockctl show`.
+#[must_use]
+pub fn details(redis_key: &str, info: &LockInfo) -> String {
+    let owner = match info.owner.as_deref() {
+        None => "-".to_owned(),
+        Some(token) => match owner_parts(token) {
+            Some((host, pid)) => format!("{token} (host {host}, pid {pid})"),
+            None => format!("{token} (not a lock-runtime token)"),
+        },
+    };
+    let state = if info.owner.is_some() { "held" } else { "free" };
+    format!(
+        "key:    {redis_key}\nstate:  {state}\nowner:  {owner}\nlease:  {}\nfence:  {}\n",
+        remaining(info),
+        fence(info),
+    )
+}
+
+/// Left-aligned columns, two spaces apart; the last column is not padded.
+#[must_use]
+pub fn table(rows: &[Vec<String>]) -> String {
+    let columns = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..columns)
+        .map(|c| {
+            rows.iter()
+                .filter_map(|r| r.get(c))
+                .map(|cell| cell.chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    for row in rows {
+        let mut line = String::new();
+        for (c, cell) in row.iter().enumerate() {
+            if c + 1 == row.len() {
+                line.push_str(cell);
+            } else {
+                line.push_str(&format!("{cell:<width$}  ", width = widths[c]));
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_keep_two_significant_units() {
+        assert_eq!(duration(Duration::from_millis(850)), "850ms");
+        assert_eq!(duration(Duration::from_millis(4_240)), "4.2s");
+        assert_eq!(duration(Duration::from_secs(725)), "12m05s");
+        assert_eq!(duration(Duration::from_secs(12_000)), "3h20m");
+    }
+
+    #[test]
+    fn owner_token_names_host_and_pid() {
+        let token = "web-1:4242:0123456789abcdef0123456789abcdef";
+        assert_eq!(owner_parts(token), Some(("web-1", 4242)));
+        // Hosts may contain colons (IPv6); the last two fields are pid and random.
+        let token = "::1:7:0123456789abcdef0123456789abcdef";
+        assert_eq!(owner_parts(token), Some(("::1", 7)));
+        // redis-py writes a bare uuid hex.
+        assert_eq!(owner_parts("0123456789abcdef0123456789abcdef"), None);
+    }
+
+    #[test]
+    fn a_free_lock_shows_its_last_fence() {
+        let info = LockInfo {
+            owner: None,
+            remaining: None,
+            fence: Some(17),
+        };
+        let text = details("lock:x", &info);
+        assert!(text.contains("state:  free"), "{text}");
+        assert!(text.contains("fence:  17"), "{text}");
+    }
+
+    #[test]
+    fn table_aligns_columns() {
+        let rows = vec![
+            vec!["KEY".to_owned(), "TTL".to_owned()],
+            vec!["deploy:1".to_owned(), "4.2s".to_owned()],
+        ];
+        assert_eq!(table(&rows), "KEY       TTL\ndeploy:1  4.2s\n");
+    }
+}

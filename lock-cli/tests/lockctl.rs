@@ -1,0 +1,486 @@
+//! `lockctl` against real servers: a single node, a Redis Cluster and Redlock nodes that each
+//! test starts itself. The binary runs as an operator would run it; locks are taken through
+//! the library, as the services would.
+
+use std::process::{Output, Stdio};
+use std::time::Duration;
+
+use lock_runtime::{LockError, LockGuard, LostReason, Registry};
+use lock_tests::cluster::RedisCluster;
+use lock_tests::RedisServer;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::Command;
+
+/// Longer than any test: locks must not expire under it.
+const TTL: Duration = Duration::from_secs(60);
+/// Bounds a wait for output that should come: a hang fails the test instead of stalling it.
+const PATIENCE: Duration = Duration::from_secs(30);
+
+/// `lockctl` with no deployment in its environment: each test says where to look.
+fn lockctl(args: &[&str]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_lockctl"));
+    command
+        .args(args)
+        .env_remove("LOCK_REDIS_URL")
+        .env_remove("LOCK_REDIS_CLUSTER")
+        .env_remove("REDIS_URL")
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    command
+}
+
+async fn run(command: &mut Command) -> Output {
+    command.output().await.expect("run lockctl")
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn succeeded(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "lockctl failed: {}\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        stdout(out),
+        stderr(out)
+    );
+    stdout(out)
+}
+
+async fn hold(registry: &Registry, key: &str, fencing: bool) -> LockGuard {
+    registry
+        .lock(key)
+        .ttl(TTL)
+        .fencing(fencing)
+        .acquire()
+        .await
+        .expect("take the lock")
+}
+
+/// The output line about `key` in a `list` table.
+fn row<'a>(listing: &'a str, key: &str) -> &'a str {
+    listing
+        .lines()
+        .find(|line| line.split_whitespace().next() == Some(key))
+        .unwrap_or_else(|| panic!("no row for {key} in:\n{listing}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_shows_owner_ttl_and_fence_of_locks_under_a_key_prefix() {
+    let server = RedisServer::start();
+    let registry = Registry::from_url(&server.url()).unwrap();
+    let first = hold(&registry, "deploy:1", true).await;
+    let second = hold(&registry, "deploy:2", false).await;
+    let _other = hold(&registry, "report:daily", false).await;
+
+    let out = succeeded(&run(&mut lockctl(&["--url", &server.url(), "list", "deploy:"])).await);
+
+    let first_row = row(&out, "deploy:1");
+    assert!(first_row.contains(first.token()), "{out}");
+    let fence = first.fence().unwrap().to_string();
+    assert_eq!(
+        first_row.split_whitespace().last(),
+        Some(fence.as_str()),
+        "{out}"
+    );
+    assert!(
+        first_row.contains('s'),
+        "a remaining lease in seconds: {out}"
+    );
+    assert!(row(&out, "deploy:2").contains(second.token()), "{out}");
+    assert!(
+        !out.contains("report:daily"),
+        "outside the key prefix: {out}"
+    );
+    assert!(out.contains("2 locks under lock:deploy:"), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_reads_the_deployment_from_the_library_environment() {
+    let server = RedisServer::start();
+    let registry = Registry::from_url(&server.url()).unwrap();
+    let guard = hold(&registry, "job:env", false).await;
+
+    let out = succeeded(&run(lockctl(&["list"]).env("LOCK_REDIS_URL", server.url())).await);
+    assert!(row(&out, "job:env").contains(guard.token()), "{out}");
+
+    let out = succeeded(&run(lockctl(&["list"]).env("REDIS_URL", server.url())).await);
+    assert!(row(&out, "job:env").contains(guard.token()), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_of_nothing_says_so() {
+    let server = RedisServer::start();
+    let out = succeeded(&run(&mut lockctl(&["--url", &server.url(), "list"])).await);
+    assert_eq!(out.trim(), "no locks under lock:");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_uses_the_given_registry_prefix() {
+    let server = RedisServer::start();
+    let registry = Registry::builder()
+        .url(server.url())
+        .prefix("billing-lock:")
+        .build()
+        .unwrap();
+    let guard = hold(&registry, "invoice:9", false).await;
+
+    let default = succeeded(&run(&mut lockctl(&["--url", &server.url(), "list"])).await);
+    assert!(!default.contains("invoice:9"), "{default}");
+    let url = server.url();
+    let out = succeeded(
+        &run(&mut lockctl(&[
+            "--url",
+            &url,
+            "--prefix",
+            "billing-lock:",
+            "list",
+        ]))
+        .await,
+    );
+    assert!(row(&out, "invoice:9").contains(guard.token()), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn show_prints_owner_host_pid_lease_and_fence() {
+    let server = RedisServer::start();
+    let registry = Registry::from_url(&server.url()).unwrap();
+    let guard = hold(&registry, "deploy:7", true).await;
+
+    let out = succeeded(&run(&mut lockctl(&["--url", &server.url(), "show", "deploy:7"])).await);
+    assert!(out.contains("key:    lock:deploy:7"), "{out}");
+    assert!(out.contains("state:  held"), "{out}");
+    assert!(out.contains(guard.token()), "{out}");
+    assert!(
+        out.contains(&format!("pid {})", std::process::id())),
+        "the owner's pid is this test process: {out}"
+    );
+    let fence = guard.fence().unwrap();
+    assert!(out.contains(&format!("fence:  {fence}")), "{out}");
+
+    guard.release().await.unwrap();
+    let out = succeeded(&run(&mut lockctl(&["--url", &server.url(), "show", "deploy:7"])).await);
+    assert!(out.contains("state:  free"), "{out}");
+    assert!(
+        out.contains(&format!("fence:  {fence}")),
+        "the counter outlives the lock: {out}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unlock_with_yes_deletes_the_lock_and_its_holder_learns_it_was_stolen() {
+    let server = RedisServer::start();
+    let registry = Registry::from_url(&server.url()).unwrap();
+    let guard = registry
+        .lock("deploy:9")
+        // Renewals at ttl/3 are how the holder finds out; keep them frequent.
+        .ttl(Duration::from_secs(3))
+        .acquire()
+        .await
+        .unwrap();
+
+    let url = server.url();
+    let out = succeeded(
+        &run(&mut lockctl(&[
+            "--url", &url, "unlock", "deploy:9", "--yes",
+        ]))
+        .await,
+    );
+    assert!(out.contains("force-unlocked lock:deploy:9"), "{out}");
+    assert!(out.contains(guard.token()), "names who held it: {out}");
+    let exists: bool = redis::cmd("EXISTS")
+        .arg("lock:deploy:9")
+        .query(&mut server.connection())
+        .unwrap();
+    assert!(!exists);
+
+    let lost = tokio::time::timeout(PATIENCE, guard.lost())
+        .await
+        .expect("the holder notices at its next renewal");
+    assert!(
+        matches!(
+            lost,
+            LockError::Lost {
+                reason: LostReason::Stolen,
+                ..
+            }
+        ),
+        "{lost}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unlock_without_yes_is_refused_when_stdin_is_not_a_terminal() {
+    let server = RedisServer::start();
+    let registry = Registry::from_url(&server.url()).unwrap();
+    let guard = hold(&registry, "deploy:3", false).await;
+
+    // A "y" piped in is not a person answering.
+    let mut child = lockctl(&["--url", &server.url(), "unlock", "deploy:3"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use tokio::io::AsyncWriteExt;
+        let mut stdin = child.stdin.take().unwrap();
+        // The tool may exit before reading: a broken pipe here is fine.
+        let _ = stdin.write_all(b"y\n").await;
+    }
+    let out = child.wait_with_output().await.unwrap();
+
+    assert!(!out.status.success(), "stdout: {}", stdout(&out));
+    assert!(
+        stderr(&out).contains("refusing to force-unlock lock:deploy:3"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(stderr(&out).contains("--yes"), "{}", stderr(&out));
+    let owner: Option<String> = redis::cmd("GET")
+        .arg("lock:deploy:3")
+        .query(&mut server.connection())
+        .unwrap();
+    assert_eq!(
+        owner.as_deref(),
+        Some(guard.token()),
+        "the lock is untouched"
+    );
+}
+
+/// Runs `lockctl args` on a pseudo-terminal (through util-linux `script`), typing `typed`.
+async fn on_terminal(args: &[&str], typed: &str) -> Output {
+    use tokio::io::AsyncWriteExt;
+    let command_line = std::iter::once(env!("CARGO_BIN_EXE_lockctl"))
+        .chain(args.iter().copied())
+        .collect::<Vec<_>>()
+        .join(" ");
+    let mut child = Command::new("script")
+        .args([
+            "--quiet",
+            "--return",
+            "--command",
+            &command_line,
+            "/dev/null",
+        ])
+        .env_remove("LOCK_REDIS_URL")
+        .env_remove("LOCK_REDIS_CLUSTER")
+        .env_remove("REDIS_URL")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("run `script` (util-linux) to give lockctl a terminal");
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(typed.as_bytes()).await.unwrap();
+    // Kept open until lockctl is done: `script` may end the session at end of input.
+    let out = tokio::time::timeout(PATIENCE, child.wait_with_output())
+        .await
+        .expect("lockctl answered")
+        .unwrap();
+    drop(stdin);
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unlock_on_a_terminal_asks_and_only_yes_unlocks() {
+    let server = RedisServer::start();
+    let registry = Registry::from_url(&server.url()).unwrap();
+    let guard = hold(&registry, "deploy:4", true).await;
+    let url = server.url();
+    let owner = || -> Option<String> {
+        redis::cmd("GET")
+            .arg("lock:deploy:4")
+            .query(&mut server.connection())
+            .unwrap()
+    };
+
+    let out = on_terminal(&["--url", &url, "unlock", "deploy:4"], "n\n").await;
+    // On a terminal, lockctl's stdout and stderr both arrive on `script`'s stdout.
+    let screen = stdout(&out);
+    assert!(!out.status.success(), "{screen}");
+    assert!(
+        screen.contains("Force-unlock lock:deploy:4, held by"),
+        "{screen}"
+    );
+    assert!(screen.contains(guard.token()), "{screen}");
+    assert!(screen.contains("[y/N]"), "{screen}");
+    assert!(screen.contains("still locked"), "{screen}");
+    assert_eq!(owner().as_deref(), Some(guard.token()));
+
+    let out = on_terminal(&["--url", &url, "unlock", "deploy:4"], "y\n").await;
+    let screen = stdout(&out);
+    assert!(out.status.success(), "{screen}");
+    assert!(screen.contains("force-unlocked lock:deploy:4"), "{screen}");
+    assert_eq!(owner(), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unlock_of_a_free_lock_changes_nothing() {
+    let server = RedisServer::start();
+    let out = succeeded(
+        &run(&mut lockctl(&[
+            "--url",
+            &server.url(),
+            "unlock",
+            "deploy:0",
+        ]))
+        .await,
+    );
+    assert!(out.contains("lock:deploy:0 is not held"), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_prints_each_holder_coming_and_going() {
+    let server = RedisServer::start();
+    let registry = Registry::from_url(&server.url()).unwrap();
+    let mut child = lockctl(&["--url", &server.url(), "watch", "deploy:5", "--every", "20"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut next_line_with = async |needle: &str| loop {
+        let line = tokio::time::timeout(PATIENCE, lines.next_line())
+            .await
+            .unwrap_or_else(|_| panic!("no line with `{needle}` from lockctl watch"))
+            .unwrap()
+            .unwrap_or_else(|| panic!("lockctl watch ended before printing `{needle}`"));
+        if line.contains(needle) {
+            return line;
+        }
+    };
+
+    next_line_with("free").await;
+    let guard = hold(&registry, "deploy:5", true).await;
+    let taken = next_line_with("taken by").await;
+    assert!(taken.contains(guard.token()), "{taken}");
+    assert!(taken.contains("fence 1"), "{taken}");
+    guard.release_now().await.unwrap();
+    next_line_with("released").await;
+
+    child.kill().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_for_a_duration_ends_by_itself() {
+    let server = RedisServer::start();
+    let out = run(&mut lockctl(&[
+        "--url",
+        &server.url(),
+        "watch",
+        "deploy:5",
+        "--for",
+        "0.3",
+    ]))
+    .await;
+    assert!(succeeded(&out).contains("free"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_deployment_configured_says_what_to_set() {
+    let out = run(&mut lockctl(&["list"])).await;
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("LOCK_REDIS_URL"), "{}", stderr(&out));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_list_scans_every_master_and_unlock_reaches_the_owning_shard() {
+    let cluster = RedisCluster::start(3, 0);
+    let seeds = cluster.seeds().join(",");
+    let registry = Registry::builder()
+        .cluster(cluster.seeds())
+        .build()
+        .unwrap();
+    let keys: Vec<String> = (0..12).map(|i| format!("job:{i}")).collect();
+    let mut guards = Vec::new();
+    for key in &keys {
+        guards.push(hold(&registry, key, true).await);
+    }
+    let mut masters: Vec<u16> = keys
+        .iter()
+        .map(|k| cluster.master_port_of(&cluster.nodes[0], &format!("lock:{k}")))
+        .collect();
+    masters.sort_unstable();
+    masters.dedup();
+    assert!(
+        masters.len() > 1,
+        "the keys must spread over masters to test this"
+    );
+
+    let out = succeeded(&run(&mut lockctl(&["--cluster", &seeds, "list", "job:"])).await);
+    for (key, guard) in keys.iter().zip(&guards) {
+        let line = row(&out, key);
+        assert!(line.contains(guard.token()), "{out}");
+        let fence = guard.fence().unwrap().to_string();
+        assert_eq!(
+            line.split_whitespace().last(),
+            Some(fence.as_str()),
+            "{out}"
+        );
+    }
+    assert!(
+        out.contains("12 locks under lock:job: on 3 masters"),
+        "{out}"
+    );
+
+    // The same through the library's environment variable, then force-unlock one.
+    let out = succeeded(
+        &run(lockctl(&["unlock", "job:4", "--yes"]).env("LOCK_REDIS_CLUSTER", &seeds)).await,
+    );
+    assert!(out.contains("force-unlocked lock:job:4"), "{out}");
+    let out = succeeded(&run(lockctl(&["show", "job:4"]).env("LOCK_REDIS_CLUSTER", &seeds)).await);
+    assert!(out.contains("state:  free"), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_list_shows_the_majority_owner_and_on_how_many_nodes_a_key_lives() {
+    let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
+    let registry = Registry::builder().redlock(urls.clone()).build().unwrap();
+    let guard = hold(&registry, "pay:1", false).await;
+    // A leftover of a failed acquisition: present on one node only, held by nobody.
+    let _: () = redis::cmd("SET")
+        .arg("lock:pay:2")
+        .arg("elsewhere:1:0123456789abcdef0123456789abcdef")
+        .arg("PX")
+        .arg(60_000)
+        .query(&mut servers[0].connection())
+        .unwrap();
+
+    let nodes = urls.join(",");
+    let out = succeeded(&run(&mut lockctl(&["--redlock", &nodes, "list", "pay:"])).await);
+    let held = row(&out, "pay:1");
+    assert!(held.contains(guard.token()), "{out}");
+    assert!(held.ends_with("3/3"), "{out}");
+    let minority = row(&out, "pay:2");
+    assert!(minority.contains("(no majority)"), "{out}");
+    assert!(minority.ends_with("1/3"), "{out}");
+
+    // A comma list in LOCK_REDIS_URL is Redlock, as for the library.
+    let out = succeeded(&run(lockctl(&["show", "pay:1"]).env("LOCK_REDIS_URL", &nodes)).await);
+    assert!(out.contains(guard.token()), "{out}");
+    let out = succeeded(
+        &run(&mut lockctl(&[
+            "--redlock",
+            &nodes,
+            "unlock",
+            "pay:1",
+            "--yes",
+        ]))
+        .await,
+    );
+    assert!(out.contains("force-unlocked lock:pay:1"), "{out}");
+    for server in &servers {
+        let exists: bool = redis::cmd("EXISTS")
+            .arg("lock:pay:1")
+            .query(&mut server.connection())
+            .unwrap();
+        assert!(!exists, "deleted on every node");
+    }
+}

@@ -1,0 +1,77 @@
+//! What `#[distributed_lock]` expands to. Not public API: only the macro may use it.
+
+use std::future::Future;
+
+pub use crate::key::KeyBuilder;
+pub use crate::{LockError, LockOptions, OnLost};
+pub use core::time::Duration;
+
+/// Looks up the registry (`None`: the default) and runs `body` under the lock, exactly as
+/// `registry.lock(key).options(options).run(body)` does.
+///
+/// Generic over the fn's return type `R` rather than over `Result<T, E>`: a return type that is
+/// not a [`LockResult`] then fails only the `R: LockResult` bound, with its
+/// `on_unimplemented` message, instead of adding type-mismatch errors about the async block.
+///
+/// # Errors
+/// As [`LockRequest::run`](crate::LockRequest::run), plus [`LockError::NotConfigured`].
+pub async fn run<R, F>(
+    registry: Option<&'static str>,
+    key: String,
+    options: LockOptions,
+    body: F,
+) -> R
+where
+    R: LockResult,
+    F: Future<Output = R>,
+{
+    let registry = match registry {
+        None => crate::registry(),
+        Some(name) => crate::named(name),
+    };
+    let result = match registry {
+        Ok(registry) => {
+            registry
+                .lock(key)
+                .options(options)
+                .run(async move { body.await.into_result() })
+                .await
+        }
+        Err(error) => Err(error.into()),
+    };
+    R::from_result(result)
+}
+
+/// The return type of a `#[distributed_lock]` fn: a `Result` whose error a [`LockError`]
+/// converts into.
+#[diagnostic::on_unimplemented(
+    message = "`#[distributed_lock]` needs the fn to return `Result<T, E>` where `E: From<lock_runtime::LockError>`, not `{Self}`",
+    label = "lock failures (busy, lost, Redis down) must be able to return through this type",
+    note = "return `Result<_, E>` and implement `From<lock_runtime::LockError>` for `E` (thiserror: `#[error(transparent)] Lock(#[from] lock_runtime::LockError)`)"
+)]
+pub trait LockResult: Sized {
+    /// The success type.
+    type Ok;
+    /// The error type.
+    type Err: From<LockError>;
+    /// As a `Result`.
+    fn into_result(self) -> Result<Self::Ok, Self::Err>;
+    /// Back from a `Result`.
+    fn from_result(result: Result<Self::Ok, Self::Err>) -> Self;
+}
+
+impl<T, E: From<LockError>> LockResult for Result<T, E> {
+    type Ok = T;
+    type Err = E;
+
+    fn into_result(self) -> Self {
+        self
+    }
+
+    fn from_result(result: Self) -> Self {
+        result
+    }
+}
+
+/// Compile-time check that `R` is a [`LockResult`], quoted at the user's return type.
+pub const fn assert_lock_result<R: LockResult>() {}

@@ -1,0 +1,203 @@
+//! An in-process store with the same semantics as Redis, for unit tests and local runs.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::{Attempt, LockInfo, Renewal};
+use crate::key::LockKey;
+use crate::waiting::WaitHub;
+
+/// Locks kept in this process's memory.
+///
+/// One store shared by several registries behaves like one Redis shared by several replicas:
+/// they exclude each other, wait on each other's releases and share fencing counters. Time is
+/// Tokio's clock, so tests under `tokio::time::pause()` can let leases expire instantly.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// use lock_runtime::{MemoryStore, Registry};
+///
+/// let store = MemoryStore::new();
+/// let replica_a = Registry::builder().memory(store.clone()).build().unwrap();
+/// let replica_b = Registry::builder().memory(store).build().unwrap();
+///
+/// let held = replica_a.lock("report:2026-11-22").acquire().await.unwrap();
+/// assert!(replica_b.lock("report:2026-11-22").acquire().await.unwrap_err().is_busy());
+/// held.release().await.unwrap();
+/// # }
+/// ```
+#[derive(Clone, Default)]
+pub struct MemoryStore {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryStore")
+            .field("keys", &self.inner.data().locks.len())
+            .finish()
+    }
+}
+
+struct Inner {
+    data: Mutex<Data>,
+    hub: WaitHub,
+}
+
+impl Default for Inner {
+    fn default() -> Self {
+        Self {
+            data: Mutex::default(),
+            hub: WaitHub::local(),
+        }
+    }
+}
+
+#[derive(Default)]
+struct Data {
+    locks: HashMap<String, Entry>,
+    fences: HashMap<String, u64>,
+}
+
+struct Entry {
+    token: String,
+    expires_at: Option<Instant>,
+}
+
+impl Inner {
+    fn data(&self) -> std::sync::MutexGuard<'_, Data> {
+        // Every critical section is a few map operations that cannot panic halfway.
+        self.data.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Data {
+    /// The live entry under `key`, dropping it if it expired (Redis expires lazily too).
+    fn live(&mut self, key: &str, now: Instant) -> Option<&mut Entry> {
+        if self
+            .locks
+            .get(key)
+            .is_some_and(|e| e.expires_at.is_some_and(|t| t <= now))
+        {
+            self.locks.remove(key);
+        }
+        self.locks.get_mut(key)
+    }
+}
+
+impl MemoryStore {
+    /// An empty store.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Sets `key` (the full Redis name, prefix included) to `value` with no expiry, as a foreign
+    /// writer would: for tests that take a lock away behind its holder's back.
+    pub fn overwrite(&self, redis_key: &str, value: &str) {
+        self.inner.data().locks.insert(
+            redis_key.to_owned(),
+            Entry {
+                token: value.to_owned(),
+                expires_at: None,
+            },
+        );
+    }
+
+    pub(crate) fn hub(&self) -> &WaitHub {
+        &self.inner.hub
+    }
+
+    pub(crate) fn acquire(
+        &self,
+        key: &LockKey,
+        token: &str,
+        ttl: Duration,
+        fencing: bool,
+    ) -> Attempt {
+        let now = Instant::now();
+        let mut data = self.inner.data();
+        if let Some(entry) = data.live(&key.redis_key, now) {
+            if entry.token != token {
+                return Attempt::Busy {
+                    retry_after: entry.expires_at.map(|t| t - now),
+                };
+            }
+        }
+        data.locks.insert(
+            key.redis_key.clone(),
+            Entry {
+                token: token.to_owned(),
+                expires_at: Some(now + ttl),
+            },
+        );
+        let fence = fencing.then(|| {
+            let counter = data.fences.entry(key.fence_key.clone()).or_default();
+            *counter += 1;
+            *counter
+        });
+        Attempt::Acquired { fence }
+    }
+
+    pub(crate) fn release(&self, key: &LockKey, token: &str) -> bool {
+        let now = Instant::now();
+        let mut data = self.inner.data();
+        let ours = data
+            .live(&key.redis_key, now)
+            .is_some_and(|e| e.token == token);
+        if ours {
+            data.locks.remove(&key.redis_key);
+            drop(data);
+            self.inner.hub.notify(key.channel());
+        }
+        ours
+    }
+
+    pub(crate) fn renew(&self, batch: &[Renewal<'_>]) -> Vec<bool> {
+        let now = Instant::now();
+        let mut data = self.inner.data();
+        batch
+            .iter()
+            .map(|r| match data.live(r.redis_key, now) {
+                Some(entry) if entry.token == r.token => {
+                    entry.expires_at = Some(now + Duration::from_millis(r.ttl_ms));
+                    true
+                }
+                _ => false,
+            })
+            .collect()
+    }
+
+    pub(crate) fn inspect(&self, key: &LockKey) -> LockInfo {
+        let now = Instant::now();
+        let mut data = self.inner.data();
+        let fence = data.fences.get(&key.fence_key).copied();
+        match data.live(&key.redis_key, now) {
+            Some(entry) => LockInfo {
+                owner: Some(entry.token.clone()),
+                remaining: entry.expires_at.map(|t| t - now),
+                fence,
+            },
+            None => LockInfo {
+                owner: None,
+                remaining: None,
+                fence,
+            },
+        }
+    }
+
+    pub(crate) fn force_unlock(&self, key: &LockKey) -> bool {
+        let now = Instant::now();
+        let mut data = self.inner.data();
+        let existed = data.live(&key.redis_key, now).is_some();
+        data.locks.remove(&key.redis_key);
+        drop(data);
+        if existed {
+            self.inner.hub.notify(key.channel());
+        }
+        existed
+    }
+}

@@ -1,0 +1,136 @@
+//! Where locks live. The registry talks to one of these; each speaks the same operations.
+
+use std::time::Duration;
+
+use crate::key::LockKey;
+use crate::waiting::WaitHub;
+use crate::LockError;
+
+pub(crate) mod memory;
+pub(crate) mod redis;
+pub(crate) mod redlock;
+
+pub use memory::MemoryStore;
+
+/// The outcome of one acquisition attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Attempt {
+    /// Ours; with the fencing token when one was asked for.
+    Acquired { fence: Option<u64> },
+    /// Someone else's; with the holder's remaining lease (`None`: the key has no expiry).
+    Busy { retry_after: Option<Duration> },
+}
+
+/// One lock in a renewal batch.
+pub(crate) struct Renewal<'a> {
+    pub redis_key: &'a str,
+    pub token: &'a str,
+    pub ttl_ms: u64,
+}
+
+/// What `inspect` finds under a key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LockInfo {
+    /// The holder's token (`host:pid:random`), `None` when the lock is free.
+    pub owner: Option<String>,
+    /// The remaining lease, `None` when free or without expiry.
+    pub remaining: Option<Duration>,
+    /// The last fencing token handed out for this key, if fencing was ever used.
+    pub fence: Option<u64>,
+}
+
+pub(crate) enum Backend {
+    /// A standalone server or a Redis Cluster.
+    Redis(Box<redis::RedisBackend>),
+    /// Independent masters.
+    Redlock(Box<redlock::Redlock>),
+    Memory(MemoryStore),
+}
+
+/// Milliseconds for `PX`/`PEXPIRE`, at least 1 (0 would be an error or mean "delete now").
+pub(crate) fn ttl_ms(ttl: Duration) -> u64 {
+    u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+impl Backend {
+    /// `host:port` (never credentials), for errors and traces.
+    pub(crate) fn node(&self) -> &str {
+        match self {
+            Self::Redis(n) => n.node(),
+            Self::Redlock(r) => r.node(),
+            Self::Memory(_) => "memory",
+        }
+    }
+
+    /// Whether keys must keep the lock, its counter and its channel in one hash slot.
+    pub(crate) fn is_cluster(&self) -> bool {
+        matches!(self, Self::Redis(n) if n.is_cluster())
+    }
+
+    pub(crate) fn hub(&self) -> &WaitHub {
+        match self {
+            Self::Redis(n) => n.hub(),
+            Self::Redlock(r) => r.hub(),
+            Self::Memory(m) => m.hub(),
+        }
+    }
+
+    /// `first`: the first attempt of an acquisition, which is usually uncontended; later
+    /// attempts (while waiting) go straight to the script that also reports the holder's lease.
+    pub(crate) async fn acquire(
+        &self,
+        key: &LockKey,
+        token: &str,
+        ttl: Duration,
+        fencing: bool,
+        first: bool,
+    ) -> Result<Attempt, LockError> {
+        match self {
+            Self::Redis(n) => n.acquire(key, token, ttl, fencing, first).await,
+            Self::Redlock(r) => r.acquire(key, token, ttl, fencing, first).await,
+            Self::Memory(m) => Ok(m.acquire(key, token, ttl, fencing)),
+        }
+    }
+
+    /// Deletes the lock if it is still ours and wakes waiters; `Ok(false)` if it was not ours.
+    pub(crate) async fn release(&self, key: &LockKey, token: &str) -> Result<bool, LockError> {
+        match self {
+            Self::Redis(n) => n.release(key, token).await,
+            Self::Redlock(r) => r.release(key, token).await,
+            Self::Memory(m) => Ok(m.release(key, token)),
+        }
+    }
+
+    /// Sets the expiry of each lock that is still ours. Per lock: `Some(true)` renewed,
+    /// `Some(false)` no longer ours, `None` unknown (that part of the batch failed; retry).
+    ///
+    /// Each call to a node is bounded by `budget`, so one dead node cannot hold back the
+    /// renewals that live nodes confirm.
+    pub(crate) async fn renew(
+        &self,
+        batch: &[Renewal<'_>],
+        budget: Duration,
+    ) -> Result<Vec<Option<bool>>, LockError> {
+        match self {
+            Self::Redis(n) => n.renew(batch, budget).await,
+            Self::Redlock(r) => r.renew(batch, budget).await,
+            Self::Memory(m) => Ok(m.renew(batch).into_iter().map(Some).collect()),
+        }
+    }
+
+    pub(crate) async fn inspect(&self, key: &LockKey) -> Result<LockInfo, LockError> {
+        match self {
+            Self::Redis(n) => n.inspect(key).await,
+            Self::Redlock(r) => r.inspect(key).await,
+            Self::Memory(m) => Ok(m.inspect(key)),
+        }
+    }
+
+    pub(crate) async fn force_unlock(&self, key: &LockKey) -> Result<bool, LockError> {
+        match self {
+            Self::Redis(n) => n.force_unlock(key).await,
+            Self::Redlock(r) => r.force_unlock(key).await,
+            Self::Memory(m) => Ok(m.force_unlock(key)),
+        }
+    }
+}

@@ -1,0 +1,139 @@
+//! The locks the running task holds: `current()` and task-aware reentrancy.
+//!
+//! Each guarded body runs inside a task-local frame that points at its lease and at the frame
+//! it was nested in. A lock request for a key that a frame of the same registry already holds
+//! runs inside that lease instead of deadlocking against itself. Frames live in the future, not
+//! in the thread, so a task that moves between worker threads keeps them, and a task spawned
+//! from inside a body does not inherit them: it is another holder and must acquire.
+
+use std::sync::Arc;
+
+use crate::lease::Lease;
+use crate::registry::RegistryInner;
+use crate::LockError;
+
+tokio::task_local! {
+    static FRAME: Arc<Frame>;
+}
+
+pub(crate) struct Frame {
+    registry: Arc<RegistryInner>,
+    pub(crate) lease: Arc<Lease>,
+    parent: Option<Arc<Frame>>,
+}
+
+/// The innermost lock held by the running task, from inside a guarded body
+/// ([`LockRequest::run`](crate::LockRequest::run) or a `#[distributed_lock]` fn).
+#[derive(Clone)]
+pub struct CurrentLock {
+    frame: Arc<Frame>,
+}
+
+impl std::fmt::Debug for CurrentLock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CurrentLock")
+            .field("key", &self.key())
+            .field("fence", &self.fence())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The innermost lock the running task holds, or `None` outside any guarded body.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lock_runtime::LockError> {
+/// let registry = lock_runtime::Registry::in_memory();
+/// assert!(lock_runtime::current().is_none());
+/// registry
+///     .lock("invoice:7")
+///     .fencing(true)
+///     .run(async {
+///         let held = lock_runtime::current().expect("inside the body");
+///         assert_eq!(held.key(), "invoice:7");
+///         assert_eq!(held.fence(), Some(1));
+///         Ok::<_, lock_runtime::LockError>(())
+///     })
+///     .await
+/// # }
+/// ```
+#[must_use]
+pub fn current() -> Option<CurrentLock> {
+    FRAME
+        .try_with(Arc::clone)
+        .ok()
+        .map(|frame| CurrentLock { frame })
+}
+
+impl CurrentLock {
+    /// The key as given to the lock (without the registry prefix).
+    #[must_use]
+    pub fn key(&self) -> &str {
+        &self.frame.lease.key.key
+    }
+
+    /// The Redis key that holds the lock (prefix included).
+    #[must_use]
+    pub fn redis_key(&self) -> &str {
+        &self.frame.lease.key.redis_key
+    }
+
+    /// The fencing token, when the lock was taken with fencing. Pass it to the storage you
+    /// write to and have it reject writes that carry a lower token than one it has seen.
+    #[must_use]
+    pub fn fence(&self) -> Option<u64> {
+        self.frame.lease.fence
+    }
+
+    /// This owner's token, as stored in Redis.
+    #[must_use]
+    pub fn token(&self) -> &str {
+        &self.frame.lease.token
+    }
+
+    /// Whether the lease is lost (or past its deadline without a confirmed renewal).
+    #[must_use]
+    pub fn is_lost(&self) -> bool {
+        self.frame.lease.lost_reason().is_some()
+    }
+
+    /// Resolves when the lease is lost, with the error that says why. With
+    /// `on_lost = "continue"`, a body can `select!` on this to stop at a safe point.
+    pub async fn lost(&self) -> LockError {
+        let reason = self.frame.lease.wait_lost().await;
+        self.frame.lease.lost_error(reason)
+    }
+}
+
+/// The lease of `key` if the running task already holds it through `registry`.
+pub(crate) fn held(registry: &Arc<RegistryInner>, key: &str) -> Option<Arc<Lease>> {
+    FRAME
+        .try_with(|frame| {
+            let mut frame = Some(frame);
+            while let Some(f) = frame {
+                if Arc::ptr_eq(&f.registry, registry) && f.lease.key.key == key {
+                    return Some(f.lease.clone());
+                }
+                frame = f.parent.as_ref();
+            }
+            None
+        })
+        .ok()
+        .flatten()
+}
+
+/// Runs `body` with `lease` as the innermost held lock.
+pub(crate) fn scope<F: std::future::Future>(
+    registry: Arc<RegistryInner>,
+    lease: Arc<Lease>,
+    body: F,
+) -> tokio::task::futures::TaskLocalFuture<Arc<Frame>, F> {
+    let parent = FRAME.try_with(Arc::clone).ok();
+    FRAME.scope(
+        Arc::new(Frame {
+            registry,
+            lease,
+            parent,
+        }),
+        body,
+    )
+}

@@ -1,0 +1,199 @@
+//! The one error type of the crate.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Everything that can go wrong while taking, keeping or giving back a lock.
+///
+/// Every message names the key (and the node, for backend failures) and says what to do next.
+/// The type is `Clone` so one loss can be reported to every party that watches the lease.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum LockError {
+    /// Another owner holds the lock and it did not become free within `wait`.
+    #[error(
+        "lock `{}` is busy: another owner holds it{}; raise `wait` to wait for it, or retry later",
+        shown(key),
+        retry_hint(*retry_after)
+    )]
+    Busy {
+        /// The key as given (without the registry prefix).
+        key: String,
+        /// The holder's remaining lease when last seen: the longest a retry may have to wait
+        /// (`None` when the key has no expiry, e.g. a foreign lock without a TTL).
+        retry_after: Option<Duration>,
+    },
+    /// The lease could not be kept: the lock may now be held by someone else.
+    #[error(
+        "lost the lock `{}`: {reason}; work done after this point may overlap the next holder's, \
+         so guard writes with fencing tokens (`fencing = true`)",
+        shown(key)
+    )]
+    Lost {
+        /// The key as given.
+        key: String,
+        /// Why the lease ended.
+        reason: LostReason,
+    },
+    /// The lock is not (or no longer) held with this owner's token; nothing was changed.
+    #[error(
+        "lock `{}` is not held by this owner (it expired or another owner took it); \
+         nothing was released or extended",
+        shown(key)
+    )]
+    NotOwner {
+        /// The key as given.
+        key: String,
+    },
+    /// The backend failed: unreachable, timed out, or answered with an error.
+    #[error(
+        "Redis node {node} failed `{command}`{}: {message}; check that the server is reachable \
+         and that this user may run the command",
+        for_key(key.as_deref())
+    )]
+    Backend {
+        /// Which node (`host:port`, never credentials).
+        node: String,
+        /// Which operation (`connect`, `acquire`, `release`, `renew`, ...).
+        command: &'static str,
+        /// The key concerned, when there is one.
+        key: Option<String>,
+        /// What the node or the client library said.
+        message: String,
+        /// The underlying client error, when there is one.
+        #[source]
+        source: Option<Arc<redis::RedisError>>,
+    },
+    /// No registry is installed under that name and none can be built from the environment.
+    #[error("{}", not_configured(registry.as_deref()))]
+    NotConfigured {
+        /// The registry's name, `None` for the default registry.
+        registry: Option<String>,
+    },
+    /// The key cannot be used as a lock key.
+    #[error("invalid lock key `{}`: {reason}", shown(key))]
+    InvalidKey {
+        /// The key as given (shown shortened and escaped in the message).
+        key: String,
+        /// What is wrong and how to fix it.
+        reason: String,
+    },
+    /// The options of a lock request contradict each other or are out of range.
+    #[error("invalid options for lock `{}`: {reason}", shown(key))]
+    InvalidOptions {
+        /// The key as given.
+        key: String,
+        /// What is wrong and how to fix it.
+        reason: String,
+    },
+}
+
+/// Why a lease ended before its owner released it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LostReason {
+    /// No renewal was confirmed before the local deadline (last confirmed renewal + ttl - drift):
+    /// Redis was unreachable or too slow, so the key may expire on the server.
+    Expired,
+    /// Redis no longer holds this owner's token under the key: it was deleted, overwritten or
+    /// force-unlocked behind the holder's back.
+    Stolen,
+    /// `max_hold` elapsed, so renewals stopped and the lease ran out.
+    MaxHold,
+    /// `renew = false` and the lease's `ttl` ran out.
+    NotRenewed,
+    /// The registry was shut down and released every lock it held.
+    Shutdown,
+}
+
+impl fmt::Display for LostReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Expired => {
+                "no renewal was confirmed before the lease's local deadline (Redis unreachable or too slow)"
+            }
+            Self::Stolen => "Redis no longer holds this owner's token (the key was deleted, overwritten or force-unlocked)",
+            Self::MaxHold => "`max_hold` elapsed, so renewal stopped and the lease ran out",
+            Self::NotRenewed => "`renew` is off and the lease's `ttl` ran out",
+            Self::Shutdown => "the registry was shut down",
+        })
+    }
+}
+
+impl LockError {
+    /// The key concerned, when the error is about one key.
+    #[must_use]
+    pub fn key(&self) -> Option<&str> {
+        match self {
+            Self::Busy { key, .. }
+            | Self::Lost { key, .. }
+            | Self::NotOwner { key }
+            | Self::InvalidKey { key, .. }
+            | Self::InvalidOptions { key, .. } => Some(key),
+            Self::Backend { key, .. } => key.as_deref(),
+            Self::NotConfigured { .. } => None,
+        }
+    }
+
+    /// `true` for [`LockError::Busy`]: the lock exists and someone else has it.
+    #[must_use]
+    pub fn is_busy(&self) -> bool {
+        matches!(self, Self::Busy { .. })
+    }
+
+    /// `true` for [`LockError::Lost`].
+    #[must_use]
+    pub fn is_lost(&self) -> bool {
+        matches!(self, Self::Lost { .. })
+    }
+
+    pub(crate) fn backend(
+        node: &str,
+        command: &'static str,
+        key: Option<&str>,
+        err: redis::RedisError,
+    ) -> Self {
+        Self::Backend {
+            node: node.to_owned(),
+            command,
+            key: key.map(str::to_owned),
+            message: err.to_string(),
+            source: Some(Arc::new(err)),
+        }
+    }
+}
+
+/// Keys can be megabytes long and hold control bytes: messages show them shortened and escaped.
+pub(crate) fn shown(key: &str) -> String {
+    const MAX: usize = 120;
+    let mut out: String = key.chars().take(MAX).flat_map(char::escape_debug).collect();
+    if key.chars().nth(MAX).is_some() {
+        out.push_str(&format!("… ({} bytes)", key.len()));
+    }
+    out
+}
+
+fn retry_hint(retry_after: Option<Duration>) -> String {
+    match retry_after {
+        Some(d) => format!(" for at most {} ms more", d.as_millis()),
+        None => " with no expiry set".to_owned(),
+    }
+}
+
+fn for_key(key: Option<&str>) -> String {
+    key.map(|k| format!(" for lock `{}`", shown(k)))
+        .unwrap_or_default()
+}
+
+fn not_configured(registry: Option<&str>) -> String {
+    match registry {
+        None => "no default lock registry: set LOCK_REDIS_URL (or REDIS_URL) to a redis:// URL, \
+                 or install one in code with `Registry::from_url(..)?.install_default()`"
+            .to_owned(),
+        Some(name) => format!(
+            "no lock registry named `{name}`: install one with `registry.install_as(\"{name}\")` \
+             before the first lock that uses it"
+        ),
+    }
+}

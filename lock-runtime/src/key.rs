@@ -1,0 +1,241 @@
+//! Lock keys: validation, the Redis names derived from a key, and escaping of interpolated values.
+
+use std::fmt::{self, Write as _};
+
+use crate::LockError;
+
+/// The longest key accepted. Redis would take more, but every lock key travels in every
+/// renewal and release; a key this long is a bug in the caller.
+pub const MAX_KEY_BYTES: usize = 4096;
+
+/// The Redis names that belong to one lock key.
+#[derive(Debug)]
+pub(crate) struct LockKey {
+    /// As the user gave it.
+    pub key: String,
+    /// `prefix + key`: the string that holds the owner's token.
+    pub redis_key: String,
+    /// The fencing counter, in a namespace no lock key can reach.
+    pub fence_key: String,
+}
+
+impl LockKey {
+    /// `cluster`: the fencing counter must share the lock's hash slot. A key with a hash tag
+    /// keeps it (`fence:lock:{tenant}:job`); one without gets its whole name as the counter's
+    /// tag (`fence:{lock:deploy:1}`), which hashes exactly like the untagged lock key. The lock
+    /// key itself is never rewritten, so other clients see the same name in every mode.
+    pub(crate) fn new(prefix: &str, key: String, cluster: bool) -> Result<Self, LockError> {
+        validate(&key)?;
+        let redis_key = format!("{prefix}{key}");
+        let fence_key = if !cluster || hash_tag(&redis_key).is_some() {
+            format!("{FENCE_NAMESPACE}{redis_key}")
+        } else if redis_key.contains(['{', '}']) {
+            return Err(LockError::InvalidKey {
+                key,
+                reason: "in Redis Cluster a key's braces must form a hash tag like `{tenant}` \
+                         (so the lock and its fencing counter share a slot); this key has a \
+                         stray or empty brace"
+                    .to_owned(),
+            });
+        } else {
+            format!("{FENCE_NAMESPACE}{{{redis_key}}}")
+        };
+        Ok(Self {
+            key,
+            redis_key,
+            fence_key,
+        })
+    }
+
+    pub(crate) fn clone_names(&self) -> Self {
+        Self {
+            key: self.key.clone(),
+            redis_key: self.redis_key.clone(),
+            fence_key: self.fence_key.clone(),
+        }
+    }
+
+    /// Waiters subscribe to the lock key's own name: channels and keys are separate namespaces,
+    /// and the same name lands in the same slot for sharded pub/sub.
+    pub(crate) fn channel(&self) -> &str {
+        &self.redis_key
+    }
+}
+
+/// The part of `key` Redis Cluster hashes, when the key has a hash tag: the text between the
+/// first `{` and the first `}` after it, if not empty.
+pub(crate) fn hash_tag(key: &str) -> Option<&str> {
+    let open = key.find('{')?;
+    let len = key[open + 1..].find('}')?;
+    (len > 0).then(|| &key[open + 1..open + 1 + len])
+}
+
+/// Fencing counters live at `fence:<prefix><key>`. The registry builder rejects prefixes that
+/// would let a lock key and a counter share a name.
+pub(crate) const FENCE_NAMESPACE: &str = "fence:";
+
+pub(crate) fn validate_prefix(prefix: &str) -> Result<(), LockError> {
+    let collides = format!("{FENCE_NAMESPACE}{prefix}").starts_with(prefix);
+    if prefix.is_empty() || collides {
+        return Err(LockError::InvalidKey {
+            key: prefix.to_owned(),
+            reason: format!(
+                "the registry prefix must be non-empty and must not start the fencing namespace \
+                 `{FENCE_NAMESPACE}`; pick one like `lock:`"
+            ),
+        });
+    }
+    Ok(())
+}
+
+fn validate(key: &str) -> Result<(), LockError> {
+    let reason = if key.is_empty() {
+        "the key is empty; render something that names the resource, e.g. `deploy:42`".to_owned()
+    } else if key.len() > MAX_KEY_BYTES {
+        format!(
+            "the key is {} bytes long, more than the {MAX_KEY_BYTES} allowed; lock on an id or a \
+             hash of the resource instead",
+            key.len()
+        )
+    } else {
+        return Ok(());
+    };
+    Err(LockError::InvalidKey {
+        key: key.to_owned(),
+        reason,
+    })
+}
+
+/// Builds a key from a template's literal parts and interpolated values.
+///
+/// Values are percent-escaped (`%`, `:`, `/`, `{`, `}` and ASCII control bytes), so a value can
+/// never contain a separator: as long as the template puts a separator between placeholders (the
+/// attribute checks that), two different argument lists can never render the same key, and a
+/// value can never open or close a Redis Cluster hash tag.
+///
+/// ```
+/// let mut key = lock_runtime::KeyBuilder::new(16);
+/// key.literal("deploy:");
+/// key.value("eu:west");
+/// key.literal(":");
+/// key.value(&7);
+/// assert_eq!(key.finish(), "deploy:eu%3Awest:7");
+/// ```
+#[derive(Debug, Default)]
+pub struct KeyBuilder {
+    buf: String,
+}
+
+impl KeyBuilder {
+    /// An empty key with room for `capacity_hint` bytes.
+    #[must_use]
+    pub fn new(capacity_hint: usize) -> Self {
+        Self {
+            buf: String::with_capacity(capacity_hint),
+        }
+    }
+
+    /// Appends template text verbatim.
+    pub fn literal(&mut self, text: &str) {
+        self.buf.push_str(text);
+    }
+
+    /// Appends a value through its `Display`, escaped.
+    pub fn value<T: ?Sized + fmt::Display>(&mut self, value: &T) {
+        // Writing into a String through our escaper cannot fail unless Display itself errs,
+        // which is a bug in that Display impl; the key then just stops there.
+        let _ = write!(Escaper(&mut self.buf), "{value}");
+    }
+
+    /// The rendered key.
+    #[must_use]
+    pub fn finish(self) -> String {
+        self.buf
+    }
+}
+
+struct Escaper<'a>(&'a mut String);
+
+impl fmt::Write for Escaper<'_> {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        for c in s.chars() {
+            match c {
+                '%' | ':' | '/' | '{' | '}' | '\u{0}'..='\u{1f}' | '\u{7f}' => {
+                    write!(self.0, "%{:02X}", c as u32)?;
+                }
+                _ => self.0.push(c),
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn render(parts: &[(&str, &str)]) -> String {
+        let mut k = KeyBuilder::new(0);
+        for (lit, val) in parts {
+            k.literal(lit);
+            k.value(val);
+        }
+        k.finish()
+    }
+
+    #[test]
+    fn separators_in_values_cannot_merge_two_argument_lists() {
+        let a = render(&[("", "1:2"), (":", "3")]);
+        let b = render(&[("", "1"), (":", "2:3")]);
+        assert_ne!(a, b);
+        assert_eq!(a, "1%3A2:3");
+        assert_eq!(b, "1:2%3A3");
+    }
+
+    #[test]
+    fn values_cannot_open_a_hash_tag_or_hide_control_bytes() {
+        assert_eq!(render(&[("{t:", "}x{"), ("}:job", "")]), "{t:%7Dx%7B}:job");
+        assert_eq!(render(&[("", "a\nb%\u{7f}")]), "a%0Ab%25%7F");
+        assert_eq!(render(&[("", "naïve/π")]), "naïve%2Fπ");
+    }
+
+    #[test]
+    fn empty_and_oversized_keys_are_rejected_with_the_reason() {
+        let err = LockKey::new("lock:", String::new(), false).unwrap_err();
+        assert!(err.to_string().contains("the key is empty"), "{err}");
+        let err = LockKey::new("lock:", "x".repeat(MAX_KEY_BYTES + 1), false).unwrap_err();
+        assert!(err.to_string().contains("4097 bytes"), "{err}");
+        assert!(
+            err.to_string().len() < 400,
+            "the message must not echo the whole key"
+        );
+    }
+
+    #[test]
+    fn fence_counters_live_apart_from_lock_keys() {
+        let k = LockKey::new("lock:", "deploy:1".into(), false).unwrap();
+        assert_eq!(k.redis_key, "lock:deploy:1");
+        assert_eq!(k.fence_key, "fence:lock:deploy:1");
+        assert!(validate_prefix("lock:").is_ok());
+        assert!(validate_prefix("").is_err());
+        assert!(validate_prefix("fence:").is_err());
+        assert!(validate_prefix("f").is_err());
+    }
+
+    #[test]
+    fn in_a_cluster_the_fence_counter_shares_the_locks_hash_slot() {
+        let plain = LockKey::new("lock:", "deploy:1".into(), true).unwrap();
+        assert_eq!(
+            plain.redis_key, "lock:deploy:1",
+            "lock keys are never rewritten"
+        );
+        assert_eq!(plain.fence_key, "fence:{lock:deploy:1}");
+        assert_eq!(hash_tag(&plain.fence_key), Some(plain.redis_key.as_str()));
+        let tagged = LockKey::new("lock:", "{tenant:7}:job".into(), true).unwrap();
+        assert_eq!(tagged.fence_key, "fence:lock:{tenant:7}:job");
+        assert_eq!(hash_tag(&tagged.fence_key), hash_tag(&tagged.redis_key));
+        assert!(LockKey::new("lock:", "a}b".into(), true).is_err());
+        assert!(LockKey::new("lock:", "{}b".into(), true).is_err());
+        assert_eq!(hash_tag("a{}b{c}"), None, "an empty first tag means no tag");
+    }
+}

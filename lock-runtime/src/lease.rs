@@ -1,0 +1,171 @@
+//! A held lease: its local deadline and the signal that tells everyone when it is lost.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::key::LockKey;
+use crate::{LockError, LockOptions, LostReason};
+
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct LeaseState {
+    /// Send time of the last confirmed acquisition or renewal, plus ttl, minus drift. The key
+    /// cannot expire on the server before this instant, because the server started its clock
+    /// after we sent the command.
+    pub deadline: Instant,
+    pub lost: Option<LostReason>,
+}
+
+pub(crate) struct Lease {
+    pub id: u64,
+    pub key: LockKey,
+    pub token: String,
+    pub fence: Option<u64>,
+    pub options: LockOptions,
+    /// When the acquisition reply arrived: the latest the server can have started the lease,
+    /// so holds measured from here (`min_hold`) are never short.
+    pub confirmed_at: Instant,
+    state: watch::Sender<LeaseState>,
+}
+
+impl Lease {
+    pub(crate) fn new(
+        id: u64,
+        key: LockKey,
+        token: String,
+        fence: Option<u64>,
+        options: LockOptions,
+        sent_at: Instant,
+    ) -> Arc<Self> {
+        let (state, _) = watch::channel(LeaseState {
+            deadline: sent_at + options.ttl - options.drift(),
+            lost: None,
+        });
+        Arc::new(Self {
+            id,
+            key,
+            token,
+            fence,
+            options,
+            confirmed_at: Instant::now(),
+            state,
+        })
+    }
+
+    pub(crate) fn state(&self) -> LeaseState {
+        *self.state.borrow()
+    }
+
+    /// Lost, or past the deadline without a confirmed renewal.
+    pub(crate) fn lost_reason(&self) -> Option<LostReason> {
+        let state = self.state();
+        state
+            .lost
+            .or_else(|| (Instant::now() >= state.deadline).then(|| self.deadline_reason()))
+    }
+
+    fn deadline_reason(&self) -> LostReason {
+        if !self.options.renew {
+            LostReason::NotRenewed
+        } else if self.max_hold_reached(Instant::now()) {
+            LostReason::MaxHold
+        } else {
+            LostReason::Expired
+        }
+    }
+
+    pub(crate) fn max_hold_reached(&self, now: Instant) -> bool {
+        self.options
+            .max_hold
+            .is_some_and(|max| now >= self.confirmed_at + max)
+    }
+
+    /// A renewal sent at `sent_at` was confirmed by the server.
+    ///
+    /// A lease whose deadline has already passed stays lost even if the confirmation arrives
+    /// late: its body may have been cancelled and its owner told, and a lease that comes back
+    /// to life would make `is_lost` flap.
+    pub(crate) fn confirm_renewal(&self, sent_at: Instant) {
+        let deadline = sent_at + self.options.ttl - self.options.drift();
+        let now = Instant::now();
+        let mut lapsed = false;
+        self.state.send_if_modified(|s| {
+            if s.lost.is_some() || deadline <= s.deadline {
+                return false;
+            }
+            if now >= s.deadline {
+                lapsed = true;
+                return false;
+            }
+            s.deadline = deadline;
+            true
+        });
+        if lapsed {
+            self.mark_lost(self.deadline_reason());
+        }
+    }
+
+    /// Marks the lease lost (once; the first reason wins). Returns whether this call did it.
+    pub(crate) fn mark_lost(&self, reason: LostReason) -> bool {
+        let newly = self.state.send_if_modified(|s| {
+            if s.lost.is_some() {
+                return false;
+            }
+            s.lost = Some(reason);
+            true
+        });
+        if newly {
+            tracing::warn!(
+                key = %crate::error::shown(&self.key.key),
+                fence = self.fence,
+                %reason,
+                "lock lease lost"
+            );
+        }
+        newly
+    }
+
+    pub(crate) fn lost_error(&self, reason: LostReason) -> LockError {
+        LockError::Lost {
+            key: self.key.key.clone(),
+            reason,
+        }
+    }
+
+    /// Resolves when the lease is lost: reported by the keeper, or its deadline passed. Runs its
+    /// own timer, so a keeper stuck on a slow Redis cannot delay the cancellation of a body.
+    pub(crate) async fn wait_lost(&self) -> LostReason {
+        let mut rx = self.state.subscribe();
+        loop {
+            let state = *rx.borrow_and_update();
+            if let Some(reason) = state.lost {
+                return reason;
+            }
+            tokio::select! {
+                () = tokio::time::sleep_until(state.deadline) => {
+                    // A renewal confirmed at the last moment moves the deadline; check again.
+                    if self.state().deadline <= Instant::now() {
+                        let reason = self.deadline_reason();
+                        self.mark_lost(reason);
+                        return self.state().lost.unwrap_or(reason);
+                    }
+                }
+                changed = rx.changed() => {
+                    if changed.is_err() {
+                        std::future::pending::<()>().await;
+                    }
+                }
+            }
+        }
+    }
+
+    /// How long `release` should keep the key for `min_hold`, if at all.
+    pub(crate) fn min_hold_left(&self) -> Option<Duration> {
+        let until = self.confirmed_at + self.options.min_hold?;
+        until
+            .checked_duration_since(Instant::now())
+            .filter(|d| *d >= Duration::from_millis(1))
+    }
+}

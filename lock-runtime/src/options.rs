@@ -1,0 +1,188 @@
+//! What a lock request asks for: lease length, waiting, renewal and hold bounds.
+
+use std::time::Duration;
+
+use crate::LockError;
+
+/// What happens to a guarded body when its lease can no longer be guaranteed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum OnLost {
+    /// Drop the body future before the key can expire on the server and return
+    /// [`LockError::Lost`].
+    #[default]
+    Cancel,
+    /// Let the body finish; the loss is reported through `tracing` and
+    /// [`CurrentLock::is_lost`](crate::CurrentLock::is_lost).
+    Continue,
+}
+
+/// The options of one lock request. `const` so the attribute can build them at compile time.
+///
+/// ```
+/// use std::time::Duration;
+/// use lock_runtime::LockOptions;
+///
+/// let options = LockOptions::new().ttl(Duration::from_secs(60)).wait(Duration::from_secs(5));
+/// assert_eq!(options.get_ttl(), Duration::from_secs(60));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LockOptions {
+    pub(crate) ttl: Duration,
+    pub(crate) wait: Duration,
+    pub(crate) renew: bool,
+    pub(crate) on_lost: OnLost,
+    pub(crate) min_hold: Option<Duration>,
+    pub(crate) max_hold: Option<Duration>,
+    pub(crate) fencing: bool,
+}
+
+impl Default for LockOptions {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Redis takes `PX` as a signed 64-bit count of milliseconds; leases beyond a year are a bug.
+pub(crate) const MAX_TTL: Duration = Duration::from_secs(365 * 24 * 3600);
+
+impl LockOptions {
+    /// ttl 30 s, no waiting, renewal on, cancel on loss, no hold bounds, no fencing.
+    #[must_use]
+    pub const fn new() -> Self {
+        Self {
+            ttl: Duration::from_secs(30),
+            wait: Duration::ZERO,
+            renew: true,
+            on_lost: OnLost::Cancel,
+            min_hold: None,
+            max_hold: None,
+            fencing: false,
+        }
+    }
+
+    /// Lease length: how long the lock outlives a holder that crashed without releasing.
+    #[must_use]
+    pub const fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// How long to wait for a busy lock; zero tries once.
+    #[must_use]
+    pub const fn wait(mut self, wait: Duration) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// Whether the lease keeper renews the lock while it is held (on by default).
+    #[must_use]
+    pub const fn renew(mut self, renew: bool) -> Self {
+        self.renew = renew;
+        self
+    }
+
+    /// What a guarded body does when the lease is lost.
+    #[must_use]
+    pub const fn on_lost(mut self, on_lost: OnLost) -> Self {
+        self.on_lost = on_lost;
+        self
+    }
+
+    /// Keep the key at least this long after acquisition, even when the work ends earlier
+    /// (run-once-per-period jobs). A failed or dropped body releases at once.
+    #[must_use]
+    pub const fn min_hold(mut self, min_hold: Duration) -> Self {
+        self.min_hold = Some(min_hold);
+        self
+    }
+
+    /// Stop renewing this long after acquisition, so a hung holder cannot keep the lock forever.
+    #[must_use]
+    pub const fn max_hold(mut self, max_hold: Duration) -> Self {
+        self.max_hold = Some(max_hold);
+        self
+    }
+
+    /// Take a fencing token: a number that strictly increases per key across holders.
+    #[must_use]
+    pub const fn fencing(mut self, fencing: bool) -> Self {
+        self.fencing = fencing;
+        self
+    }
+
+    /// The lease length.
+    #[must_use]
+    pub const fn get_ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// The waiting budget.
+    #[must_use]
+    pub const fn get_wait(&self) -> Duration {
+        self.wait
+    }
+
+    /// What happens on loss.
+    #[must_use]
+    pub const fn get_on_lost(&self) -> OnLost {
+        self.on_lost
+    }
+
+    /// The same checks the attribute makes at compile time, for the manual API.
+    pub(crate) fn validate(&self, key: &str) -> Result<(), LockError> {
+        let bad = |reason: String| {
+            Err(LockError::InvalidOptions {
+                key: key.to_owned(),
+                reason,
+            })
+        };
+        if self.ttl < Duration::from_millis(1) {
+            return bad("`ttl` must be at least 1 ms".into());
+        }
+        if self.ttl > MAX_TTL {
+            return bad(format!(
+                "`ttl` of {:?} is beyond the supported {} days",
+                self.ttl,
+                MAX_TTL.as_secs() / 86_400
+            ));
+        }
+        if let Some(max) = self.max_hold {
+            if max > MAX_TTL {
+                return bad("`max_hold` must be at most 365 days".into());
+            }
+            if max < self.ttl {
+                return bad(format!(
+                    "`max_hold` ({max:?}) is shorter than `ttl` ({:?}); renewal would never run, \
+                     so lower `ttl` or drop `max_hold`",
+                    self.ttl
+                ));
+            }
+        }
+        if let Some(min) = self.min_hold {
+            if min.is_zero() || min > MAX_TTL {
+                return bad("`min_hold` must be between 1 ms and 365 days".into());
+            }
+            if !self.renew && min > self.ttl {
+                return bad(format!(
+                    "`min_hold` ({min:?}) is longer than `ttl` ({:?}) with renewal off, so the \
+                     lock would expire first; raise `ttl` or turn renewal on",
+                    self.ttl
+                ));
+            }
+            if let Some(max) = self.max_hold {
+                if min > max {
+                    return bad(format!(
+                        "`min_hold` ({min:?}) is longer than `max_hold` ({max:?})"
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The safety margin subtracted from every local deadline: the clock-drift allowance of the
+    /// Redlock analysis (1 % of the ttl plus 2 ms).
+    pub(crate) fn drift(&self) -> Duration {
+        self.ttl / 100 + Duration::from_millis(2)
+    }
+}

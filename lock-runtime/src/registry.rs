@@ -1,0 +1,513 @@
+//! Registries: where locks are taken, and the process-wide default and named ones.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
+use std::time::Duration;
+
+use crate::backend::redis::{ClusterSeeds, RedisBackend, Topology};
+use crate::backend::redlock::Redlock;
+use crate::backend::{Backend, LockInfo, MemoryStore};
+use crate::keeper::Leases;
+use crate::key::{self, LockKey};
+use crate::lock::LockRequest;
+use crate::{LockError, LostReason};
+
+/// How long to wait for Redis: connecting, and each command.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Timeouts {
+    pub connect: Duration,
+    pub command: Duration,
+}
+
+/// A place to take locks: one backend (a Redis server, or memory), a key prefix, and the lease
+/// keeper that renews what this process holds there. Cheap to clone; clones share everything.
+///
+/// The connections, the keeper and the notification subscriber are started on first use, on
+/// the Tokio runtime that uses the registry first.
+#[derive(Clone)]
+pub struct Registry {
+    pub(crate) inner: Arc<RegistryInner>,
+}
+
+pub(crate) struct RegistryInner {
+    pub(crate) backend: Backend,
+    pub(crate) prefix: String,
+    pub(crate) leases: Leases,
+    next_id: AtomicU64,
+}
+
+impl RegistryInner {
+    /// The Redis names of `key` under this registry's prefix and deployment.
+    pub(crate) fn lock_key(&self, key: String) -> Result<LockKey, LockError> {
+        LockKey::new(&self.prefix, key, self.backend.is_cluster())
+    }
+
+    pub(crate) fn next_lease_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+impl Drop for RegistryInner {
+    fn drop(&mut self) {
+        // Lets a sleeping keeper notice at once that its registry is gone.
+        self.leases.wake.notify_one();
+    }
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The node is `host:port`: credentials never reach Debug output.
+        f.debug_struct("Registry")
+            .field("node", &self.inner.backend.node())
+            .field("prefix", &self.inner.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Builds a [`Registry`].
+///
+/// ```
+/// use std::time::Duration;
+/// let registry = lock_runtime::Registry::builder()
+///     .url("redis://127.0.0.1:6379/")
+///     .prefix("billing-lock:")
+///     .connect_timeout(Duration::from_secs(1))
+///     .build()
+///     .unwrap();
+/// assert_eq!(registry.redis_key("invoice:9"), "billing-lock:invoice:9");
+/// ```
+#[derive(Debug, Default)]
+#[must_use]
+pub struct RegistryBuilder {
+    mode: Mode,
+    #[cfg(feature = "tls")]
+    tls: Option<redis::TlsCertificates>,
+    prefix: Option<String>,
+    connect_timeout: Option<Duration>,
+    command_timeout: Option<Duration>,
+}
+
+#[derive(Debug, Default)]
+enum Mode {
+    #[default]
+    Unset,
+    Server(String),
+    Cluster(Vec<String>),
+    Redlock(Vec<String>),
+    Memory(MemoryStore),
+}
+
+impl RegistryBuilder {
+    /// One Redis server: `redis://[user:password@]host:port[/db]` (ACL user and password go in
+    /// the URL), or `rediss://` for TLS when the `tls` feature is on.
+    pub fn url(mut self, url: impl Into<String>) -> Self {
+        self.mode = Mode::Server(url.into());
+        self
+    }
+
+    /// A Redis Cluster, found through these seed nodes (any reachable master or replica).
+    pub fn cluster<S: Into<String>>(mut self, seeds: impl IntoIterator<Item = S>) -> Self {
+        self.mode = Mode::Cluster(seeds.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// Redlock over these independent masters (use 3 or 5): a lock is held when a majority
+    /// granted it. No fencing tokens in this mode.
+    pub fn redlock<S: Into<String>>(mut self, nodes: impl IntoIterator<Item = S>) -> Self {
+        self.mode = Mode::Redlock(nodes.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// An in-process store instead of Redis (see [`MemoryStore`]).
+    pub fn memory(mut self, store: MemoryStore) -> Self {
+        self.mode = Mode::Memory(store);
+        self
+    }
+
+    /// Trust this CA (PEM) for `rediss://` connections instead of the system's roots.
+    #[cfg(feature = "tls")]
+    pub fn tls_root_cert(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.certificates().root_cert = Some(pem.into());
+        self
+    }
+
+    /// Present this client certificate and key (PEM) for mutual TLS.
+    #[cfg(feature = "tls")]
+    pub fn tls_client_cert(
+        mut self,
+        cert_pem: impl Into<Vec<u8>>,
+        key_pem: impl Into<Vec<u8>>,
+    ) -> Self {
+        self.certificates().client_tls = Some(redis::ClientTlsConfig {
+            client_cert: cert_pem.into(),
+            client_key: key_pem.into(),
+        });
+        self
+    }
+
+    #[cfg(feature = "tls")]
+    fn certificates(&mut self) -> &mut redis::TlsCertificates {
+        self.tls.get_or_insert(redis::TlsCertificates {
+            client_tls: None,
+            root_cert: None,
+        })
+    }
+
+    /// The prefix of every lock key (default `lock:`), which keeps locks apart from application
+    /// data. A service in another language locking the same resource uses the prefixed key.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = Some(prefix.into());
+        self
+    }
+
+    /// How long connecting to Redis may take before the operation fails (default 2 s).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = Some(timeout);
+        self
+    }
+
+    /// How long one command may take before it fails (default 2 s).
+    pub fn command_timeout(mut self, timeout: Duration) -> Self {
+        self.command_timeout = Some(timeout);
+        self
+    }
+
+    /// Builds the registry. Nothing connects yet: the first lock does.
+    ///
+    /// # Errors
+    /// [`LockError::NotConfigured`] when no backend was chosen; [`LockError::Backend`] when a
+    /// URL cannot be parsed (the message never repeats the URL, which may hold a password);
+    /// [`LockError::InvalidKey`] for a prefix that could collide with fencing counters.
+    pub fn build(self) -> Result<Registry, LockError> {
+        let prefix = self.prefix.unwrap_or_else(|| "lock:".to_owned());
+        key::validate_prefix(&prefix)?;
+        let timeouts = Timeouts {
+            connect: self.connect_timeout.unwrap_or(Duration::from_secs(2)),
+            command: self.command_timeout.unwrap_or(Duration::from_secs(2)),
+        };
+        #[cfg(feature = "tls")]
+        let tls = self.tls;
+        #[cfg(not(feature = "tls"))]
+        let tls = ();
+        let client = |url: &str| client(url, &tls);
+        let backend = match self.mode {
+            Mode::Unset => return Err(LockError::NotConfigured { registry: None }),
+            Mode::Memory(store) => Backend::Memory(store),
+            Mode::Server(url) => Backend::Redis(Box::new(RedisBackend::new(
+                Topology::Server(Box::new(client(&url)?)),
+                timeouts,
+            ))),
+            Mode::Cluster(seeds) => {
+                let nodes = non_empty(seeds, "cluster seed")?
+                    .iter()
+                    .map(|url| client(url).map(|c| c.get_connection_info().clone()))
+                    .collect::<Result<_, _>>()?;
+                let seeds = ClusterSeeds {
+                    nodes,
+                    #[cfg(feature = "tls")]
+                    certs: tls.clone(),
+                };
+                Backend::Redis(Box::new(RedisBackend::new(
+                    Topology::Cluster(seeds),
+                    timeouts,
+                )))
+            }
+            Mode::Redlock(nodes) => {
+                let clients = non_empty(nodes, "Redlock node")?
+                    .iter()
+                    .map(|url| client(url))
+                    .collect::<Result<_, _>>()?;
+                Backend::Redlock(Box::new(Redlock::new(clients, timeouts)))
+            }
+        };
+        Ok(Registry {
+            inner: Arc::new(RegistryInner {
+                backend,
+                prefix,
+                leases: Leases::default(),
+                next_id: AtomicU64::new(1),
+            }),
+        })
+    }
+}
+
+#[cfg(feature = "tls")]
+type Tls = Option<redis::TlsCertificates>;
+#[cfg(not(feature = "tls"))]
+type Tls = ();
+
+fn client(url: &str, tls: &Tls) -> Result<redis::Client, LockError> {
+    #[cfg(feature = "tls")]
+    let opened = match tls {
+        Some(certs) => redis::Client::build_with_tls(url.trim(), certs.clone()),
+        None => redis::Client::open(url.trim()),
+    };
+    #[cfg(not(feature = "tls"))]
+    let opened = {
+        let () = tls;
+        redis::Client::open(url.trim())
+    };
+    opened.map_err(|e| LockError::Backend {
+        // The URL may hold a password: name only what kind of error it was.
+        node: "(unparsed URL)".into(),
+        command: "parse URL",
+        key: None,
+        message: format!(
+            "not a valid Redis URL ({:?}); expected redis://[user:password@]host:port[/db]",
+            e.kind()
+        ),
+        source: None,
+    })
+}
+
+fn non_empty(urls: Vec<String>, what: &str) -> Result<Vec<String>, LockError> {
+    let urls: Vec<String> = urls.into_iter().filter(|u| !u.trim().is_empty()).collect();
+    if urls.is_empty() {
+        return Err(LockError::Backend {
+            node: "(none)".into(),
+            command: "configure",
+            key: None,
+            message: format!("no {what} URL given"),
+            source: None,
+        });
+    }
+    Ok(urls)
+}
+
+/// A lock this process holds, as listed by [`Registry::held`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldLock {
+    /// The key as given.
+    pub key: String,
+    /// The fencing token, if taken with fencing.
+    pub fence: Option<u64>,
+    /// How long it has been held.
+    pub held_for: Duration,
+    /// Whether the lease is lost.
+    pub lost: bool,
+}
+
+impl Registry {
+    /// Starts a [`RegistryBuilder`].
+    pub fn builder() -> RegistryBuilder {
+        RegistryBuilder::default()
+    }
+
+    /// A registry on one Redis server, with the default prefix and timeouts.
+    ///
+    /// # Errors
+    /// See [`RegistryBuilder::build`].
+    pub fn from_url(url: &str) -> Result<Self, LockError> {
+        Self::builder().url(url).build()
+    }
+
+    /// A registry from the environment, with no code change between deployments:
+    ///
+    /// | variable | mode |
+    /// |---|---|
+    /// | `LOCK_REDIS_CLUSTER=redis://a:7000,redis://b:7001` | Redis Cluster through these seeds |
+    /// | `LOCK_REDIS_URL=redis://a:6379,redis://b:6379,redis://c:6379` | Redlock over these masters |
+    /// | `LOCK_REDIS_URL=redis://a:6379` (else `REDIS_URL`) | one Redis server |
+    ///
+    /// # Errors
+    /// [`LockError::NotConfigured`] when none is set; see [`RegistryBuilder::build`].
+    pub fn from_env() -> Result<Self, LockError> {
+        let var = |name| {
+            std::env::var(name)
+                .ok()
+                .filter(|v: &String| !v.trim().is_empty())
+        };
+        let list = |v: String| v.split(',').map(str::to_owned).collect::<Vec<_>>();
+        if let Some(seeds) = var("LOCK_REDIS_CLUSTER") {
+            return Self::builder().cluster(list(seeds)).build();
+        }
+        let url = var("LOCK_REDIS_URL")
+            .or_else(|| var("REDIS_URL"))
+            .ok_or(LockError::NotConfigured { registry: None })?;
+        if url.contains(',') {
+            Self::builder().redlock(list(url)).build()
+        } else {
+            Self::from_url(&url)
+        }
+    }
+
+    /// A registry on its own fresh [`MemoryStore`].
+    #[must_use]
+    pub fn in_memory() -> Self {
+        Self::builder()
+            .memory(MemoryStore::new())
+            .build()
+            .expect("the default prefix is valid")
+    }
+
+    /// Makes this the default registry, used by `#[distributed_lock]` without `registry = ..`
+    /// and by [`registry()`]. Replaces any earlier default.
+    pub fn install_default(&self) {
+        *DEFAULT.write().unwrap_or_else(PoisonError::into_inner) = Some(self.clone());
+    }
+
+    /// Makes this the registry named `name` (`#[distributed_lock(registry = "name")]`).
+    pub fn install_as(&self, name: &str) {
+        NAMED
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get_or_insert_with(HashMap::new)
+            .insert(name.to_owned(), self.clone());
+    }
+
+    /// Starts a lock request for `key` (the prefix is added for you).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lock_runtime::LockError> {
+    /// use std::time::Duration;
+    /// let registry = lock_runtime::Registry::in_memory();
+    /// let guard = registry
+    ///     .lock("deploy:42")
+    ///     .ttl(Duration::from_secs(60))
+    ///     .wait(Duration::from_secs(5))
+    ///     .acquire()
+    ///     .await?;
+    /// assert_eq!(guard.redis_key(), "lock:deploy:42");
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn lock(&self, key: impl Into<String>) -> LockRequest {
+        LockRequest::new(self.clone(), key.into())
+    }
+
+    /// The Redis key that holds `key`'s lock.
+    #[must_use]
+    pub fn redis_key(&self, key: &str) -> String {
+        format!("{}{key}", self.inner.prefix)
+    }
+
+    /// The key prefix.
+    #[must_use]
+    pub fn prefix(&self) -> &str {
+        &self.inner.prefix
+    }
+
+    /// The node this registry talks to, as `host:port` (or `memory`).
+    #[must_use]
+    pub fn node(&self) -> &str {
+        self.inner.backend.node()
+    }
+
+    /// Who holds `key` now, for how much longer, and its last fencing token.
+    ///
+    /// # Errors
+    /// [`LockError::Backend`] when Redis fails; [`LockError::InvalidKey`] for a bad key.
+    pub async fn inspect(&self, key: &str) -> Result<LockInfo, LockError> {
+        let key = self.inner.lock_key(key.to_owned())?;
+        self.inner.backend.inspect(&key).await
+    }
+
+    /// Deletes `key`'s lock whoever holds it, and wakes its waiters. For operators: the holder
+    /// notices at its next renewal and, with `on_lost = "cancel"`, stops. Returns whether a lock
+    /// was there.
+    ///
+    /// # Errors
+    /// [`LockError::Backend`] when Redis fails; [`LockError::InvalidKey`] for a bad key.
+    pub async fn force_unlock(&self, key: &str) -> Result<bool, LockError> {
+        let key = self.inner.lock_key(key.to_owned())?;
+        let existed = self.inner.backend.force_unlock(&key).await?;
+        tracing::warn!(key = %crate::error::shown(&key.key), existed, "lock force-unlocked");
+        Ok(existed)
+    }
+
+    /// Deletes `key`'s lock only if `owner` (a token as shown by [`inspect`](Self::inspect))
+    /// still holds it, and wakes its waiters: an operator's force-unlock that cannot remove a
+    /// lock that changed hands after they looked. Returns whether it deleted.
+    ///
+    /// # Errors
+    /// [`LockError::Backend`] when Redis fails; [`LockError::InvalidKey`] for a bad key.
+    pub async fn force_unlock_owned_by(&self, key: &str, owner: &str) -> Result<bool, LockError> {
+        let key = self.inner.lock_key(key.to_owned())?;
+        let deleted = self.inner.backend.release(&key, owner).await?;
+        tracing::warn!(key = %crate::error::shown(&key.key), deleted, "lock force-unlocked (owner-checked)");
+        Ok(deleted)
+    }
+
+    /// The locks this process holds through this registry.
+    #[must_use]
+    pub fn held(&self) -> Vec<HeldLock> {
+        self.inner
+            .leases
+            .snapshot()
+            .into_iter()
+            .map(|lease| HeldLock {
+                key: lease.key.key.clone(),
+                fence: lease.fence,
+                held_for: lease.confirmed_at.elapsed(),
+                lost: lease.lost_reason().is_some(),
+            })
+            .collect()
+    }
+
+    /// Graceful shutdown: marks every held lease lost (guarded bodies with `on_lost = "cancel"`
+    /// stop) and releases every lock on the server. Returns how many held locks are no longer
+    /// held on the server afterwards (released here, or by their own body as it stopped); a lock
+    /// whose release failed is left to expire by its ttl and not counted.
+    pub async fn shutdown(&self) -> usize {
+        let leases = self.inner.leases.stop_all();
+        for lease in &leases {
+            lease.mark_lost(LostReason::Shutdown);
+        }
+        let mut given_up = 0;
+        for lease in leases {
+            // `Ok(false)`: not ours any more, which is what shutdown wants too.
+            if self
+                .inner
+                .backend
+                .release(&lease.key, &lease.token)
+                .await
+                .is_ok()
+            {
+                given_up += 1;
+            }
+            self.inner.leases.remove(lease.id);
+        }
+        given_up
+    }
+}
+
+static DEFAULT: RwLock<Option<Registry>> = RwLock::new(None);
+static NAMED: RwLock<Option<HashMap<String, Registry>>> = RwLock::new(None);
+
+/// The default registry: the one installed with [`Registry::install_default`], else one built
+/// from `LOCK_REDIS_URL` (or `REDIS_URL`) on first use.
+///
+/// # Errors
+/// [`LockError::NotConfigured`], saying what to set, when there is neither.
+pub fn registry() -> Result<Registry, LockError> {
+    if let Some(r) = DEFAULT
+        .read()
+        .unwrap_or_else(PoisonError::into_inner)
+        .as_ref()
+    {
+        return Ok(r.clone());
+    }
+    let mut slot = DEFAULT.write().unwrap_or_else(PoisonError::into_inner);
+    if let Some(r) = slot.as_ref() {
+        return Ok(r.clone());
+    }
+    let built = Registry::from_env()?;
+    *slot = Some(built.clone());
+    Ok(built)
+}
+
+/// The registry installed as `name` with [`Registry::install_as`].
+///
+/// # Errors
+/// [`LockError::NotConfigured`] when none is installed under that name.
+pub fn named(name: &str) -> Result<Registry, LockError> {
+    NAMED
+        .read()
+        .unwrap_or_else(PoisonError::into_inner)
+        .as_ref()
+        .and_then(|m| m.get(name).cloned())
+        .ok_or_else(|| LockError::NotConfigured {
+            registry: Some(name.to_owned()),
+        })
+}

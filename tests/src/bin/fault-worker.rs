@@ -1,0 +1,721 @@
+//! A lock client process for the fault-injection suite (`tests/tests/faults`).
+//!
+//! `fault-worker workload --lock-url U --store-url S --key K --ttl-ms T --id N [..]` loops over
+//! a lock-protected read-modify-write of a register held in a *fenced store* (a Lua script on a
+//! second, unfaulted redis-server at `S`: an operation carrying a fencing token lower than the
+//! highest it has seen is rejected). It prints one `begin` line when a critical section starts
+//! and one `end` line when it is over, so the test can check the invariants across processes:
+//!
+//! ```text
+//! begin w=3.0 seq=7 token=host:123:9f.. fence=41 start=1795371742252358
+//! end w=3.0 seq=7 token=host:123:9f.. fence=41 start=.. end=.. outcome=ok lost_seen=0 read=ok write=acc
+//! ```
+//!
+//! Times are `CLOCK_REALTIME` microseconds (comparable across processes on one machine, and with
+//! the server's `MONITOR` timestamps). `end` is the body's last instruction, or the moment the
+//! body future was dropped. `lost_seen` is whether `CurrentLock::is_lost` said so when the body
+//! finished. Other lines: `stall` (the runtime did not run a 10 ms heartbeat on time), `drop`
+//! (how long dropping a guard or a guarded future took), `err` (a failed acquisition), `done`.
+//! The loop stops when stdin closes.
+//!
+//! `fault-worker victim ..` takes the lock once, reads the register, stops itself with SIGSTOP
+//! in the middle of the critical section (the worst-timed process pause), and after SIGCONT
+//! writes (or returns at once with `--after-pause return`); it prints what happened.
+//!
+//! `fault-worker tokens --count N` prints N lock tokens (for the randomness checks).
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::io::BufRead;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use lock_runtime::{LockError, OnLost, Registry};
+use redis::aio::MultiplexedConnection;
+
+/// Wall-clock microseconds, comparable across processes and with Redis' MONITOR timestamps.
+fn now_us() -> i64 {
+    let d = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("the clock is after 1970");
+    i64::try_from(d.as_micros()).expect("fits in i64")
+}
+
+/// The fenced store: `KEYS` max fence seen, register, log of accepted writes, count of rejected
+/// operations; `ARGV` fence, `read`|`write`, value.
+/// Reads are fenced too, so a read-modify-write by a stale holder cannot slip between a newer
+/// holder's read and write.
+const FENCED_LUA: &str = r"
+local fence = tonumber(ARGV[1])
+local max = tonumber(redis.call('GET', KEYS[1]) or '0')
+if fence < max then
+  redis.call('INCR', KEYS[4])
+  return {0, max}
+end
+if fence > max then redis.call('SET', KEYS[1], ARGV[1]) end
+if ARGV[2] == 'read' then return {1, tonumber(redis.call('GET', KEYS[2]) or '0')} end
+redis.call('SET', KEYS[2], ARGV[3])
+redis.call('RPUSH', KEYS[3], ARGV[1] .. ':' .. ARGV[3])
+return {1, tonumber(ARGV[3])}
+";
+
+struct Args(HashMap<String, String>);
+
+impl Args {
+    fn parse(args: impl Iterator<Item = String>) -> Self {
+        let mut map = HashMap::new();
+        let mut args = args.peekable();
+        while let Some(name) = args.next() {
+            let name = name
+                .strip_prefix("--")
+                .unwrap_or_else(|| panic!("expected --name value, got {name}"))
+                .to_owned();
+            let value = args
+                .next()
+                .unwrap_or_else(|| panic!("--{name} needs a value"));
+            map.insert(name, value);
+        }
+        Self(map)
+    }
+
+    fn str(&self, name: &str) -> String {
+        self.0
+            .get(name)
+            .unwrap_or_else(|| panic!("missing --{name}"))
+            .clone()
+    }
+
+    fn num(&self, name: &str, default: u64) -> u64 {
+        self.0.get(name).map_or(default, |v| {
+            v.parse()
+                .unwrap_or_else(|_| panic!("--{name} wants a number"))
+        })
+    }
+
+    fn ms(&self, name: &str, default: u64) -> Duration {
+        Duration::from_millis(self.num(name, default))
+    }
+}
+
+/// The lock backend under test. A new backend (Cluster, Redlock) is one more arm here and in
+/// the suite's `LockSystem`; the workload and the checks stay the same.
+fn registry(args: &Args) -> Registry {
+    let builder = Registry::builder()
+        .connect_timeout(args.ms("connect-ms", 500))
+        .command_timeout(args.ms("command-ms", 500));
+    let backend = args.0.get("backend").map_or("single", String::as_str);
+    let builder = match backend {
+        "single" => builder.url(args.str("lock-url")),
+        other => panic!("unknown --backend {other}; this worker knows: single"),
+    };
+    builder.build().expect("registry")
+}
+
+#[derive(Clone)]
+struct Store {
+    con: MultiplexedConnection,
+    script: redis::Script,
+    keys: [String; 4],
+}
+
+impl Store {
+    async fn connect(url: &str, key: &str) -> Self {
+        let client = redis::Client::open(url).expect("store url");
+        let con = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect to the fenced store");
+        Self {
+            con,
+            script: redis::Script::new(FENCED_LUA),
+            keys: [
+                format!("store:{key}:max"),
+                format!("store:{key}:register"),
+                format!("store:{key}:log"),
+                format!("store:{key}:rejected"),
+            ],
+        }
+    }
+
+    /// `Some(value)` if the store accepted the operation, `None` if it rejected a stale fence.
+    async fn call(&self, fence: u64, op: &str, value: i64) -> redis::RedisResult<Option<i64>> {
+        let mut con = self.con.clone();
+        let (accepted, value): (i64, i64) = self
+            .script
+            .key(&self.keys[0])
+            .key(&self.keys[1])
+            .key(&self.keys[2])
+            .key(&self.keys[3])
+            .arg(fence)
+            .arg(op)
+            .arg(value)
+            .invoke_async(&mut con)
+            .await?;
+        Ok((accepted == 1).then_some(value))
+    }
+
+    /// Unfenced: what a store without fencing would do.
+    async fn plain_read(&self) -> redis::RedisResult<i64> {
+        let mut con = self.con.clone();
+        let v: Option<i64> = redis::cmd("GET")
+            .arg(&self.keys[1])
+            .query_async(&mut con)
+            .await?;
+        Ok(v.unwrap_or(0))
+    }
+
+    /// Unfenced: sets the register and logs the write, as a store without fencing would.
+    async fn plain_write(&self, value: i64) -> redis::RedisResult<()> {
+        let mut con = self.con.clone();
+        redis::pipe()
+            .atomic()
+            .cmd("SET")
+            .arg(&self.keys[1])
+            .arg(value)
+            .ignore()
+            .cmd("RPUSH")
+            .arg(&self.keys[2])
+            .arg(format!("plain:{value}"))
+            .ignore()
+            .query_async(&mut con)
+            .await
+    }
+}
+
+/// One critical section as the worker saw it.
+#[derive(Default)]
+struct Section {
+    token: String,
+    fence: u64,
+    /// When the acquisition began.
+    called: i64,
+    start: i64,
+    end: Option<i64>,
+    stopped: Option<i64>,
+    lost_seen: bool,
+    read: &'static str,
+    write: &'static str,
+}
+
+type Shared = Arc<Mutex<Section>>;
+
+fn lock(s: &Shared) -> std::sync::MutexGuard<'_, Section> {
+    s.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Records when the body future was dropped before it finished.
+struct StopStamp(Shared);
+
+impl Drop for StopStamp {
+    fn drop(&mut self) {
+        let mut s = lock(&self.0);
+        if s.end.is_none() {
+            s.stopped = Some(now_us());
+        }
+    }
+}
+
+fn out(line: &str) {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    // A closed pipe means the test is gone: stop quietly.
+    if writeln!(stdout, "{line}").is_err() {
+        std::process::exit(0);
+    }
+}
+
+fn begin(w: &str, seq: u64, s: &Shared, token: &str, fence: u64, hold: Duration) {
+    let start = now_us();
+    {
+        let mut g = lock(s);
+        g.token = token.to_owned();
+        g.fence = fence;
+        g.start = start;
+        g.read = "none";
+        g.write = "none";
+    }
+    let called = lock(s).called;
+    out(&format!(
+        "begin w={w} seq={seq} token={token} fence={fence} called={called} start={start} hold_ms={}",
+        hold.as_millis()
+    ));
+}
+
+fn end_line(w: &str, seq: u64, s: &Shared, outcome: &str) {
+    let g = lock(s);
+    let end = g.end.or(g.stopped).unwrap_or_else(now_us);
+    out(&format!(
+        "end w={w} seq={seq} token={} fence={} start={} end={end} outcome={outcome} lost_seen={} read={} write={}",
+        g.token,
+        g.fence,
+        g.start,
+        u8::from(g.lost_seen),
+        g.read,
+        g.write
+    ));
+}
+
+fn outcome_of(err: &LockError) -> String {
+    match err {
+        LockError::Lost { reason, .. } => format!("lost-{reason:?}").to_lowercase(),
+        LockError::Busy { .. } => "busy".into(),
+        LockError::Backend { .. } => "backend".into(),
+        _ => "error".into(),
+    }
+}
+
+fn rand_below(n: u64) -> u64 {
+    static STATE: AtomicU64 = AtomicU64::new(0);
+    // A cheap xorshift, seeded from the pid and clock; only for hold times.
+    let mut x = STATE.load(Ordering::Relaxed);
+    if x == 0 {
+        x = (u64::from(std::process::id()) << 32) ^ now_us().unsigned_abs() | 1;
+    }
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    STATE.store(x, Ordering::Relaxed);
+    x % n.max(1)
+}
+
+struct Workload {
+    registry: Registry,
+    store: Store,
+    key: String,
+    ttl: Duration,
+    wait: Duration,
+    hold_max_ms: u64,
+    long_pct: u64,
+    drop_every: u64,
+    stop: Arc<AtomicBool>,
+    /// Per task: a hold (ms) the test asked the next section to use.
+    long_requests: Arc<[AtomicU64; 2]>,
+}
+
+impl Workload {
+    /// The guarded body: fenced read, a pause of a few ms, fenced write of read + 1.
+    fn body(
+        &self,
+        w: String,
+        seq: u64,
+        s: Shared,
+        forced: Option<(usize, u64)>,
+    ) -> impl Future<Output = Result<(), LockError>> + 'static {
+        let store = self.store.clone();
+        let requests = self.long_requests.clone();
+        // Most sections are short; a few outlast the lease, so renewal happens while a body
+        // runs. The test asks for a long one (`long <ms> <task>` on stdin) before a fault that
+        // must catch a body in the middle.
+        let usual = if rand_below(100) < self.long_pct {
+            self.ttl * u32::try_from(30 + rand_below(121)).expect("small") / 100
+        } else {
+            Duration::from_millis(rand_below(self.hold_max_ms + 1))
+        };
+        async move {
+            let current = lock_runtime::current().expect("inside a guarded body");
+            let fence = current.fence().expect("fencing was asked for");
+            // The request counts only if it is still standing (the test withdraws it once
+            // another worker took it).
+            let hold = match forced {
+                Some((task, ms))
+                    if requests[task]
+                        .compare_exchange(ms, 0, Ordering::SeqCst, Ordering::SeqCst)
+                        .is_ok() =>
+                {
+                    Duration::from_millis(ms)
+                }
+                _ => usual,
+            };
+            begin(&w, seq, &s, current.token(), fence, hold);
+            let _stamp = StopStamp(s.clone());
+            let read = store.call(fence, "read", 0).await;
+            lock(&s).read = match read {
+                Ok(Some(_)) => "ok",
+                Ok(None) => "rej",
+                Err(_) => "err",
+            };
+            tokio::time::sleep(hold).await;
+            if let Ok(Some(value)) = read {
+                lock(&s).write = "inflight";
+                let written = store.call(fence, "write", value + 1).await;
+                lock(&s).write = match written {
+                    Ok(Some(_)) => "acc",
+                    Ok(None) => "rej",
+                    Err(_) => "err",
+                };
+            }
+            let end = now_us();
+            let lost = current.is_lost();
+            let mut g = lock(&s);
+            g.end = Some(end);
+            g.lost_seen = lost;
+            Ok(())
+        }
+    }
+
+    async fn section(&self, w: &str, seq: u64, on_lost: OnLost, forced: Option<(usize, u64)>) {
+        let s = Shared::default();
+        lock(&s).called = now_us();
+        let outcome = self
+            .registry
+            .lock(self.key.clone())
+            .ttl(self.ttl)
+            .wait(self.wait)
+            .fencing(true)
+            .on_lost(on_lost)
+            .run(self.body(w.to_owned(), seq, s.clone(), forced))
+            .await;
+        let started = lock(&s).start != 0;
+        match (&outcome, started) {
+            (Ok(()), _) => end_line(w, seq, &s, "ok"),
+            (Err(e), true) => end_line(w, seq, &s, &outcome_of(e)),
+            (Err(e), false) => out(&format!(
+                "err w={w} seq={seq} at={} kind={} msg={}",
+                now_us(),
+                outcome_of(e),
+                e.to_string().replace('\n', " ")
+            )),
+        }
+    }
+
+    /// Cancellation: a guarded future dropped mid-body, or a guard dropped without release.
+    /// Either must return at once, whatever the network does.
+    async fn drop_test(&self, w: &str, seq: u64) {
+        let s = Shared::default();
+        lock(&s).called = now_us();
+        if seq.is_multiple_of(2) {
+            let (started_tx, started) = tokio::sync::oneshot::channel::<()>();
+            let store = self.store.clone();
+            let body_state = s.clone();
+            let held = Arc::new(Mutex::new(None::<lock_runtime::CurrentLock>));
+            let body_held = held.clone();
+            let w2 = w.to_owned();
+            let mut run = Box::pin(
+                self.registry
+                    .lock(self.key.clone())
+                    .ttl(self.ttl)
+                    .wait(self.wait)
+                    .fencing(true)
+                    .run(async move {
+                        let current = lock_runtime::current().expect("inside a guarded body");
+                        let fence = current.fence().expect("fencing");
+                        begin(
+                            &w2,
+                            seq,
+                            &body_state,
+                            current.token(),
+                            fence,
+                            Duration::ZERO,
+                        );
+                        *body_held.lock().unwrap_or_else(PoisonError::into_inner) =
+                            Some(current.clone());
+                        let _stamp = StopStamp(body_state.clone());
+                        lock(&body_state).read = match store.call(fence, "read", 0).await {
+                            Ok(Some(_)) => "ok",
+                            Ok(None) => "rej",
+                            Err(_) => "err",
+                        };
+                        let _ = started_tx.send(());
+                        std::future::pending::<Result<(), LockError>>().await
+                    }),
+            );
+            let hold = Duration::from_millis(1 + rand_below(self.hold_max_ms));
+            tokio::select! {
+                outcome = &mut run => {
+                    match outcome {
+                        Ok(()) => unreachable!("the body never finishes"),
+                        Err(e) if lock(&s).start != 0 => end_line(w, seq, &s, &outcome_of(&e)),
+                        Err(e) => out(&format!("err w={w} seq={seq} at={} kind={} msg={}", now_us(), outcome_of(&e), e)),
+                    }
+                    return;
+                }
+                () = async { let _ = started.await; tokio::time::sleep(hold).await; } => {}
+            }
+            let lost = held
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .as_ref()
+                .is_some_and(lock_runtime::CurrentLock::is_lost);
+            {
+                let mut g = lock(&s);
+                g.lost_seen = lost;
+                g.end = Some(now_us());
+            }
+            let at = std::time::Instant::now();
+            drop(run);
+            let took = at.elapsed();
+            out(&format!(
+                "drop w={w} at={} kind=future took_us={}",
+                now_us(),
+                took.as_micros()
+            ));
+            end_line(w, seq, &s, "dropped");
+        } else {
+            let guard = match self
+                .registry
+                .lock(self.key.clone())
+                .ttl(self.ttl)
+                .wait(self.wait)
+                .fencing(true)
+                .acquire()
+                .await
+            {
+                Ok(g) => g,
+                Err(e) => {
+                    out(&format!(
+                        "err w={w} seq={seq} at={} kind={} msg={}",
+                        now_us(),
+                        outcome_of(&e),
+                        e
+                    ));
+                    return;
+                }
+            };
+            let hold = Duration::from_millis(1 + rand_below(self.hold_max_ms));
+            begin(
+                w,
+                seq,
+                &s,
+                guard.token(),
+                guard.fence().expect("fencing"),
+                hold,
+            );
+            tokio::time::sleep(hold).await;
+            let lost = guard.is_lost();
+            let end = now_us();
+            let at = std::time::Instant::now();
+            drop(guard);
+            let took = at.elapsed();
+            {
+                let mut g = lock(&s);
+                g.end = Some(end);
+                g.lost_seen = lost;
+            }
+            out(&format!(
+                "drop w={w} at={} kind=guard took_us={}",
+                now_us(),
+                took.as_micros()
+            ));
+            end_line(w, seq, &s, "dropped");
+        }
+    }
+
+    async fn task(&self, index: usize, w: String, on_lost: OnLost, with_drops: bool) -> u64 {
+        let mut seq = 0;
+        while !self.stop.load(Ordering::SeqCst) {
+            seq += 1;
+            // Taken by the body once it runs: a section that could not acquire leaves the
+            // request for the next one.
+            let forced = self.long_requests[index].load(Ordering::SeqCst);
+            if forced > 0 {
+                self.section(&w, seq, on_lost, Some((index, forced))).await;
+            } else if with_drops && self.drop_every > 0 && seq % self.drop_every == 0 {
+                self.drop_test(&w, seq).await;
+            } else {
+                self.section(&w, seq, on_lost, None).await;
+            }
+        }
+        seq
+    }
+}
+
+/// Reports every moment the runtime could not run a 10 ms heartbeat within 50 ms of its time.
+async fn heartbeat(w: String, stop: Arc<AtomicBool>) -> Duration {
+    let period = Duration::from_millis(10);
+    let mut worst = Duration::ZERO;
+    let mut next = tokio::time::Instant::now() + period;
+    while !stop.load(Ordering::SeqCst) {
+        tokio::time::sleep_until(next).await;
+        let late = tokio::time::Instant::now().saturating_duration_since(next);
+        worst = worst.max(late);
+        if late > Duration::from_millis(50) {
+            out(&format!(
+                "stall w={w} at={} late_ms={}",
+                now_us(),
+                late.as_millis()
+            ));
+        }
+        next = tokio::time::Instant::now() + period;
+    }
+    worst
+}
+
+async fn workload(args: Args) {
+    let id = args.str("id");
+    let key = args.str("key");
+    let stop = Arc::new(AtomicBool::new(false));
+    let long_requests = Arc::new([AtomicU64::new(0), AtomicU64::new(0)]);
+    let stdin_stop = stop.clone();
+    let requests = long_requests.clone();
+    std::thread::spawn(move || {
+        // `long <ms> <task>` asks for one long section; EOF (the test closed stdin, or died)
+        // stops the workload.
+        for line in std::io::stdin().lock().lines().map_while(Result::ok) {
+            let mut words = line.split_whitespace();
+            if let (Some("long"), Some(ms), Some(task)) = (words.next(), words.next(), words.next())
+            {
+                if let (Ok(ms), Ok(task)) = (ms.parse::<u64>(), task.parse::<usize>()) {
+                    requests[task % 2].store(ms, Ordering::SeqCst);
+                }
+            }
+        }
+        stdin_stop.store(true, Ordering::SeqCst);
+    });
+    let work = Workload {
+        registry: registry(&args),
+        store: Store::connect(&args.str("store-url"), &key).await,
+        key,
+        ttl: args.ms("ttl-ms", 1000),
+        wait: args.ms("wait-ms", 2000),
+        hold_max_ms: args.num("hold-max-ms", 20),
+        long_pct: args.num("long-pct", 5),
+        drop_every: args.num("drop-every", 8),
+        stop: stop.clone(),
+        long_requests,
+    };
+    out(&format!("ready w={id} pid={}", std::process::id()));
+    let tasks = usize::try_from(args.num("tasks", 2).clamp(1, 2)).expect("small");
+    let mut loops = Vec::new();
+    for t in 0..tasks {
+        // Task 0 cancels on loss (the default); task 1 lets the body finish and reports.
+        let on_lost = if t % 2 == 0 {
+            OnLost::Cancel
+        } else {
+            OnLost::Continue
+        };
+        loops.push(work.task(t, format!("{id}.{t}"), on_lost, t == 0));
+    }
+    let (counts, worst) =
+        tokio::join!(futures_join_all(loops), heartbeat(id.clone(), stop.clone()));
+    out(&format!(
+        "done w={id} iterations={} worst_heartbeat_ms={}",
+        counts.iter().sum::<u64>(),
+        worst.as_millis()
+    ));
+}
+
+/// `join_all` without the futures crate: the loops are few and each runs until stop.
+async fn futures_join_all<F: Future<Output = u64>>(futures: Vec<F>) -> Vec<u64> {
+    let mut futures: Vec<_> = futures.into_iter().map(Box::pin).collect();
+    let mut results = vec![None; futures.len()];
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (i, f) in futures.iter_mut().enumerate() {
+            if results[i].is_none() {
+                match f.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => results[i] = Some(v),
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await;
+    results.into_iter().map(Option::unwrap_or_default).collect()
+}
+
+/// Stops this very process (SIGSTOP) until someone sends SIGCONT: a pause at an exact point.
+fn pause_self() {
+    let status = std::process::Command::new("kill")
+        .arg("-STOP")
+        .arg(std::process::id().to_string())
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill -STOP self failed");
+}
+
+async fn victim(args: Args) {
+    let registry = registry(&args);
+    let key = args.str("key");
+    let store = Store::connect(&args.str("store-url"), &key).await;
+    let fencing = args.num("fencing", 1) == 1;
+    let write_after = args.0.get("after-pause").is_none_or(|v| v == "write");
+    let pause = args.0.get("pause").is_none_or(|v| v == "yes");
+    let on_lost = match args.0.get("on-lost").map(String::as_str) {
+        Some("continue") => OnLost::Continue,
+        _ => OnLost::Cancel,
+    };
+    let outcome = registry
+        .lock(key)
+        .ttl(args.ms("ttl-ms", 1000))
+        .wait(args.ms("wait-ms", 0))
+        .fencing(fencing)
+        .on_lost(on_lost)
+        .run(async {
+            let current = lock_runtime::current().expect("inside the body");
+            let fence = current.fence().unwrap_or(0);
+            let read = if fencing {
+                store
+                    .call(fence, "read", 0)
+                    .await
+                    .expect("store")
+                    .expect("fresh fence")
+            } else {
+                store.plain_read().await.expect("store")
+            };
+            if pause {
+                out(&format!("pausing fence={fence} read={read}"));
+                pause_self();
+                out(&format!(
+                    "resumed lost_seen={}",
+                    u8::from(current.is_lost())
+                ));
+            }
+            if write_after {
+                let result = if fencing {
+                    match store.call(fence, "write", read + 1).await.expect("store") {
+                        Some(_) => "accepted",
+                        None => "rejected",
+                    }
+                } else {
+                    store.plain_write(read + 1).await.expect("store");
+                    "accepted"
+                };
+                out(&format!("wrote {result}"));
+            }
+            Ok::<_, LockError>(())
+        })
+        .await;
+    match outcome {
+        Ok(()) => out("outcome ok"),
+        Err(e) => out(&format!("outcome {}", outcome_of(&e))),
+    }
+    // Whatever the store got from this process was sent before this line.
+    out("exit");
+}
+
+async fn tokens(args: Args) {
+    let registry = Registry::in_memory();
+    for i in 0..args.num("count", 100) {
+        let guard = registry
+            .lock(format!("t{i}"))
+            .acquire()
+            .await
+            .expect("in-memory lock");
+        out(guard.token());
+        guard.release().await.expect("release");
+    }
+}
+
+fn main() {
+    let mut argv = std::env::args().skip(1);
+    let mode = argv
+        .next()
+        .expect("usage: fault-worker workload|victim|tokens --name value ..");
+    let args = Args::parse(argv);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    match mode.as_str() {
+        "workload" => runtime.block_on(workload(args)),
+        "victim" => runtime.block_on(victim(args)),
+        "tokens" => runtime.block_on(tokens(args)),
+        other => panic!("unknown mode {other}"),
+    }
+}

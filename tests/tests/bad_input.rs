@@ -1,0 +1,533 @@
+//! Bad input at runtime, through the manual API, against real redis-server processes: keys
+//! Redis would take but a lock should not (or should, byte for byte), keys that hold other data,
+//! out-of-range durations, server-side errors, and a connection lost in the middle of an
+//! acquisition. Each case ends with a clear error or a correct lock, and with no foreign data
+//! touched and no lock left behind beyond its ttl.
+
+use std::time::Duration;
+
+use lock_runtime::{LockError, MAX_KEY_BYTES};
+use lock_tests::proxy::Proxy;
+use lock_tests::{command_calls, RedisServer};
+use redis::AsyncCommands;
+
+use lock_tests::fast_registry as registry;
+
+async fn raw(server: &RedisServer) -> redis::aio::MultiplexedConnection {
+    server
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .expect("raw connection")
+}
+
+/// Commands the server ran, excluding the `INFO` that reads the counters.
+fn commands_run(server: &RedisServer) -> u64 {
+    let mut con = server.connection();
+    command_calls(&mut con)
+        .iter()
+        .filter(|(name, _)| name.as_str() != "info")
+        .map(|(_, n)| n)
+        .sum()
+}
+
+fn invalid_key_reason(err: &LockError) -> &str {
+    match err {
+        LockError::InvalidKey { reason, .. } => reason,
+        other => panic!("expected InvalidKey, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn an_empty_key_is_refused_before_any_command_reaches_redis() {
+    let server = RedisServer::start();
+    let reg = registry(&server.url());
+    let before = commands_run(&server);
+    let err = reg.lock("").acquire().await.unwrap_err();
+    assert!(
+        invalid_key_reason(&err).contains("the key is empty"),
+        "{err}"
+    );
+    let err = reg
+        .lock("")
+        .run(async { Ok::<_, LockError>(()) })
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LockError::InvalidKey { .. }), "{err:?}");
+    assert!(reg.inspect("").await.is_err());
+    assert!(reg.force_unlock("").await.is_err());
+    assert_eq!(commands_run(&server), before, "nothing was sent");
+}
+
+#[tokio::test]
+async fn a_one_mib_key_is_refused_with_a_short_message_and_nothing_sent() {
+    let server = RedisServer::start();
+    let reg = registry(&server.url());
+    let before = commands_run(&server);
+    let huge = "k".repeat(1 << 20);
+    let err = reg.lock(huge.clone()).acquire().await.unwrap_err();
+    let reason = invalid_key_reason(&err);
+    assert!(reason.contains(&format!("{} bytes", 1 << 20)), "{reason}");
+    assert!(
+        reason.contains(&MAX_KEY_BYTES.to_string()),
+        "names the limit: {reason}"
+    );
+    let message = err.to_string();
+    assert!(
+        message.len() < 1000,
+        "the message must not echo a 1 MiB key ({} bytes)",
+        message.len()
+    );
+    assert!(reg.inspect(&huge).await.is_err());
+    assert_eq!(commands_run(&server), before, "nothing was sent");
+    // The limit itself is accepted.
+    let at_limit = "k".repeat(MAX_KEY_BYTES);
+    reg.lock(at_limit)
+        .acquire()
+        .await
+        .expect("a key of exactly the limit")
+        .release()
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn control_bytes_and_non_ascii_keys_lock_exactly_those_bytes_and_print_escaped() {
+    let server = RedisServer::start();
+    let (a, b) = (registry(&server.url()), registry(&server.url()));
+    let mut con = raw(&server).await;
+    for key in [
+        "tab\there\nnewline\r\0nul\u{7f}",
+        "ключ:数据:🔒",
+        "e\u{301}", // 'e' + combining accent: not the same bytes as 'é'
+        "é",
+        " ",
+    ] {
+        let guard = a
+            .lock(key)
+            .ttl(Duration::from_secs(30))
+            .acquire()
+            .await
+            .unwrap();
+        // The Redis key is the prefix plus exactly the key's bytes.
+        let stored: Option<String> = con.get(format!("lock:{key}").as_bytes()).await.unwrap();
+        assert_eq!(stored.as_deref(), Some(guard.token()), "{key:?}");
+        // Another owner is excluded from exactly that key, and the message escapes it.
+        let err = b.lock(key).acquire().await.unwrap_err();
+        assert!(err.is_busy(), "{err:?}");
+        let message = err.to_string();
+        assert!(
+            !message.chars().any(|c| c.is_control()),
+            "control bytes are escaped in messages: {message:?}"
+        );
+        guard.release().await.unwrap();
+    }
+    // Near-identical keys are different locks.
+    let composed = a.lock("é").acquire().await.unwrap();
+    let decomposed = b.lock("e\u{301}").acquire().await.unwrap();
+    composed.release().await.unwrap();
+    decomposed.release().await.unwrap();
+    let keys: Vec<String> = con.keys("lock:*").await.unwrap();
+    assert!(keys.is_empty(), "every lock was released: {keys:?}");
+}
+
+/// Fills `key` with a value of `kind` and returns a snapshot to compare with later.
+async fn plant(con: &mut redis::aio::MultiplexedConnection, key: &str, kind: &str) -> String {
+    let _: () = match kind {
+        "list" => con.rpush(key, "payload").await.unwrap(),
+        "hash" => con.hset(key, "field", "payload").await.unwrap(),
+        "set" => con.sadd(key, "payload").await.unwrap(),
+        "zset" => con.zadd(key, "payload", 1).await.unwrap(),
+        "stream" => redis::cmd("XADD")
+            .arg(key)
+            .arg("1-1")
+            .arg("f")
+            .arg("payload")
+            .query_async::<String>(con)
+            .await
+            .map(|_| ())
+            .unwrap(),
+        other => panic!("unknown kind {other}"),
+    };
+    snapshot(con, key).await
+}
+
+async fn snapshot(con: &mut redis::aio::MultiplexedConnection, key: &str) -> String {
+    let (kind, ttl, dump): (String, i64, Vec<u8>) = redis::pipe()
+        .cmd("TYPE")
+        .arg(key)
+        .cmd("PTTL")
+        .arg(key)
+        .cmd("DUMP")
+        .arg(key)
+        .query_async(con)
+        .await
+        .unwrap();
+    format!("{kind} ttl={ttl} {dump:?}")
+}
+
+#[tokio::test]
+async fn a_key_holding_another_type_is_a_clear_error_and_the_foreign_data_stays_untouched() {
+    let server = RedisServer::start();
+    let reg = registry(&server.url());
+    let mut con = raw(&server).await;
+    for kind in ["list", "hash", "set", "zset", "stream"] {
+        let key = format!("jobs-{kind}");
+        let redis_key = format!("lock:{key}");
+        let before = plant(&mut con, &redis_key, kind).await;
+        for fencing in [false, true] {
+            let err = reg
+                .lock(key.clone())
+                .fencing(fencing)
+                .wait(Duration::from_millis(300))
+                .acquire()
+                .await
+                .unwrap_err();
+            let reason = invalid_key_reason(&err);
+            assert!(
+                reason.contains(&format!("holds a {kind}, not a lock"))
+                    && reason.contains("left untouched"),
+                "{kind}, fencing {fencing}: {err}"
+            );
+        }
+        // Reading and the operator's force-unlock leave it alone too.
+        let info = reg.inspect(&key).await.unwrap();
+        assert_eq!(info.owner, None, "{kind}");
+        assert!(!reg.force_unlock(&key).await.unwrap(), "{kind}");
+        assert_eq!(
+            snapshot(&mut con, &redis_key).await,
+            before,
+            "{kind} untouched"
+        );
+        let fence: Option<String> = con.get(format!("fence:{redis_key}")).await.unwrap();
+        assert_eq!(fence, None, "no fencing token was spent on a refused key");
+    }
+}
+
+#[tokio::test]
+async fn a_fencing_counter_holding_another_type_fails_clearly_and_leaves_no_lock_behind() {
+    let server = RedisServer::start();
+    let reg = registry(&server.url());
+    let mut con = raw(&server).await;
+    let before = plant(&mut con, "fence:lock:billing", "hash").await;
+    let ttl = Duration::from_millis(800);
+    let err = reg
+        .lock("billing")
+        .ttl(ttl)
+        .fencing(true)
+        .acquire()
+        .await
+        .unwrap_err();
+    let message = err.to_string();
+    assert!(
+        message.contains("`billing`") && message.contains("WRONGTYPE"),
+        "names the key and what Redis said: {message}"
+    );
+    assert_eq!(snapshot(&mut con, "fence:lock:billing").await, before);
+    // The script's SET ran before its INCR failed, and Redis scripts do not roll back: the lock
+    // may exist for a moment, but never without an expiry and never beyond its ttl.
+    let pttl: i64 = con.pttl("lock:billing").await.unwrap();
+    assert!(pttl == -2 || (pttl > 0 && pttl <= 800), "{pttl}");
+    tokio::time::sleep(ttl + Duration::from_millis(50)).await;
+    let exists: bool = con.exists("lock:billing").await.unwrap();
+    assert!(!exists, "no lock outlives its ttl");
+    // Without fencing the counter is not involved.
+    reg.lock("billing")
+        .acquire()
+        .await
+        .expect("a plain lock ignores the counter")
+        .release()
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_zero_ttl_is_refused_and_so_is_one_beyond_what_redis_takes() {
+    let server = RedisServer::start();
+    let reg = registry(&server.url());
+    let before = commands_run(&server);
+    for ttl in [
+        Duration::ZERO,
+        Duration::from_micros(999),
+        Duration::from_secs(365 * 24 * 3600) + Duration::from_millis(1),
+        Duration::from_secs(u64::MAX / 1000),
+        Duration::MAX,
+    ] {
+        let err = reg.lock("k").ttl(ttl).acquire().await.unwrap_err();
+        assert!(
+            matches!(err, LockError::InvalidOptions { .. }) && err.to_string().contains("`ttl`"),
+            "{ttl:?}: {err:?}"
+        );
+    }
+    for min_hold in [Duration::ZERO, Duration::MAX] {
+        let err = reg
+            .lock("k")
+            .min_hold(min_hold)
+            .acquire()
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("`min_hold`"), "{err}");
+    }
+    assert_eq!(commands_run(&server), before, "nothing was sent");
+    // The largest accepted ttl reaches Redis intact.
+    let year = Duration::from_secs(365 * 24 * 3600);
+    let guard = reg.lock("k").ttl(year).acquire().await.unwrap();
+    let mut con = raw(&server).await;
+    let pttl: i64 = con.pttl("lock:k").await.unwrap();
+    let year_ms = i64::try_from(year.as_millis()).unwrap();
+    assert!(pttl > year_ms - 60_000 && pttl <= year_ms, "{pttl}");
+    guard.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_wait_beyond_the_clock_range_is_an_error_or_waits_but_never_panics() {
+    let server = RedisServer::start();
+    let reg = registry(&server.url());
+    let held = reg.lock("k").acquire().await.unwrap();
+    // Duration::MAX is the natural way to say "wait as long as it takes".
+    let waiter = tokio::spawn({
+        let reg = reg.clone();
+        async move { reg.lock("k").wait(Duration::MAX).acquire().await }
+    });
+    tokio::task::yield_now().await;
+    held.release().await.unwrap();
+    let outcome = waiter.await.expect("the waiter must not panic");
+    match outcome {
+        Ok(guard) => guard.release().await.unwrap(),
+        Err(err) => assert!(matches!(err, LockError::InvalidOptions { .. }), "{err:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_max_hold_beyond_the_clock_range_is_an_error_or_ignored_but_never_kills_the_keeper() {
+    let server = RedisServer::start();
+    let reg = registry(&server.url());
+    let ttl = Duration::from_millis(300);
+    let outcome = reg
+        .lock("k")
+        .ttl(ttl)
+        .max_hold(Duration::MAX)
+        .acquire()
+        .await;
+    if let Err(err) = outcome {
+        assert!(matches!(err, LockError::InvalidOptions { .. }), "{err:?}");
+        return;
+    }
+    let guard = outcome.unwrap();
+    // Another lock of the same registry must keep being renewed: the keeper is shared.
+    let other = reg.lock("other").ttl(ttl).acquire().await.unwrap();
+    tokio::time::sleep(ttl * 4).await;
+    assert!(!other.is_lost(), "the lease keeper died");
+    assert!(!guard.is_lost(), "the lease keeper died");
+    other.release().await.unwrap();
+    guard.release().await.unwrap();
+}
+
+/// Puts the server over its memory limit: junk first, then a `maxmemory` below what it uses.
+async fn push_over_maxmemory(con: &mut redis::aio::MultiplexedConnection) {
+    let junk = "x".repeat(64 * 1024);
+    for i in 0..32 {
+        let _: () = con.set(format!("junk:{i}"), &junk).await.unwrap();
+    }
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory-policy")
+        .arg("noeviction")
+        .query_async(con)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("1mb")
+        .query_async(con)
+        .await
+        .unwrap();
+    let refused: redis::RedisResult<()> = con.set("junk:more", 1).await;
+    assert!(refused.unwrap_err().to_string().contains("OOM"));
+}
+
+#[tokio::test]
+async fn oom_under_maxmemory_fails_new_locks_clearly_while_held_locks_renew_and_release() {
+    let server = RedisServer::start();
+    let reg = registry(&server.url());
+    let ttl = Duration::from_millis(300);
+    let held = reg.lock("held").ttl(ttl).acquire().await.unwrap();
+    let mut con = raw(&server).await;
+    push_over_maxmemory(&mut con).await;
+    for fencing in [false, true] {
+        let err = reg
+            .lock("new")
+            .fencing(fencing)
+            .acquire()
+            .await
+            .unwrap_err();
+        match &err {
+            LockError::Backend { command, .. } => assert_eq!(*command, "acquire"),
+            other => panic!("expected a backend error, got {other:?}"),
+        }
+        assert!(err.to_string().contains("OOM"), "says why: {err}");
+    }
+    let exists: bool = con.exists("lock:new").await.unwrap();
+    assert!(!exists, "nothing was written");
+    // Renewal (PEXPIRE) and release (DEL) need no memory: the held lock survives 3 ttls.
+    tokio::time::sleep(ttl * 3).await;
+    assert!(!held.is_lost(), "renewals kept working under OOM");
+    held.release().await.expect("release works under OOM");
+    let exists: bool = con.exists("lock:held").await.unwrap();
+    assert!(!exists);
+}
+
+#[tokio::test]
+async fn a_read_only_replica_refuses_clearly_and_nothing_is_written_there() {
+    let master = RedisServer::start();
+    let port = master.port().to_string();
+    let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]);
+    let reg = registry(&replica.url());
+    for fencing in [false, true] {
+        let err = reg.lock("k").fencing(fencing).acquire().await.unwrap_err();
+        match &err {
+            LockError::Backend { command, .. } => assert_eq!(*command, "acquire"),
+            other => panic!("expected a backend error, got {other:?}"),
+        }
+        assert!(
+            err.to_string().contains("read only replica"),
+            "says why: {err}"
+        );
+    }
+    let mut con = raw(&replica).await;
+    let keys: Vec<String> = con.keys("*").await.unwrap();
+    assert!(keys.is_empty(), "{keys:?}");
+}
+
+#[tokio::test]
+async fn scripts_flushed_from_the_server_are_reloaded_transparently() {
+    let server = RedisServer::start();
+    let reg = registry(&server.url());
+    let ttl = Duration::from_millis(300);
+    let first = reg
+        .lock("k")
+        .fencing(true)
+        .ttl(ttl)
+        .acquire()
+        .await
+        .unwrap();
+    let mut con = raw(&server).await;
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    // Renewal, release, a fenced acquisition, inspection and force-unlock all run scripts.
+    tokio::time::sleep(ttl * 2).await;
+    assert!(!first.is_lost(), "renewals reloaded the script");
+    first.release().await.unwrap();
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let second = reg.lock("k").fencing(true).acquire().await.unwrap();
+    assert_eq!(second.fence(), Some(2));
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(reg.inspect("k").await.unwrap().fence, Some(2));
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert!(reg.force_unlock("k").await.unwrap());
+    let calls = command_calls(&mut server.connection());
+    assert!(
+        calls.get("script|load").copied().unwrap_or(0) > 5,
+        "reloaded after each flush: {calls:?}"
+    );
+    drop(second);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_lost_mid_acquire_is_retried_with_the_same_token_and_yields_one_lock() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    let reg = registry(&proxy.url());
+    // Connect first, so the lost reply is the acquisition's and not the handshake's.
+    lock_tests::warm_up(&reg).await;
+    for fencing in [false, true] {
+        let key = format!("k{}", u8::from(fencing));
+        proxy.drop_replies();
+        let acquire = tokio::spawn({
+            let (reg, key) = (reg.clone(), key.clone());
+            async move {
+                reg.lock(key)
+                    .fencing(fencing)
+                    .ttl(Duration::from_secs(30))
+                    .wait(Duration::from_secs(10))
+                    .acquire()
+                    .await
+            }
+        });
+        // The SET ran on the server; its reply is gone. Then the connection breaks.
+        let dropped = proxy.stats().replies_dropped();
+        proxy.replies_dropped_at_least(dropped + 1).await;
+        proxy.heal();
+        let guard = acquire.await.unwrap().expect("the retry takes the lock");
+        let info = reg.inspect(&key).await.unwrap();
+        assert_eq!(
+            info.owner.as_deref(),
+            Some(guard.token()),
+            "the retry recognised its own token instead of waiting for itself"
+        );
+        if fencing {
+            // The lost attempt's token was spent; the one handed out is newer.
+            assert!(guard.fence().unwrap() >= 1);
+            assert_eq!(info.fence, guard.fence());
+        }
+        guard.release().await.unwrap();
+        assert_eq!(reg.inspect(&key).await.unwrap().owner, None);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_that_gave_up_after_a_lost_reply_leaves_no_lock_beyond_its_ttl() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    let reg = registry(&proxy.url());
+    lock_tests::warm_up(&reg).await;
+    let ttl = Duration::from_millis(1500);
+    proxy.drop_replies();
+    // No waiting: the first failure is final, and the caller is told.
+    let err = reg.lock("k").ttl(ttl).acquire().await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            LockError::Backend {
+                command: "acquire",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    // The SET did run on the server...
+    let calls = command_calls(&mut server.connection());
+    assert!(calls.get("set").copied().unwrap_or(0) >= 1, "{calls:?}");
+    // ...so the lock exists with an expiry no longer than its ttl, unless the runtime's
+    // clean-up (an owner-checked release, whose request still gets through) already ran.
+    let mut con = raw(&server).await;
+    let pttl: i64 = con.pttl("lock:k").await.unwrap();
+    assert!(pttl == -2 || (pttl > 0 && pttl <= 1500), "{pttl}");
+    proxy.heal();
+    // The runtime releases the orphan in the background once Redis answers again; at worst it
+    // expires by its ttl. Either way a new owner gets it within the ttl.
+    let other = registry(&server.url());
+    let guard = other
+        .lock("k")
+        .wait(ttl + Duration::from_millis(200))
+        .acquire()
+        .await
+        .expect("the orphan is gone within its ttl");
+    guard.release().await.unwrap();
+}

@@ -1,0 +1,208 @@
+use std::time::Duration;
+
+use lock_runtime::{LockError, LostReason, Registry};
+use lock_tests::cluster::RedisCluster;
+
+/// Short timeouts, so operations on a dead master fail (and are retried by the library) well
+/// within the tests' leases.
+fn registry(cluster: &RedisCluster) -> Registry {
+    Registry::builder()
+        .cluster(cluster.seeds())
+        .connect_timeout(Duration::from_millis(300))
+        .command_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_spread_over_many_slots_exclude_fence_and_release() {
+    let cluster = RedisCluster::start(3, 0);
+    let (a, b) = (registry(&cluster), registry(&cluster));
+    let mut held = Vec::new();
+    for i in 0..150 {
+        // Untagged keys land everywhere; tagged ones keep their tag's slot.
+        let key = if i % 3 == 0 {
+            format!("{{tenant:{i}}}:job")
+        } else {
+            format!("job:{i}")
+        };
+        let guard = a.lock(key.clone()).fencing(true).acquire().await.unwrap();
+        assert_eq!(guard.fence(), Some(1), "{key}: counter in the lock's slot");
+        assert!(b.lock(key).acquire().await.unwrap_err().is_busy());
+        held.push(guard);
+    }
+    for guard in held {
+        let key = guard.key().to_owned();
+        guard.release().await.unwrap();
+        let again = b.lock(key.clone()).fencing(true).acquire().await.unwrap();
+        assert_eq!(again.fence(), Some(2), "{key}");
+        again.release().await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_is_woken_by_a_sharded_release_notification() {
+    let cluster = RedisCluster::start(3, 0);
+    let (a, b) = (registry(&cluster), registry(&cluster));
+    let held = a
+        .lock("deploy:7")
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    let waiter = tokio::spawn(async move {
+        b.lock("deploy:7")
+            .wait(Duration::from_secs(20))
+            .acquire()
+            .await
+    });
+    // Wait until the waiter is parked on its shard channel.
+    let port = cluster.master_port_of(&cluster.nodes[0], "lock:deploy:7");
+    let owner = cluster.nodes.iter().find(|n| n.port() == port).unwrap();
+    let mut con = owner.connection();
+    loop {
+        let (_, n): (String, i64) = redis::cmd("PUBSUB")
+            .arg("SHARDNUMSUB")
+            .arg("lock:deploy:7")
+            .query(&mut con)
+            .unwrap();
+        if n == 1 {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    held.release().await.unwrap();
+    let guard = waiter
+        .await
+        .unwrap()
+        .expect("woken by the release, long before the 30 s lease");
+    let info = a.inspect("deploy:7").await.unwrap();
+    assert_eq!(info.owner.as_deref(), Some(guard.token()));
+    assert!(info.remaining.unwrap() > Duration::from_secs(25));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_master_loses_only_its_own_locks() {
+    let mut cluster = RedisCluster::start(3, 0);
+    let reg = registry(&cluster);
+    let ttl = Duration::from_secs(3);
+    let mut held = Vec::new();
+    for i in 0..60 {
+        held.push(
+            reg.lock(format!("job:{i}"))
+                .ttl(ttl)
+                .acquire()
+                .await
+                .unwrap(),
+        );
+    }
+    let victim_port = cluster.nodes[0].port();
+    let owners: Vec<u16> = held
+        .iter()
+        .map(|g| cluster.master_port_of(&cluster.nodes[1], g.redis_key()))
+        .collect();
+    assert!(
+        owners.contains(&victim_port),
+        "some locks live on the victim"
+    );
+    cluster.nodes[0].kill();
+    for (guard, owner) in held.iter().zip(&owners) {
+        if *owner == victim_port {
+            let err = guard.lost().await;
+            assert!(
+                matches!(
+                    err,
+                    LockError::Lost {
+                        reason: LostReason::Expired,
+                        ..
+                    }
+                ),
+                "{err:?}"
+            );
+        }
+    }
+    // By now every lock on the dead master has passed its deadline. No lock on a live master
+    // was taken over or deleted by anyone. Their leases normally stay held; rarely (open issue)
+    // the cluster client holds up every renewal after a death for a whole lease, and then such
+    // a lease reports itself expired and its key simply runs out: never another holder's
+    // token, never reported stolen. The count printed shows which case a run hit.
+    let mut still_held = 0;
+    for (guard, owner) in held.iter().zip(&owners) {
+        if *owner != victim_port {
+            let node = cluster.nodes.iter().find(|n| n.port() == *owner).unwrap();
+            let value: Option<String> = redis::cmd("GET")
+                .arg(guard.redis_key())
+                .query(&mut node.connection())
+                .unwrap();
+            match value {
+                Some(token) => {
+                    assert_eq!(token, guard.token(), "{} untouched", guard.key());
+                    still_held += usize::from(!guard.is_lost());
+                }
+                None => assert_eq!(
+                    guard.lost_reason(),
+                    Some(LostReason::Expired),
+                    "{}: gone from a live master, so its lease must say it expired",
+                    guard.key()
+                ),
+            }
+            assert_ne!(
+                guard.lost_reason(),
+                Some(LostReason::Stolen),
+                "{}",
+                guard.key()
+            );
+        }
+    }
+    eprintln!("locks on live masters still held after the death: {still_held}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_failover_a_second_holder_is_never_silent() {
+    let mut cluster = RedisCluster::start(3, 1);
+    let (a, b) = (registry(&cluster), registry(&cluster));
+    let ttl = Duration::from_millis(900);
+    let mut held = Vec::new();
+    for i in 0..30 {
+        held.push(
+            a.lock(format!("order:{i}"))
+                .ttl(ttl)
+                .acquire()
+                .await
+                .unwrap(),
+        );
+    }
+    let witness = cluster.nodes.len() - 1;
+    let victim_port = cluster.master_port_of(&cluster.nodes[witness], held[0].redis_key());
+    let victim = cluster
+        .nodes
+        .iter()
+        .position(|n| n.port() == victim_port)
+        .unwrap();
+    let witness = (0..cluster.nodes.len())
+        .rev()
+        .find(|i| *i != victim)
+        .unwrap();
+    let on_victim: Vec<_> = held
+        .iter()
+        .filter(|g| cluster.master_port_of(&cluster.nodes[witness], g.redis_key()) == victim_port)
+        .collect();
+    cluster.nodes[victim].kill();
+    // Its replica takes over. Asynchronous replication may or may not have copied each lock:
+    // whoever gets a lock on the new master, the old holder must learn that it lost it.
+    for guard in on_victim {
+        if let Ok(second) = b
+            .lock(guard.key())
+            .ttl(ttl)
+            .wait(Duration::from_secs(20))
+            .acquire()
+            .await
+        {
+            let err = guard.lost().await;
+            assert!(err.is_lost(), "{err:?}");
+            drop(second);
+        } else {
+            assert!(guard.is_lost(), "neither side holds {}", guard.key());
+        }
+    }
+}

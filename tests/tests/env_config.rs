@@ -1,0 +1,49 @@
+//! The deployment mode comes from the environment with no code change. One test in its own
+//! binary, because it changes the process environment.
+
+use lock_runtime::Registry;
+
+#[test]
+fn the_environment_selects_single_node_redlock_or_cluster() {
+    let clear = || {
+        for var in ["LOCK_REDIS_URL", "REDIS_URL", "LOCK_REDIS_CLUSTER"] {
+            std::env::remove_var(var);
+        }
+    };
+    clear();
+    let err = Registry::from_env().unwrap_err();
+    assert!(err.to_string().contains("LOCK_REDIS_URL"), "{err}");
+
+    std::env::set_var("REDIS_URL", "redis://10.0.0.9:6379/");
+    assert_eq!(Registry::from_env().unwrap().node(), "10.0.0.9:6379");
+    std::env::set_var("LOCK_REDIS_URL", "redis://10.0.0.5:6379/");
+    assert_eq!(
+        Registry::from_env().unwrap().node(),
+        "10.0.0.5:6379",
+        "LOCK_REDIS_URL first"
+    );
+
+    std::env::set_var(
+        "LOCK_REDIS_URL",
+        "redis://10.0.0.1:6379/, redis://10.0.0.2:6379/,redis://10.0.0.3:6379/",
+    );
+    assert_eq!(
+        Registry::from_env().unwrap().node(),
+        "redlock(10.0.0.1:6379,10.0.0.2:6379,10.0.0.3:6379)"
+    );
+
+    std::env::set_var(
+        "LOCK_REDIS_CLUSTER",
+        "redis://10.0.1.1:7000/,redis://10.0.1.2:7000/",
+    );
+    assert_eq!(
+        Registry::from_env().unwrap().node(),
+        "cluster(10.0.1.1:7000,10.0.1.2:7000)",
+        "LOCK_REDIS_CLUSTER wins"
+    );
+
+    std::env::set_var("LOCK_REDIS_CLUSTER", "redis://user:pw@[bad");
+    let err = Registry::from_env().unwrap_err();
+    assert!(!err.to_string().contains("pw"), "{err}");
+    clear();
+}

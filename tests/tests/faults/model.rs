@@ -1,0 +1,415 @@
+//! Who held each lock on the server, and until when, rebuilt from `MONITOR` (see `monitor.rs`),
+//! plus the invariants that can be read off the server's own history:
+//!
+//! - (d) no renewal (or any scripted `PEXPIRE`/`DEL`) touched a lock whose owner was not the
+//!   caller, and none shortened a live lock;
+//! - (f) every `SET` of a lock key carried an expiry, and nothing made one persistent.
+//!
+//! Replies are not in `MONITOR`, but the scripts reveal them: the acquire script runs `TYPE`
+//! right after a refused `SET NX`, and the owner-checked scripts run `PEXPIRE`/`DEL` only after
+//! their `GET` matched. A plain `SET NX` (no script) is judged by the key's expiry.
+
+use std::collections::HashMap;
+
+use super::monitor::{Entry, Event};
+
+/// One stretch of time during which the server held a lock key for one token.
+#[derive(Clone, Debug)]
+pub struct Tenure {
+    pub token: String,
+    /// When the `SET` ran (µs).
+    pub since_us: i64,
+    /// Every expiry the key was given while held: (when it was set, absolute expiry in ms).
+    pub expiries: Vec<(i64, i64)>,
+    /// When the key stopped holding this token and why.
+    pub ended_us: Option<i64>,
+    pub ended_by: &'static str,
+}
+
+impl Tenure {
+    /// The absolute expiry in force at `at_us`, as µs: the first moment the key is gone.
+    pub fn expires_at(&self, at_us: i64) -> i64 {
+        let ms = self
+            .expiries
+            .iter()
+            .take_while(|(set, _)| *set <= at_us)
+            .last()
+            .or(self.expiries.first())
+            .map_or(i64::MIN, |(_, ms)| *ms);
+        // Redis treats a key as expired once its clock in ms is past the expiry.
+        (ms + 1) * 1000
+    }
+
+    /// Whether the server held this token over the whole of `[from, to]`.
+    pub fn covers(&self, from_us: i64, to_us: i64) -> bool {
+        from_us >= self.since_us
+            && self.ended_us.is_none_or(|e| to_us <= e)
+            && to_us < self.expires_at(to_us)
+    }
+}
+
+#[derive(Default, Debug)]
+pub struct History {
+    pub tenures: Vec<Tenure>,
+    /// Invariant violations found in the server's history, as readable sentences.
+    pub violations: Vec<String>,
+    pub commands: usize,
+    pub scripts: usize,
+    pub renewals: usize,
+    pub server_losses: usize,
+}
+
+impl History {
+    pub fn by_token(&self) -> HashMap<&str, Vec<&Tenure>> {
+        let mut map: HashMap<&str, Vec<&Tenure>> = HashMap::new();
+        for t in &self.tenures {
+            map.entry(t.token.as_str()).or_default().push(t);
+        }
+        map
+    }
+}
+
+/// Tolerance for Redis' millisecond clock against our µs stamps.
+const SLACK_MS: i64 = 2;
+
+struct Live {
+    index: usize,
+    expiry_ms: i64,
+}
+
+struct Builder<'a> {
+    prefix: &'a [u8],
+    history: History,
+    live: HashMap<Vec<u8>, Live>,
+}
+
+impl Builder<'_> {
+    fn is_lock_key(&self, key: &[u8]) -> bool {
+        key.starts_with(self.prefix)
+    }
+
+    /// Ends the tenure of `key` if it expired by `at_us`.
+    fn expire(&mut self, key: &[u8], at_us: i64) {
+        let now_ms = at_us / 1000;
+        if let Some(live) = self.live.get(key) {
+            if now_ms > live.expiry_ms + SLACK_MS {
+                let t = &mut self.history.tenures[live.index];
+                t.ended_us = Some((live.expiry_ms + 1) * 1000);
+                t.ended_by = "expired";
+                self.live.remove(key);
+            }
+        }
+    }
+
+    /// A `SET` of `key` to `token` took effect.
+    fn acquired(&mut self, key: &[u8], token: &str, at_us: i64, px_ms: i64, how: &str) {
+        if let Some(previous) = self.live.remove(key) {
+            let now_ms = at_us / 1000;
+            let t = &mut self.history.tenures[previous.index];
+            if now_ms + SLACK_MS < previous.expiry_ms && t.token != token {
+                self.history.violations.push(format!(
+                    "(model) {how} of {} by {token} at {at_us} while {} held it until {} ms",
+                    String::from_utf8_lossy(key),
+                    t.token,
+                    previous.expiry_ms
+                ));
+            }
+            t.ended_us = Some(at_us.min((previous.expiry_ms + 1) * 1000));
+            t.ended_by = "expired";
+        }
+        let expiry_ms = at_us / 1000 + px_ms;
+        self.history.tenures.push(Tenure {
+            token: token.to_owned(),
+            since_us: at_us,
+            expiries: vec![(at_us, expiry_ms)],
+            ended_us: None,
+            ended_by: "held at the end",
+        });
+        self.live.insert(
+            key.to_vec(),
+            Live {
+                index: self.history.tenures.len() - 1,
+                expiry_ms,
+            },
+        );
+    }
+
+    fn owner(&self, key: &[u8]) -> Option<&str> {
+        self.live
+            .get(key)
+            .map(|l| self.history.tenures[l.index].token.as_str())
+    }
+
+    fn client_command(&mut self, e: &Entry) {
+        let name = e.name();
+        let key = e.arg(1).to_vec();
+        if !self.is_lock_key(&key) {
+            return;
+        }
+        match name.as_str() {
+            "SET" => {
+                let opts: Vec<String> = e.args[3..]
+                    .iter()
+                    .map(|a| String::from_utf8_lossy(a).to_ascii_uppercase())
+                    .collect();
+                let px = opts
+                    .iter()
+                    .position(|o| o == "PX")
+                    .and_then(|i| opts.get(i + 1))
+                    .and_then(|v| v.parse::<i64>().ok());
+                let Some(px) = px.filter(|v| *v > 0) else {
+                    self.history.violations.push(format!(
+                        "(f) SET of lock key {} without a positive PX at {}",
+                        String::from_utf8_lossy(&key),
+                        e.at_us
+                    ));
+                    return;
+                };
+                self.expire(&key, e.at_us);
+                let nx = opts.iter().any(|o| o == "NX");
+                if !nx || !self.live.contains_key(&key) {
+                    self.acquired(&key, &e.arg_str(2), e.at_us, px, "plain SET");
+                }
+            }
+            "DEL" | "UNLINK" => self.end(&key, e.at_us, "deleted by a client"),
+            "PERSIST" => self.history.violations.push(format!(
+                "(f) PERSIST of lock key {} at {}",
+                String::from_utf8_lossy(&key),
+                e.at_us
+            )),
+            _ => {}
+        }
+    }
+
+    fn end(&mut self, key: &[u8], at_us: i64, why: &'static str) {
+        self.expire(key, at_us);
+        if let Some(live) = self.live.remove(key) {
+            let t = &mut self.history.tenures[live.index];
+            t.ended_us = Some(at_us);
+            t.ended_by = why;
+        }
+    }
+
+    fn script(&mut self, call: &Entry, body: &[Entry]) {
+        self.history.scripts += 1;
+        let numkeys: usize = call.arg_str(2).parse().unwrap_or(0);
+        let argv: Vec<&[u8]> = call
+            .args
+            .iter()
+            .skip(3 + numkeys)
+            .map(Vec::as_slice)
+            .collect();
+        let mut renewed_here = false;
+        for (i, cmd) in body.iter().enumerate() {
+            let key = cmd.arg(1).to_vec();
+            if !self.is_lock_key(&key) {
+                continue;
+            }
+            let name = cmd.name();
+            match name.as_str() {
+                "SET" => {
+                    // A refused SET NX is followed by TYPE on the same key in the acquire script.
+                    let refused = body
+                        .get(i + 1)
+                        .is_some_and(|n| n.name() == "TYPE" && n.arg(1) == key.as_slice());
+                    let px = cmd.arg_str(5).parse::<i64>().ok().filter(|v| *v > 0);
+                    let Some(px) = px.filter(|_| cmd.arg_str(4).eq_ignore_ascii_case("PX")) else {
+                        self.history.violations.push(format!(
+                            "(f) scripted SET of {} without a positive PX at {}",
+                            String::from_utf8_lossy(&key),
+                            cmd.at_us
+                        ));
+                        continue;
+                    };
+                    if !refused {
+                        self.expire(&key, cmd.at_us);
+                        self.acquired(&key, &cmd.arg_str(2), cmd.at_us, px, "acquire script");
+                    }
+                }
+                "PEXPIRE" => {
+                    self.expire(&key, cmd.at_us);
+                    let ms = cmd.arg_str(2).parse::<i64>().unwrap_or(0);
+                    let owner = self.owner(&key).map(str::to_owned);
+                    let caller_owns = owner
+                        .as_deref()
+                        .is_some_and(|o| argv.contains(&o.as_bytes()));
+                    if !caller_owns {
+                        self.history.violations.push(format!(
+                            "(d) PEXPIRE of {} at {} by a script whose arguments do not hold the \
+                             owner's token (owner: {owner:?})",
+                            String::from_utf8_lossy(&key),
+                            cmd.at_us
+                        ));
+                        continue;
+                    }
+                    if ms <= 0 {
+                        self.history.violations.push(format!(
+                            "(d) PEXPIRE {ms} of live lock {} at {}",
+                            String::from_utf8_lossy(&key),
+                            cmd.at_us
+                        ));
+                    }
+                    let live = self.live.get_mut(&key).expect("owned, so live");
+                    let new_expiry = cmd.at_us / 1000 + ms;
+                    if new_expiry + SLACK_MS < live.expiry_ms {
+                        self.history.violations.push(format!(
+                            "(d) a renewal shortened live lock {} at {} from {} to {} ms",
+                            String::from_utf8_lossy(&key),
+                            cmd.at_us,
+                            live.expiry_ms,
+                            new_expiry
+                        ));
+                    }
+                    live.expiry_ms = new_expiry;
+                    self.history.tenures[live.index]
+                        .expiries
+                        .push((cmd.at_us, new_expiry));
+                    renewed_here = true;
+                }
+                "DEL" | "UNLINK" => {
+                    self.expire(&key, cmd.at_us);
+                    // The owner-checked release runs GET first; force-unlock runs TYPE.
+                    let checked = body[..i]
+                        .iter()
+                        .any(|p| p.name() == "GET" && p.arg(1) == key.as_slice());
+                    let owner = self.owner(&key).map(str::to_owned);
+                    let caller_owns = owner
+                        .as_deref()
+                        .is_some_and(|o| argv.contains(&o.as_bytes()));
+                    if checked && !caller_owns {
+                        self.history.violations.push(format!(
+                            "(d) owner-checked DEL of {} at {} by a script that does not hold the \
+                             owner's token (owner: {owner:?})",
+                            String::from_utf8_lossy(&key),
+                            cmd.at_us
+                        ));
+                    }
+                    let why = if checked {
+                        "released"
+                    } else {
+                        "force-unlocked"
+                    };
+                    self.end(&key, cmd.at_us, why);
+                }
+                "PERSIST" | "EXPIRE" | "EXPIREAT" | "PEXPIREAT" | "GETSET" => {
+                    self.history.violations.push(format!(
+                        "(f) script ran {name} on lock key {} at {}",
+                        String::from_utf8_lossy(&key),
+                        cmd.at_us
+                    ));
+                }
+                _ => {}
+            }
+        }
+        // A renewal script is the one that only reads and extends.
+        if renewed_here && !body.iter().any(|c| c.name() == "SET" || c.name() == "INCR") {
+            self.history.renewals += 1;
+        }
+    }
+}
+
+/// Rebuilds the tenures of every key starting with `prefix` from one server's events.
+pub fn rebuild(events: &[Event], prefix: &str) -> History {
+    let mut b = Builder {
+        prefix: prefix.as_bytes(),
+        history: History::default(),
+        live: HashMap::new(),
+    };
+    let mut i = 0;
+    while i < events.len() {
+        match &events[i] {
+            Event::Lost { at_us } => {
+                b.history.server_losses += 1;
+                let keys: Vec<Vec<u8>> = b.live.keys().cloned().collect();
+                for key in keys {
+                    b.end(&key, *at_us, "server restarted");
+                }
+                i += 1;
+            }
+            Event::Command(e) if e.lua => {
+                // A script's commands without their call: only after a reconnect mid-script.
+                i += 1;
+            }
+            Event::Command(e) => {
+                b.history.commands += 1;
+                let name = e.name();
+                if name == "EVALSHA" || name == "EVAL" {
+                    let mut j = i + 1;
+                    let mut body = Vec::new();
+                    while let Some(Event::Command(c)) = events.get(j) {
+                        if !c.lua {
+                            break;
+                        }
+                        body.push(c.clone());
+                        j += 1;
+                    }
+                    b.script(e, &body);
+                    i = j;
+                } else {
+                    b.client_command(e);
+                    i += 1;
+                }
+            }
+        }
+    }
+    b.history
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::monitor::parse_line;
+    use super::*;
+
+    fn events(lines: &[&str]) -> Vec<Event> {
+        lines
+            .iter()
+            .map(|l| Event::Command(parse_line(format!("+{l}\r\n").as_bytes()).expect(l)))
+            .collect()
+    }
+
+    #[test]
+    fn the_model_follows_tenures_and_flags_foreign_renewals_and_keys_without_expiry() {
+        let history = rebuild(
+            &events(&[
+                // A acquires through the script, B is refused (TYPE follows its SET).
+                r#"10.000000 [0 127.0.0.1:1] "evalsha" "s" "2" "lock:k" "fence:lock:k" "A" "1000" "1""#,
+                r#"10.000010 [0 lua] "SET" "lock:k" "A" "NX" "PX" "1000""#,
+                r#"10.000020 [0 lua] "INCR" "fence:lock:k""#,
+                r#"10.100000 [0 127.0.0.1:2] "evalsha" "s" "2" "lock:k" "fence:lock:k" "B" "1000" "1""#,
+                r#"10.100010 [0 lua] "SET" "lock:k" "B" "NX" "PX" "1000""#,
+                r#"10.100020 [0 lua] "TYPE" "lock:k""#,
+                r#"10.100030 [0 lua] "GET" "lock:k""#,
+                r#"10.100040 [0 lua] "PTTL" "lock:k""#,
+                // A renews; then a script that does not carry A's token extends A's lock.
+                r#"10.300000 [0 127.0.0.1:1] "evalsha" "r" "1" "lock:k" "A" "1000""#,
+                r#"10.300010 [0 lua] "GET" "lock:k""#,
+                r#"10.300020 [0 lua] "PEXPIRE" "lock:k" "1000""#,
+                r#"10.400000 [0 127.0.0.1:2] "evalsha" "r" "1" "lock:k" "B" "1000""#,
+                r#"10.400010 [0 lua] "GET" "lock:k""#,
+                r#"10.400020 [0 lua] "PEXPIRE" "lock:k" "1000""#,
+                // A renewal that shortens, by the owner.
+                r#"10.500000 [0 127.0.0.1:1] "evalsha" "r" "1" "lock:k" "A" "10""#,
+                r#"10.500010 [0 lua] "GET" "lock:k""#,
+                r#"10.500020 [0 lua] "PEXPIRE" "lock:k" "10""#,
+                // A lock without expiry.
+                r#"11.000000 [0 127.0.0.1:3] "SET" "lock:j" "C" "NX""#,
+            ]),
+            "lock:",
+        );
+        assert_eq!(history.tenures.len(), 1, "{:?}", history.tenures);
+        let a = &history.tenures[0];
+        assert_eq!(a.token, "A");
+        assert_eq!(a.since_us, 10_000_010);
+        assert!(a.covers(10_000_100, 10_450_000));
+        assert!(!a.covers(10_000_100, 10_600_000), "shortened to 10.51 s");
+        assert_eq!(a.expires_at(10_350_000), (10_300 + 1000 + 1) * 1000);
+        let v = history.violations.join("\n");
+        assert_eq!(history.violations.len(), 3, "{v}");
+        assert!(v.contains("(d) PEXPIRE of lock:k at 10400020"), "{v}");
+        assert!(v.contains("(d) a renewal shortened"), "{v}");
+        assert!(
+            v.contains("(f) SET of lock key lock:j without a positive PX"),
+            "{v}"
+        );
+    }
+}

@@ -1,0 +1,265 @@
+//! The server's own account of what it executed: `MONITOR`, read on a direct connection that
+//! bypasses the fault proxy.
+//!
+//! Redis prints every command with its wall-clock execution time, and the commands a Lua script
+//! runs (`[0 lua]`) right after the `EVALSHA` that started it. That is enough to rebuild, after
+//! the run, who held each lock on the server and until when (see `model.rs`), without asking
+//! the server anything while faults are in force.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use super::support::now_us;
+
+/// One executed command.
+#[derive(Clone, Debug)]
+pub struct Entry {
+    /// Server wall-clock time, µs since the epoch.
+    pub at_us: i64,
+    /// Run by a script (`[0 lua]`), not sent by a client.
+    pub lua: bool,
+    /// The command name (as sent) and its arguments.
+    pub args: Vec<Vec<u8>>,
+}
+
+impl Entry {
+    pub fn name(&self) -> String {
+        String::from_utf8_lossy(&self.args[0]).to_ascii_uppercase()
+    }
+
+    pub fn arg(&self, i: usize) -> &[u8] {
+        self.args.get(i).map_or(&[], Vec::as_slice)
+    }
+
+    pub fn arg_str(&self, i: usize) -> String {
+        String::from_utf8_lossy(self.arg(i)).into_owned()
+    }
+}
+
+#[derive(Clone, Debug)]
+pub enum Event {
+    Command(Entry),
+    /// The connection to the server broke (it was killed): what it held is gone.
+    Lost {
+        at_us: i64,
+    },
+}
+
+/// Captures `MONITOR` output from a server until dropped; reconnects after a restart.
+pub struct Monitor {
+    port: u16,
+    events: Arc<Mutex<Vec<Event>>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+fn lock(events: &Mutex<Vec<Event>>) -> std::sync::MutexGuard<'_, Vec<Event>> {
+    events.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Monitor {
+    /// Starts monitoring `127.0.0.1:<port>`; returns once the server confirmed `MONITOR`.
+    pub fn start(port: u16) -> Self {
+        let events = Arc::new(Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let first = connect(port).expect("MONITOR connection");
+        let thread = {
+            let (events, stop) = (events.clone(), stop.clone());
+            std::thread::spawn(move || run(port, first, &events, &stop))
+        };
+        Self {
+            port,
+            events,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// Waits until everything the server executed before this call was captured: sends a
+    /// marker command and returns once it shows up.
+    pub fn sync(&self) {
+        let marker = format!("monitor-sync-{}", now_us());
+        let mut con = redis::Client::open(format!("redis://127.0.0.1:{}/", self.port))
+            .expect("url")
+            .get_connection()
+            .expect("connect for a MONITOR marker");
+        let _: String = redis::cmd("ECHO")
+            .arg(&marker)
+            .query(&mut con)
+            .expect("ECHO");
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let seen = lock(&self.events).iter().rev().any(|e| {
+                matches!(e, Event::Command(c) if c.name() == "ECHO" && c.arg(1) == marker.as_bytes())
+            });
+            if seen {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "MONITOR did not show the marker within 20 s"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Everything captured so far.
+    pub fn events(&self) -> Vec<Event> {
+        lock(&self.events).clone()
+    }
+}
+
+impl Drop for Monitor {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn connect(port: u16) -> std::io::Result<BufReader<TcpStream>> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port))?;
+    stream.set_read_timeout(Some(Duration::from_millis(100)))?;
+    stream.write_all(b"MONITOR\r\n")?;
+    let mut reader = BufReader::new(stream);
+    let mut ok = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match reader.read_until(b'\n', &mut ok) {
+            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(_) if ok.ends_with(b"\n") => break,
+            Ok(_) => {}
+            Err(e) if is_timeout(&e) && std::time::Instant::now() < deadline => {}
+            Err(e) => return Err(e),
+        }
+    }
+    if ok.starts_with(b"+OK") {
+        Ok(reader)
+    } else {
+        Err(std::io::Error::other(format!(
+            "MONITOR refused: {}",
+            String::from_utf8_lossy(&ok)
+        )))
+    }
+}
+
+fn is_timeout(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+    )
+}
+
+fn run(port: u16, first: BufReader<TcpStream>, events: &Mutex<Vec<Event>>, stop: &AtomicBool) {
+    let mut reader = Some(first);
+    let mut line = Vec::new();
+    while !stop.load(Ordering::SeqCst) {
+        let Some(r) = reader.as_mut() else {
+            // The server is down; it comes back on the same port after a restart.
+            std::thread::sleep(Duration::from_millis(20));
+            reader = connect(port).ok();
+            continue;
+        };
+        match r.read_until(b'\n', &mut line) {
+            Ok(0) => {
+                lock(events).push(Event::Lost { at_us: now_us() });
+                reader = None;
+                line.clear();
+            }
+            Ok(_) if line.ends_with(b"\n") => {
+                if let Some(entry) = parse_line(&line) {
+                    lock(events).push(Event::Command(entry));
+                }
+                line.clear();
+            }
+            Ok(_) => {}
+            Err(e) if is_timeout(&e) => {}
+            Err(_) => {
+                lock(events).push(Event::Lost { at_us: now_us() });
+                reader = None;
+                line.clear();
+            }
+        }
+    }
+}
+
+/// `+1795371742.252358 [0 127.0.0.1:56176] "SET" "k" "v"` (values escaped as by `sdscatrepr`).
+pub fn parse_line(line: &[u8]) -> Option<Entry> {
+    let line = line.strip_prefix(b"+")?;
+    let line = line
+        .strip_suffix(b"\r\n")
+        .or_else(|| line.strip_suffix(b"\n"))?;
+    let space = line.iter().position(|&b| b == b' ')?;
+    let (ts, rest) = line.split_at(space);
+    let ts = std::str::from_utf8(ts).ok()?;
+    let (secs, micros) = ts.split_once('.')?;
+    let at_us = secs.parse::<i64>().ok()? * 1_000_000 + micros.parse::<i64>().ok()?;
+    let rest = rest.strip_prefix(b" [")?;
+    let close = rest.iter().position(|&b| b == b']')?;
+    let source = &rest[..close];
+    let lua = source.ends_with(b" lua");
+    let mut args = Vec::new();
+    let mut i = close + 1;
+    while i < rest.len() {
+        match rest[i] {
+            b' ' => i += 1,
+            b'"' => {
+                let mut arg = Vec::new();
+                i += 1;
+                loop {
+                    let b = *rest.get(i)?;
+                    match b {
+                        b'"' => {
+                            i += 1;
+                            break;
+                        }
+                        b'\\' => {
+                            let e = *rest.get(i + 1)?;
+                            i += 2;
+                            arg.push(match e {
+                                b'n' => b'\n',
+                                b'r' => b'\r',
+                                b't' => b'\t',
+                                b'a' => 7,
+                                b'b' => 8,
+                                b'x' => {
+                                    let hex = std::str::from_utf8(rest.get(i..i + 2)?).ok()?;
+                                    i += 2;
+                                    u8::from_str_radix(hex, 16).ok()?
+                                }
+                                other => other,
+                            });
+                        }
+                        _ => {
+                            arg.push(b);
+                            i += 1;
+                        }
+                    }
+                }
+                args.push(arg);
+            }
+            _ => return None,
+        }
+    }
+    (!args.is_empty()).then_some(Entry { at_us, lua, args })
+}
+
+#[test]
+fn monitor_lines_are_parsed_with_redis_escapes() {
+    let e = parse_line(
+        b"+1795371742.252462 [0 lua] \"SET\" \"lock:a\\\"b\\n\\x01\" \"tok\" \"NX\" \"PX\" \"1000\"\r\n",
+    )
+    .unwrap();
+    assert!(e.lua);
+    assert_eq!(e.at_us, 1_795_371_742_252_462);
+    assert_eq!(e.name(), "SET");
+    assert_eq!(e.arg(1), b"lock:a\"b\n\x01");
+    assert_eq!(e.arg_str(5), "1000");
+    let c = parse_line(b"+1.000001 [0 127.0.0.1:5] \"evalsha\" \"ab\" \"0\"\r\n").unwrap();
+    assert!(!c.lua);
+    assert_eq!(c.at_us, 1_000_001);
+}

@@ -1,0 +1,933 @@
+//! The workload under a fault schedule, and the invariants checked at the end.
+//!
+//! Three `fault-worker` processes (two tasks each: one with `on_lost = cancel`, one with
+//! `continue`) loop over a lock-protected, fenced read-modify-write of one register while the
+//! schedule below hurts the network, the server and the clients, one fault at a time. The
+//! server's own history (MONITOR on a direct connection) and the workers' records are then
+//! checked for the invariants (a)..(g) listed in `check`. `LOCK_SOAK_SECS=<n>` adds `n` seconds
+//! of randomly drawn faults after the fixed schedule.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::Write as _;
+use std::time::Duration;
+
+use lock_tests::RedisServer;
+
+use super::model::{self, History};
+use super::monitor::Monitor;
+use super::support::now_us;
+use super::system::{LockSystem, NodeFault, SingleNode};
+use super::workers::{Line, Pool};
+
+/// The lease of every lock in the workload.
+const TTL: Duration = Duration::from_millis(1000);
+/// (c): a lock whose holder crashed or stopped is taken by another client within `TTL` plus
+/// this. It covers what comes after the key's expiry: the in-flight renewal that may still land
+/// (one proxy hop), the waiter's wake-up (scheduled at the holder's remaining lease + 1 ms), one
+/// round trip, and process scheduling on a loaded 2-core machine.
+const FREE_BOUND: Duration = Duration::from_millis(300);
+/// (g): dropping a guard or a guarded future returns within this, whatever the network does
+/// (a blocking drop would take at least the 500 ms command timeout under a black hole).
+const DROP_BOUND: Duration = Duration::from_millis(100);
+/// (g): the worker's 10 ms heartbeat never runs later than this, except while the worker itself
+/// is stopped.
+const STALL_BOUND: Duration = Duration::from_millis(500);
+/// Quiet time between faults, so each fault's effects are judged on their own.
+const GAP: Duration = Duration::from_millis(800);
+const KEY: &str = "register";
+
+#[derive(Clone, Copy, Debug)]
+enum Step {
+    Node(NodeFault, Duration),
+    PauseHolder(Duration),
+    KillHolder,
+}
+
+/// Which task of a worker holds a long (2 ttl) body when the fault starts: the `cancel` one
+/// (0) or the `continue` one (1); `None`: whatever short section runs.
+type Scheduled = (Step, Option<usize>);
+
+/// The fixed schedule, in order. Durations are relative to the 1 s ttl: the long faults outlast
+/// the lease (the body's lease must be lost, and a `cancel` body stopped before its key
+/// expires), the short ones must be ridden out by renewal retries.
+fn schedule() -> Vec<Scheduled> {
+    let ms = Duration::from_millis;
+    vec![
+        (Step::Node(NodeFault::Latency(ms(60)), ms(2000)), Some(0)),
+        (Step::Node(NodeFault::Latency(ms(250)), ms(2000)), Some(0)),
+        (Step::Node(NodeFault::PauseServer, ms(1500)), Some(0)),
+        (Step::Node(NodeFault::Blackhole, ms(1500)), Some(1)),
+        (Step::Node(NodeFault::DropReplies, ms(1200)), Some(0)),
+        (Step::Node(NodeFault::ResetConnections, ms(0)), Some(0)),
+        (Step::PauseHolder(ms(2500)), Some(0)),
+        (Step::KillHolder, None),
+        (Step::Node(NodeFault::PauseServer, ms(150)), Some(0)),
+        (Step::Node(NodeFault::Blackhole, ms(250)), Some(1)),
+    ]
+}
+
+#[derive(Debug)]
+struct FaultRecord {
+    kind: String,
+    start_us: i64,
+    end_us: i64,
+    /// Client faults: the worker hit, and whether it held the lock at that moment.
+    victim: Option<u32>,
+    held: bool,
+    /// Client faults: the lock's remaining lease right after the hit (ms), and its token.
+    pttl_ms: i64,
+    victim_token: Option<String>,
+}
+
+fn draw_random_step(seed: &mut u64) -> Scheduled {
+    *seed ^= *seed << 13;
+    *seed ^= *seed >> 7;
+    *seed ^= *seed << 17;
+    let pick = *seed % 100;
+    let len = Duration::from_millis(100 + (*seed >> 8) % 2000);
+    let long = match (*seed >> 40) % 3 {
+        0 => None,
+        t => Some(usize::try_from(t - 1).expect("small")),
+    };
+    let step = match pick {
+        0..=14 => Step::Node(
+            NodeFault::Latency(Duration::from_millis((*seed >> 20) % 300)),
+            len,
+        ),
+        15..=29 => Step::Node(NodeFault::Blackhole, len),
+        30..=44 => Step::Node(NodeFault::DropReplies, len),
+        45..=54 => Step::Node(NodeFault::ResetConnections, Duration::ZERO),
+        55..=69 => Step::Node(NodeFault::PauseServer, len),
+        70..=84 => Step::PauseHolder(len + TTL),
+        _ => Step::KillHolder,
+    };
+    (step, long)
+}
+
+/// The pid in a lock token (`host:pid:random`).
+fn token_pid(token: &str) -> Option<u32> {
+    let mut parts = token.rsplitn(3, ':');
+    let _random = parts.next()?;
+    parts.next()?.parse().ok()
+}
+
+struct Run<'a> {
+    system: &'a mut dyn LockSystem,
+    pool: Pool,
+    direct: redis::Connection,
+    faults: Vec<FaultRecord>,
+}
+
+impl Run<'_> {
+    fn holder(&mut self) -> Option<String> {
+        redis::cmd("GET")
+            .arg(format!("lock:{KEY}"))
+            .query(&mut self.direct)
+            .ok()
+            .flatten()
+    }
+
+    /// Finds the worker holding the lock, applies `hit` to it, and tells whether it still held
+    /// the lock after the hit (so the fault landed while it held it).
+    fn hit_holder(
+        &mut self,
+        kind: &str,
+        hit: &mut dyn FnMut(&mut Pool, u32) -> i64,
+    ) -> FaultRecord {
+        // The lock may be free for a moment, or still held by a process killed earlier (until
+        // its ttl runs out): look again until a live worker holds it.
+        let deadline = std::time::Instant::now() + TTL * 5;
+        while std::time::Instant::now() < deadline {
+            let victim = self.holder().and_then(|token| {
+                let worker = token_pid(&token).and_then(|pid| self.pool.by_pid(pid))?;
+                Some((token, worker))
+            });
+            let Some((token, victim)) = victim else {
+                std::thread::sleep(Duration::from_millis(3));
+                continue;
+            };
+            let at = hit(&mut self.pool, victim);
+            let held = self.holder().as_deref() == Some(token.as_str());
+            let pttl_ms = redis::cmd("PTTL")
+                .arg(format!("lock:{KEY}"))
+                .query(&mut self.direct)
+                .unwrap_or(-3);
+            return FaultRecord {
+                kind: kind.to_owned(),
+                start_us: at,
+                end_us: at,
+                victim: Some(victim),
+                held,
+                pttl_ms,
+                victim_token: Some(token),
+            };
+        }
+        panic!("no live worker held the lock for 5 ttls: is the workload running?");
+    }
+
+    /// Makes sure task `task` of some worker is in the middle of a long critical section
+    /// (2 ttl), so the next fault catches a body with its lease.
+    fn long_body(&mut self, task: usize) {
+        let started = self
+            .pool
+            .long_section(task, TTL * 2, Duration::from_secs(20));
+        assert!(
+            started,
+            "no worker's task {task} started a long section in 20 s"
+        );
+    }
+
+    fn step(&mut self, (step, long): Scheduled) {
+        if let Some(task) = long {
+            self.long_body(task);
+        }
+        self.inject(step);
+    }
+
+    fn inject(&mut self, step: Step) {
+        match step {
+            Step::Node(fault, len) => {
+                let start_us = now_us();
+                self.system.inject(0, fault);
+                std::thread::sleep(len);
+                self.system.heal(0, fault);
+                self.faults.push(FaultRecord {
+                    kind: fault.kind().to_owned(),
+                    start_us,
+                    end_us: now_us(),
+                    victim: None,
+                    held: false,
+                    pttl_ms: 0,
+                    victim_token: None,
+                });
+            }
+            Step::PauseHolder(len) => {
+                let mut record = self.hit_holder("client-sigstop", &mut |pool, victim| {
+                    pool.pause(victim);
+                    now_us()
+                });
+                std::thread::sleep(len);
+                self.pool.resume(record.victim.expect("a victim"));
+                record.end_us = now_us();
+                self.faults.push(record);
+            }
+            Step::KillHolder => {
+                let record =
+                    self.hit_holder("client-kill-9", &mut |pool, victim| pool.kill(victim));
+                self.pool.spawn();
+                // (c) is judged on this fault alone: no other fault until the lock is free.
+                let since = Duration::from_micros((now_us() - record.start_us).unsigned_abs());
+                std::thread::sleep((TTL + FREE_BOUND).saturating_sub(since));
+                self.faults.push(record);
+            }
+        }
+    }
+}
+
+/// One critical section as its worker reported it.
+#[derive(Clone, Debug)]
+struct Section {
+    worker: u32,
+    task: String,
+    token: String,
+    fence: u64,
+    start: i64,
+    end: i64,
+    outcome: String,
+    lost_seen: bool,
+    write: String,
+    hold_ms: u64,
+}
+
+fn fields(text: &str) -> HashMap<&str, &str> {
+    text.split(' ')
+        .filter_map(|kv| kv.split_once('='))
+        .collect()
+}
+
+fn sections(lines: &[Line], killed: &HashMap<u32, i64>) -> Vec<Section> {
+    let mut open: BTreeMap<(String, String), Section> = BTreeMap::new();
+    let mut done = Vec::new();
+    for line in lines {
+        let kind = line.text.split(' ').next().unwrap_or_default();
+        let f = fields(&line.text);
+        if kind != "begin" && kind != "end" {
+            continue;
+        }
+        let id = (f["w"].to_owned(), f["seq"].to_owned());
+        let section = Section {
+            worker: line.worker,
+            task: f["w"].to_owned(),
+            token: f["token"].to_owned(),
+            fence: f["fence"].parse().expect("fence"),
+            start: f["start"].parse().expect("start"),
+            end: f.get("end").map_or(0, |e| e.parse().expect("end")),
+            outcome: f.get("outcome").map_or("", |o| o).to_owned(),
+            lost_seen: f.get("lost_seen") == Some(&"1"),
+            write: f.get("write").map_or("", |o| o).to_owned(),
+            hold_ms: f.get("hold_ms").map_or(0, |h| h.parse().expect("hold_ms")),
+        };
+        if kind == "begin" {
+            open.insert(id, section);
+        } else {
+            let began = open.remove(&id);
+            done.push(Section {
+                hold_ms: began.map_or(0, |b| b.hold_ms),
+                ..section
+            });
+        }
+    }
+    for (_, mut s) in open {
+        // Killed in the middle of its critical section: its effects stop at the kill.
+        let at = killed
+            .get(&s.worker)
+            .unwrap_or_else(|| panic!("section {} of worker {} never ended", s.fence, s.worker));
+        s.end = *at;
+        s.outcome = "killed".into();
+        done.push(s);
+    }
+    done.sort_by_key(|s| s.start);
+    done
+}
+
+#[derive(Default)]
+struct Report {
+    violations: Vec<String>,
+    lines: Vec<String>,
+}
+
+impl Report {
+    fn fail(&mut self, invariant: &str, what: String) {
+        self.violations.push(format!("({invariant}) {what}"));
+    }
+}
+
+/// Runs `system` through `steps` (and a soak, if asked) and checks everything.
+fn run_and_check(
+    system: &mut dyn LockSystem,
+    steps: &[Scheduled],
+    soak: Option<Duration>,
+) -> Report {
+    let ports = system.observed_ports();
+    let monitors: Vec<Monitor> = ports.iter().map(|p| Monitor::start(*p)).collect();
+    let store = RedisServer::start();
+    let mut args = system.worker_args();
+    args.extend([
+        "--store-url".to_owned(),
+        store.url(),
+        "--key".into(),
+        KEY.into(),
+        "--ttl-ms".into(),
+        TTL.as_millis().to_string(),
+        "--tasks".into(),
+        "2".into(),
+    ]);
+    let direct = redis::Client::open(format!("redis://127.0.0.1:{}/", ports[0]))
+        .expect("url")
+        .get_connection_with_timeout(Duration::from_secs(5))
+        .expect("direct connection");
+    direct
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    let mut run = Run {
+        system,
+        pool: Pool::new(args),
+        direct,
+        faults: Vec::new(),
+    };
+    for _ in 0..3 {
+        run.pool.spawn();
+    }
+    let began = std::time::Instant::now();
+    std::thread::sleep(GAP);
+    for step in steps {
+        run.step(*step);
+        std::thread::sleep(GAP);
+    }
+    if let Some(soak) = soak {
+        let mut seed = now_us().unsigned_abs() | 1;
+        let until = std::time::Instant::now() + soak;
+        while std::time::Instant::now() < until {
+            run.step(draw_random_step(&mut seed));
+            std::thread::sleep(GAP);
+        }
+    }
+    let lines = run.pool.stop();
+    let ran_for = began.elapsed();
+    for m in &monitors {
+        m.sync();
+    }
+    let histories: Vec<History> = monitors
+        .iter()
+        .map(|m| model::rebuild(&m.events(), "lock:"))
+        .collect();
+    let killed: HashMap<u32, i64> = run
+        .pool
+        .workers
+        .iter()
+        .filter_map(|w| w.killed_at.map(|at| (w.id, at)))
+        .collect();
+    let mut store_con = store.connection();
+    let register: i64 = redis::cmd("GET")
+        .arg(format!("store:{KEY}:register"))
+        .query::<Option<i64>>(&mut store_con)
+        .expect("register")
+        .unwrap_or(0);
+    let rejected: i64 = redis::cmd("GET")
+        .arg(format!("store:{KEY}:rejected"))
+        .query::<Option<i64>>(&mut store_con)
+        .expect("rejected")
+        .unwrap_or(0);
+    let log: Vec<String> = redis::cmd("LRANGE")
+        .arg(format!("store:{KEY}:log"))
+        .arg(0)
+        .arg(-1)
+        .query(&mut store_con)
+        .expect("log");
+    let mut leftover_without_ttl = Vec::new();
+    for port in &ports {
+        let mut con = redis::Client::open(format!("redis://127.0.0.1:{port}/"))
+            .expect("url")
+            .get_connection()
+            .expect("scan connection");
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg("lock:*")
+            .query(&mut con)
+            .expect("KEYS");
+        for k in keys {
+            let pttl: i64 = redis::cmd("PTTL").arg(&k).query(&mut con).expect("PTTL");
+            if pttl < 0 && pttl != -2 {
+                leftover_without_ttl.push(format!("{k} on port {port} (PTTL {pttl})"));
+            }
+        }
+    }
+    let faults = std::mem::take(&mut run.faults);
+    let proxy = run.system.proxy_counts();
+    let quorum = run.system.quorum();
+    check(&Inputs {
+        name: run.system.name(),
+        lines: &lines,
+        killed: &killed,
+        histories: &histories,
+        quorum,
+        faults: &faults,
+        register,
+        rejected,
+        log: &log,
+        leftover_without_ttl: &leftover_without_ttl,
+        proxy,
+        ran_for,
+    })
+}
+
+struct Inputs<'a> {
+    name: &'a str,
+    lines: &'a [Line],
+    killed: &'a HashMap<u32, i64>,
+    histories: &'a [History],
+    quorum: usize,
+    faults: &'a [FaultRecord],
+    register: i64,
+    rejected: i64,
+    log: &'a [String],
+    leftover_without_ttl: &'a [String],
+    proxy: (u64, u64),
+    ran_for: Duration,
+}
+
+/// The invariants:
+/// (a) no two critical sections that the library did not report lost overlapped, and each lay
+///     inside the server-side tenure of its token;
+/// (b) the fenced store accepted no stale write, the register equals the number of accepted
+///     increments, and fencing tokens strictly increase in the server's order of holders;
+/// (c) after a holder was killed or stopped, another client held the lock within ttl + bound;
+/// (d) no renewal extended or deleted a lock it did not own, or shortened a live one;
+/// (e) with `on_lost = cancel`, every cancelled body stopped before its key expired on the
+///     server (smallest margin reported), except in a process that was itself stopped;
+/// (f) every lock key always had a TTL;
+/// (g) dropping or cancelling never blocked the worker's runtime.
+#[allow(clippy::too_many_lines)]
+fn check(i: &Inputs<'_>) -> Report {
+    let mut r = Report::default();
+    let secs = sections(i.lines, i.killed);
+    let us = |d: Duration| i64::try_from(d.as_micros()).expect("fits");
+    let pauses: Vec<&FaultRecord> = i
+        .faults
+        .iter()
+        .filter(|f| f.kind == "client-sigstop")
+        .collect();
+    let paused_during = |worker: u32, from: i64, to: i64| {
+        pauses
+            .iter()
+            .any(|p| p.victim == Some(worker) && from <= p.end_us && p.start_us <= to)
+    };
+    let tenures: Vec<HashMap<&str, Vec<&model::Tenure>>> =
+        i.histories.iter().map(History::by_token).collect();
+
+    // (a)
+    let trusted: Vec<&Section> = secs
+        .iter()
+        .filter(|s| matches!(s.outcome.as_str(), "ok" | "dropped" | "killed") && !s.lost_seen)
+        .collect();
+    let mut latest: Option<&Section> = None;
+    for s in &trusted {
+        if let Some(p) = latest {
+            if s.start < p.end {
+                r.fail(
+                    "a",
+                    format!(
+                        "sections overlap: {} fence {} [{}, {}] and {} fence {} [{}, {}]",
+                        p.task, p.fence, p.start, p.end, s.task, s.fence, s.start, s.end
+                    ),
+                );
+            }
+        }
+        if latest.is_none_or(|p| s.end > p.end) {
+            latest = Some(s);
+        }
+    }
+    let mut completed_margin = i64::MAX;
+    for s in &trusted {
+        let covering = tenures
+            .iter()
+            .filter(|t| {
+                t.get(s.token.as_str())
+                    .is_some_and(|ts| ts.iter().any(|t| t.covers(s.start, s.end)))
+            })
+            .count();
+        if covering < i.quorum {
+            r.fail(
+                "a",
+                format!(
+                    "{} fence {} [{}, {}] ({}) ran outside its server-side tenure: {:?}",
+                    s.task,
+                    s.fence,
+                    s.start,
+                    s.end,
+                    s.outcome,
+                    tenures[0].get(s.token.as_str())
+                ),
+            );
+        }
+        for t in tenures.iter().filter_map(|t| t.get(s.token.as_str())) {
+            for t in t.iter().filter(|t| t.covers(s.start, s.end)) {
+                completed_margin = completed_margin.min(t.expires_at(s.end) - s.end);
+            }
+        }
+    }
+    // With `on_lost = cancel`, a body that finished after its lease was lost should not be
+    // reported as a success; `continue` bodies (task .1) finish by design.
+    let ok_after_lost: Vec<&Section> = secs
+        .iter()
+        .filter(|s| s.outcome == "ok" && s.lost_seen && s.task.ends_with(".0"))
+        .collect();
+
+    // (b)
+    let mut last_fence = 0u64;
+    for (n, entry) in i.log.iter().enumerate() {
+        let (fence, value) = entry.split_once(':').expect("fence:value");
+        let (fence, value): (u64, i64) =
+            (fence.parse().expect("fence"), value.parse().expect("value"));
+        if fence < last_fence {
+            r.fail(
+                "b",
+                format!("the store accepted fence {fence} after {last_fence}"),
+            );
+        }
+        last_fence = last_fence.max(fence);
+        if value != i64::try_from(n).expect("fits") + 1 {
+            r.fail(
+                "b",
+                format!(
+                    "accepted write #{} wrote {value}: an increment was lost",
+                    n + 1
+                ),
+            );
+        }
+    }
+    let accepted = i64::try_from(i.log.len()).expect("fits");
+    if i.register != accepted {
+        r.fail(
+            "b",
+            format!("register {} != {accepted} accepted increments", i.register),
+        );
+    }
+    let acc_seen = i64::try_from(secs.iter().filter(|s| s.write == "acc").count()).expect("fits");
+    let unsure = i64::try_from(
+        secs.iter()
+            .filter(|s| matches!(s.write.as_str(), "inflight" | "err") || s.outcome == "killed")
+            .count(),
+    )
+    .expect("fits");
+    if accepted < acc_seen || accepted > acc_seen + unsure {
+        r.fail(
+            "b",
+            format!("the store holds {accepted} accepted writes; workers saw {acc_seen} (+{unsure} unsure)"),
+        );
+    }
+    let mut fences: HashMap<u64, usize> = HashMap::new();
+    for s in &secs {
+        *fences.entry(s.fence).or_default() += 1;
+    }
+    if let Some((f, n)) = fences.iter().find(|(_, n)| **n > 1) {
+        r.fail("b", format!("fencing token {f} was handed to {n} sections"));
+    }
+    let fence_of: HashMap<&str, u64> = secs.iter().map(|s| (s.token.as_str(), s.fence)).collect();
+    let mut order: Vec<(i64, u64)> = i.histories[0]
+        .tenures
+        .iter()
+        .filter_map(|t| fence_of.get(t.token.as_str()).map(|f| (t.since_us, *f)))
+        .collect();
+    order.sort_unstable();
+    order.dedup_by_key(|(_, f)| *f);
+    if let Some(w) = order.windows(2).find(|w| w[1].1 <= w[0].1) {
+        r.fail(
+            "b",
+            format!("fencing token {} was granted after {}", w[1].1, w[0].1),
+        );
+    }
+
+    // (c): from the server's history, when another owner next took the lock (a body may
+    // start a moment later, or never, if that owner is hit by the next fault).
+    let mut details = Vec::new();
+    let mut worst_free = 0i64;
+    for f in i.faults.iter().filter(|f| f.held) {
+        let victim = f.victim_token.as_deref().expect("client fault");
+        let window = f.start_us + us(TTL + FREE_BOUND);
+        if i.faults
+            .iter()
+            .any(|g| g.start_us > f.start_us && g.start_us < window)
+        {
+            // Another fault began before the lock could be free: not this fault's doing.
+            continue;
+        }
+        let mut next_by_node: Vec<i64> = i
+            .histories
+            .iter()
+            .filter_map(|h| {
+                h.tenures
+                    .iter()
+                    .filter(|t| t.token != victim && t.since_us > f.start_us)
+                    .map(|t| t.since_us)
+                    .min()
+            })
+            .collect();
+        next_by_node.sort_unstable();
+        match next_by_node.get(i.quorum - 1) {
+            Some(next) => {
+                let waited = next - f.start_us;
+                worst_free = worst_free.max(waited);
+                if waited > us(TTL + FREE_BOUND) {
+                    r.fail(
+                        "c",
+                        format!(
+                            "after {} of the holder at {} (its lease had {} ms left), another owner took the lock {} ms later (bound {} ms)",
+                            f.kind,
+                            f.start_us,
+                            f.pttl_ms,
+                            waited / 1000,
+                            (TTL + FREE_BOUND).as_millis()
+                        ),
+                    );
+                    details.extend(
+                        i.histories[0]
+                            .tenures
+                            .iter()
+                            .filter(|t| t.since_us > f.start_us - 2_000_000 && t.since_us <= *next)
+                            .map(|t| {
+                                format!(
+                                    "    tenure {} from {} to {:?} ({})",
+                                    t.token, t.since_us, t.ended_us, t.ended_by
+                                )
+                            }),
+                    );
+                }
+            }
+            None => r.fail("c", format!("nobody held the lock again after {}", f.kind)),
+        }
+    }
+    let holder_hits = i.faults.iter().filter(|f| f.held).count();
+
+    // (d), (f) from the server's history
+    for h in i.histories {
+        for v in &h.violations {
+            let inv = if v.starts_with("(f)") { "f" } else { "d" };
+            r.fail(inv, v.clone());
+        }
+    }
+    for k in i.leftover_without_ttl {
+        r.fail("f", format!("lock key without TTL at the end: {k}"));
+    }
+
+    // (e)
+    let mut cancel_margin = i64::MAX;
+    let mut cancelled = 0;
+    let mut pause_limited: Vec<&Section> = Vec::new();
+    for s in secs
+        .iter()
+        .filter(|s| s.outcome.starts_with("lost") && s.task.ends_with(".0"))
+    {
+        if paused_during(s.worker, s.start, s.end) {
+            pause_limited.push(s);
+            continue;
+        }
+        cancelled += 1;
+        let mut margins: Vec<i64> = tenures
+            .iter()
+            .filter_map(|t| t.get(s.token.as_str()))
+            .filter_map(|ts| {
+                ts.iter()
+                    .filter(|t| t.since_us <= s.end)
+                    .map(|t| t.expires_at(s.end) - s.end)
+                    .max()
+            })
+            .collect();
+        margins.sort_unstable_by(|a, b| b.cmp(a));
+        match margins.get(i.quorum - 1) {
+            Some(m) => {
+                cancel_margin = cancel_margin.min(*m);
+                if *m <= 0 {
+                    r.fail(
+                        "e",
+                        format!(
+                            "{} fence {} ({}) stopped at {}, {} µs after its key expired",
+                            s.task, s.fence, s.outcome, s.end, -m
+                        ),
+                    );
+                }
+            }
+            None => r.fail(
+                "e",
+                format!("{} fence {}: no server-side tenure", s.task, s.fence),
+            ),
+        }
+    }
+
+    // (g)
+    let mut worst_drop = 0i64;
+    let mut worst_stall = 0i64;
+    let mut drops = 0;
+    for line in i.lines {
+        let f = fields(&line.text);
+        if line.text.starts_with("drop ") {
+            drops += 1;
+            let took: i64 = f["took_us"].parse().expect("took_us");
+            worst_drop = worst_drop.max(took);
+            if took > us(DROP_BOUND) {
+                r.fail(
+                    "g",
+                    format!("a drop blocked the runtime for {took} µs: {}", line.text),
+                );
+            }
+        } else if line.text.starts_with("stall ") {
+            let at: i64 = f["at"].parse().expect("at");
+            let late: i64 = f["late_ms"].parse::<i64>().expect("late") * 1000;
+            if paused_during(line.worker, at - late, at) {
+                continue;
+            }
+            worst_stall = worst_stall.max(late);
+            if late > us(STALL_BOUND) {
+                r.fail("g", format!("the runtime stalled: {}", line.text));
+            }
+        }
+    }
+
+    // Summary
+    let mut outcomes: BTreeMap<&str, usize> = BTreeMap::new();
+    for s in &secs {
+        *outcomes.entry(s.outcome.as_str()).or_default() += 1;
+    }
+    let mut errors: BTreeMap<String, usize> = BTreeMap::new();
+    for line in i.lines.iter().filter(|l| l.text.starts_with("err ")) {
+        *errors
+            .entry(format!("acquire-{}", fields(&line.text)["kind"]))
+            .or_default() += 1;
+    }
+    let mut kinds: BTreeMap<&str, usize> = BTreeMap::new();
+    for f in i.faults {
+        *kinds.entry(f.kind.as_str()).or_default() += 1;
+    }
+    let ms = |v: i64| {
+        if v == i64::MAX {
+            "n/a".to_owned()
+        } else {
+            format!("{:.1} ms", v as f64 / 1000.0)
+        }
+    };
+    let h = &i.histories[0];
+    let long: Vec<&Section> = secs
+        .iter()
+        .filter(|s| u128::from(s.hold_ms) >= TTL.as_millis())
+        .collect();
+    let long_kept = long
+        .iter()
+        .filter(|s| s.outcome == "ok" && !s.lost_seen)
+        .count();
+    let long_lost = long
+        .iter()
+        .filter(|s| s.outcome.starts_with("lost"))
+        .count();
+    let long_continued = long
+        .iter()
+        .filter(|s| s.outcome == "ok" && s.lost_seen)
+        .count();
+    r.lines = vec![
+        format!("fault-injection summary ({}, ttl {} ms, ran {:.1} s)", i.name, TTL.as_millis(), i.ran_for.as_secs_f64()),
+        format!(
+            "  operations: {} critical sections {:?}; {} acquisitions failed {:?}; {} guard/future drops",
+            secs.len(),
+            outcomes,
+            errors.values().sum::<usize>(),
+            errors,
+            drops
+        ),
+        format!(
+            "  bodies longer than the ttl: {} kept their lease through renewal, {} were cancelled on loss, {} (on_lost = continue) finished after the loss was reported",
+            long_kept, long_lost, long_continued
+        ),
+        format!(
+            "  server saw: {} client commands, {} script calls, {} renewals; the fenced store accepted {} writes (register {}) and refused {} stale operations",
+            h.commands, h.scripts, h.renewals, accepted, i.register, i.rejected
+        ),
+        format!(
+            "  faults injected: {} {:?}; proxy dropped {} reply chunks, reset {} connections; {} hit the lock holder",
+            i.faults.len(),
+            kinds,
+            i.proxy.0,
+            i.proxy.1,
+            holder_hits
+        ),
+        format!("  violations: {}", r.violations.len()),
+        format!(
+            "  (e) smallest cancel margin: {} over {} cancelled bodies; smallest margin of a completed section: {}",
+            ms(cancel_margin),
+            cancelled,
+            ms(completed_margin)
+        ),
+        format!(
+            "  (c) slowest hand-over after a holder crash/stop: {} (bound: ttl + {} ms)",
+            ms(worst_free),
+            FREE_BOUND.as_millis()
+        ),
+        format!(
+            "  (g) slowest drop: {}; worst heartbeat delay outside a worker's own SIGSTOP: {}",
+            ms(worst_drop),
+            if worst_stall == 0 { "under 50 ms".to_owned() } else { ms(worst_stall) }
+        ),
+        format!(
+            "  limits seen: {} bodies of stopped processes ran past their lease (no lock can stop a paused process; only fencing refuses their late writes); \
+             {} cancel-mode bodies completed with run() returning Ok although CurrentLock::is_lost() was true",
+            pause_limited.len(),
+            ok_after_lost.len()
+        ),
+    ];
+    r.lines.extend(details);
+    for s in pause_limited.iter().chain(&ok_after_lost) {
+        r.lines.push(format!(
+            "    {} fence {}: {} after {:.0} ms, lost_seen={}, write={}",
+            s.task,
+            s.fence,
+            s.outcome,
+            (s.end - s.start) as f64 / 1000.0,
+            u8::from(s.lost_seen),
+            s.write
+        ));
+    }
+    r
+}
+
+fn print_summary(r: &Report) {
+    // Written to the process's stderr directly: libtest captures print!/eprint! of passing tests.
+    let mut err = std::io::stderr().lock();
+    for line in &r.lines {
+        let _ = writeln!(err, "{line}");
+    }
+    for v in &r.violations {
+        let _ = writeln!(err, "  VIOLATION {v}");
+    }
+}
+
+#[test]
+fn a_single_node_keeps_every_promise_under_network_server_and_client_faults() {
+    let soak = std::env::var("LOCK_SOAK_SECS")
+        .ok()
+        .map(|s| Duration::from_secs(s.parse().expect("LOCK_SOAK_SECS is a number of seconds")));
+    let mut system = SingleNode::start();
+    let report = run_and_check(&mut system, &schedule(), soak);
+    print_summary(&report);
+    assert!(
+        report.violations.is_empty(),
+        "{} violations:\n{}",
+        report.violations.len(),
+        report.violations.join("\n")
+    );
+}
+
+#[test]
+fn the_checks_catch_overlaps_lost_increments_slow_hand_overs_late_cancels_and_blocking_drops() {
+    let line = |worker: u32, text: &str| Line {
+        worker,
+        text: text.to_owned(),
+    };
+    let lines = [
+        line(1, "begin w=1.0 seq=1 token=h:1:a fence=1 start=10000100 hold_ms=0"),
+        line(1, "end w=1.0 seq=1 token=h:1:a fence=1 start=10000100 end=10500000 outcome=ok lost_seen=0 read=ok write=acc"),
+        // Overlaps the first, and the server never gave it the lock.
+        line(2, "end w=2.0 seq=1 token=h:2:b fence=2 start=10400000 end=10600000 outcome=ok lost_seen=0 read=ok write=acc"),
+        // Cancelled half a second after its key expired.
+        line(2, "end w=2.0 seq=2 token=h:2:c fence=3 start=12000100 end=13500000 outcome=lost-expired lost_seen=0 read=ok write=none"),
+        line(1, "drop w=1 at=14000000 kind=guard took_us=200000"),
+    ];
+    let events: Vec<super::monitor::Event> = [
+        r#"+10.000000 [0 127.0.0.1:1] "evalsha" "s" "2" "lock:register" "fence:lock:register" "h:1:a" "1000" "1""#,
+        r#"+10.000010 [0 lua] "SET" "lock:register" "h:1:a" "NX" "PX" "1000""#,
+        r#"+10.000020 [0 lua] "INCR" "fence:lock:register""#,
+        r#"+12.000000 [0 127.0.0.1:1] "evalsha" "s" "2" "lock:register" "fence:lock:register" "h:2:c" "1000" "1""#,
+        r#"+12.000010 [0 lua] "SET" "lock:register" "h:2:c" "NX" "PX" "1000""#,
+        r#"+12.000020 [0 lua] "INCR" "fence:lock:register""#,
+    ]
+    .iter()
+    .map(|l| {
+        super::monitor::Event::Command(
+            super::monitor::parse_line(format!("{l}\r\n").as_bytes()).expect("line"),
+        )
+    })
+    .collect();
+    let histories = [model::rebuild(&events, "lock:")];
+    let faults = [FaultRecord {
+        kind: "client-kill-9".into(),
+        start_us: 20_000_000,
+        end_us: 20_000_000,
+        victim: Some(1),
+        held: true,
+        pttl_ms: 1000,
+        victim_token: Some("h:1:z".into()),
+    }];
+    let log = ["1:1".to_owned(), "2:1".to_owned()];
+    let report = check(&Inputs {
+        name: "synthetic",
+        lines: &lines,
+        killed: &HashMap::new(),
+        histories: &histories,
+        quorum: 1,
+        faults: &faults,
+        register: 1,
+        rejected: 0,
+        log: &log,
+        leftover_without_ttl: &[],
+        proxy: (0, 0),
+        ran_for: Duration::from_secs(1),
+    });
+    let all = report.violations.join("\n");
+    for expected in [
+        "(a) sections overlap",
+        "(a) 2.0 fence 2",
+        "(b) accepted write #2 wrote 1",
+        "(b) register 1 != 2",
+        "(c) nobody held the lock again",
+        "(e) 2.0 fence 3",
+        "(g) a drop blocked the runtime",
+    ] {
+        assert!(all.contains(expected), "missing {expected:?} in:\n{all}");
+    }
+}

@@ -1,0 +1,12 @@
+//! lock-runtime against real redis-server processes that each test starts itself.
+
+mod runtime {
+    mod admin;
+    mod exclusion;
+    mod failures;
+    mod leases;
+    mod memory;
+    mod reentrancy;
+    mod support;
+    mod waiting;
+}

@@ -1,0 +1,245 @@
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use lock_runtime::{LockError, LostReason, OnLost};
+use lock_tests::RedisServer;
+use redis::AsyncCommands;
+
+use super::support::{assert_lost, raw, registry, spawn_hung_body};
+
+#[tokio::test]
+async fn renewal_keeps_a_lock_past_three_ttls() {
+    let server = RedisServer::start();
+    let reg = registry(&server);
+    let ttl = Duration::from_millis(300);
+    let guard = reg.lock("long").ttl(ttl).acquire().await.unwrap();
+    // Time passing is the point of this test: without renewal the key would be gone.
+    tokio::time::sleep(ttl * 4).await;
+    assert!(!guard.is_lost());
+    let mut con = raw(&server).await;
+    let value: Option<String> = con.get("lock:long").await.unwrap();
+    assert_eq!(value.as_deref(), Some(guard.token()));
+    guard.release().await.expect("still ours");
+}
+
+struct DropFlag(Arc<AtomicBool>);
+impl Drop for DropFlag {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+#[tokio::test]
+async fn a_key_deleted_behind_the_holders_back_cancels_the_body_with_lost() {
+    let server = RedisServer::start();
+    let reg = registry(&server);
+    let dropped = Arc::new(AtomicBool::new(false));
+    let (started_tx, started) = tokio::sync::oneshot::channel();
+    let flag = DropFlag(dropped.clone());
+    let run = reg
+        .lock("stolen")
+        .ttl(Duration::from_millis(300))
+        .run(async move {
+            let _flag = flag;
+            started_tx.send(()).unwrap();
+            std::future::pending::<Result<(), LockError>>().await
+        });
+    let run = tokio::spawn(run);
+    started.await.unwrap();
+    let mut con = raw(&server).await;
+    let _: () = con.del("lock:stolen").await.unwrap();
+    let err = run.await.unwrap().unwrap_err();
+    assert!(
+        matches!(err, LockError::Lost { reason: LostReason::Stolen, ref key } if key == "stolen"),
+        "{err:?}"
+    );
+    assert!(
+        dropped.load(Ordering::SeqCst),
+        "the body future was dropped"
+    );
+}
+
+#[tokio::test]
+async fn an_overwritten_key_is_lost_and_the_foreign_lock_is_neither_extended_nor_deleted() {
+    let server = RedisServer::start();
+    let reg = registry(&server);
+    let guard = reg
+        .lock("taken")
+        .ttl(Duration::from_millis(300))
+        .acquire()
+        .await
+        .unwrap();
+    let mut con = raw(&server).await;
+    let _: () = redis::cmd("SET")
+        .arg("lock:taken")
+        .arg("someone-else")
+        .arg("PX")
+        .arg(60_000)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let err = guard.lost().await;
+    assert_lost(&err, LostReason::Stolen);
+    // The keeper's failed renewal must not have touched the foreign lock.
+    let pttl: i64 = con.pttl("lock:taken").await.unwrap();
+    assert!(pttl <= 60_000 && pttl > 50_000, "{pttl}");
+    // Nor may the owner's release.
+    let err = guard.release().await.unwrap_err();
+    assert!(matches!(err, LockError::NotOwner { .. }), "{err:?}");
+    let value: String = con.get("lock:taken").await.unwrap();
+    assert_eq!(value, "someone-else");
+}
+
+#[tokio::test]
+async fn on_lost_continue_lets_the_body_finish_and_reports() {
+    let server = RedisServer::start();
+    let reg = registry(&server);
+    let server_url = server.url();
+    let out = reg
+        .lock("continue")
+        .ttl(Duration::from_millis(300))
+        .on_lost(OnLost::Continue)
+        .run(async move {
+            let current = lock_runtime::current().unwrap();
+            let client = redis::Client::open(server_url).unwrap();
+            let mut con = client.get_multiplexed_async_connection().await.unwrap();
+            let _: () = con.del("lock:continue").await.unwrap();
+            let err = current.lost().await;
+            assert!(current.is_lost());
+            Ok::<_, LockError>(format!("finished after: {err}"))
+        })
+        .await
+        .expect("continue returns the body's result");
+    assert!(
+        out.starts_with("finished after: lost the lock `continue`"),
+        "{out}"
+    );
+}
+
+#[tokio::test]
+async fn renew_off_ends_the_lease_at_its_ttl_and_cancels_the_body_first() {
+    let server = RedisServer::start();
+    let reg = registry(&server);
+    let request = reg
+        .lock("short")
+        .ttl(Duration::from_millis(200))
+        .renew(false);
+    let err = spawn_hung_body(request).await.await.unwrap().unwrap_err();
+    assert_lost(&err, LostReason::NotRenewed);
+}
+
+#[tokio::test]
+async fn max_hold_stops_renewal_so_a_hung_body_loses_the_lock() {
+    let server = RedisServer::start();
+    let reg = registry(&server);
+    let request = reg
+        .lock("hung")
+        .ttl(Duration::from_millis(200))
+        .max_hold(Duration::from_millis(400));
+    let err = spawn_hung_body(request).await.await.unwrap().unwrap_err();
+    assert_lost(&err, LostReason::MaxHold);
+}
+
+#[tokio::test]
+async fn min_hold_keeps_the_key_after_success_and_releases_at_once_after_an_error() {
+    let server = RedisServer::start();
+    let reg = registry(&server);
+    let mut con = raw(&server).await;
+    reg.lock("daily")
+        .min_hold(Duration::from_secs(3600))
+        .run(async { Ok::<_, LockError>(()) })
+        .await
+        .unwrap();
+    let pttl: i64 = con.pttl("lock:daily").await.unwrap();
+    assert!(
+        pttl > 3_500_000,
+        "kept for the rest of the hour, got {pttl} ms"
+    );
+    assert!(reg.lock("daily").acquire().await.unwrap_err().is_busy());
+    assert!(
+        reg.held().is_empty(),
+        "kept on the server, but no longer held or renewed"
+    );
+
+    let failed: Result<(), LockError> = reg
+        .lock("retry-me")
+        .min_hold(Duration::from_secs(3600))
+        .run(async {
+            Err(LockError::NotOwner {
+                key: "stand-in for the job's own error".into(),
+            })
+        })
+        .await;
+    assert!(failed.is_err());
+    let exists: bool = con.exists("lock:retry-me").await.unwrap();
+    assert!(
+        !exists,
+        "a failed run releases at once so another replica can retry"
+    );
+}
+
+#[tokio::test]
+async fn dropping_an_in_flight_guarded_future_releases_the_lock() {
+    let server = RedisServer::start();
+    let (a, b) = (registry(&server), registry(&server));
+    let task = spawn_hung_body(a.lock("dropped")).await;
+    task.abort();
+    // The release publishes, so this waiter wakes on it rather than on the 30 s ttl.
+    let guard = b
+        .lock("dropped")
+        .wait(Duration::from_secs(20))
+        .acquire()
+        .await
+        .expect("released by the dropped future");
+    let info = b.inspect("dropped").await.unwrap();
+    assert_eq!(info.owner.as_deref(), Some(guard.token()));
+    assert!(
+        info.remaining.unwrap() > Duration::from_secs(25),
+        "not freed by expiry"
+    );
+    assert!(
+        a.held().is_empty(),
+        "forgotten only after the server confirmed"
+    );
+}
+
+#[tokio::test]
+async fn a_holder_process_killed_without_releasing_frees_the_lock_within_its_ttl() {
+    let server = RedisServer::start();
+    let mut holder = Command::new(env!("CARGO_BIN_EXE_lock-holder"))
+        .args([server.url().as_str(), "vanishing", "1000"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start lock-holder");
+    let mut line = String::new();
+    BufReader::new(holder.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.starts_with("held "), "{line}");
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+
+    let reg = registry(&server);
+    let err = reg.lock("vanishing").acquire().await.unwrap_err();
+    let LockError::Busy {
+        retry_after: Some(left),
+        ..
+    } = err
+    else {
+        panic!("the dead holder's lock is still there at first: {err:?}");
+    };
+    assert!(
+        left <= Duration::from_millis(1000),
+        "bounded by the ttl: {left:?}"
+    );
+    // Waiting the ttl plus a margin is enough: nobody renews a dead holder's lock.
+    let _held = reg
+        .lock("vanishing")
+        .wait(Duration::from_millis(1000) + Duration::from_secs(2))
+        .acquire()
+        .await
+        .expect("free within the ttl");
+}

@@ -1,0 +1,82 @@
+use lock_runtime::LockError;
+use lock_tests::RedisServer;
+
+use super::support::registry;
+
+#[tokio::test]
+async fn nested_locking_of_the_same_key_in_one_task_reenters() {
+    let server = RedisServer::start();
+    let reg = registry(&server);
+    let inner_reg = reg.clone();
+    let out = reg
+        .lock("nested")
+        .fencing(true)
+        .run(async move {
+            let outer = lock_runtime::current().unwrap();
+            let inner = inner_reg
+                .lock("nested")
+                .run(async {
+                    let inner = lock_runtime::current().unwrap();
+                    Ok::<_, LockError>((inner.token().to_owned(), inner.fence()))
+                })
+                .await?;
+            assert_eq!(inner.0, outer.token(), "the same lease, not a second lock");
+            assert_eq!(inner.1, outer.fence());
+            let guard = inner_reg.lock("nested").acquire().await?;
+            assert!(guard.is_reentrant());
+            guard.release().await?; // does nothing: the outer holder releases
+            assert!(!outer.is_lost());
+            Ok::<_, LockError>(outer.fence())
+        })
+        .await
+        .unwrap();
+    assert_eq!(out, Some(1));
+    assert!(
+        reg.inspect("nested").await.unwrap().owner.is_none(),
+        "released once, at the end"
+    );
+}
+
+#[tokio::test]
+async fn a_spawned_task_does_not_inherit_the_lock() {
+    let server = RedisServer::start();
+    let reg = registry(&server);
+    let inner_reg = reg.clone();
+    reg.lock("not-inherited")
+        .run(async move {
+            let err =
+                tokio::spawn(
+                    async move { inner_reg.lock("not-inherited").acquire().await.map(|_| ()) },
+                )
+                .await
+                .unwrap()
+                .unwrap_err();
+            assert!(err.is_busy(), "another task is another holder: {err:?}");
+            Ok::<_, LockError>(())
+        })
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn current_names_the_innermost_of_nested_different_keys() {
+    let server = RedisServer::start();
+    let reg = registry(&server);
+    let r2 = reg.clone();
+    reg.lock("outer")
+        .run(async move {
+            assert_eq!(lock_runtime::current().unwrap().key(), "outer");
+            r2.lock("inner")
+                .run(async {
+                    assert_eq!(lock_runtime::current().unwrap().key(), "inner");
+                    assert_eq!(lock_runtime::current().unwrap().redis_key(), "lock:inner");
+                    Ok::<_, LockError>(())
+                })
+                .await?;
+            assert_eq!(lock_runtime::current().unwrap().key(), "outer");
+            Ok::<_, LockError>(())
+        })
+        .await
+        .unwrap();
+    assert!(lock_runtime::current().is_none());
+}

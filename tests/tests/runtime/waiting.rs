@@ -1,0 +1,141 @@
+use std::time::Duration;
+
+use lock_runtime::LockError;
+use lock_tests::{command_calls, RedisServer};
+use redis::AsyncCommands;
+
+use super::support::{raw, registry};
+
+/// Waits until the server reports `n` subscribers on `channel`: the waiter is now parked.
+async fn until_subscribed(server: &RedisServer, channel: &str, n: i64) {
+    let mut con = raw(server).await;
+    loop {
+        let (_, count): (String, i64) = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg(channel)
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        if count == n {
+            return;
+        }
+        tokio::task::yield_now().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_sends_no_commands_while_parked_and_wakes_on_release() {
+    let server = RedisServer::start();
+    let (holder_reg, waiter_reg) = (registry(&server), registry(&server));
+    let held = holder_reg
+        .lock("queue")
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    let waiter = tokio::spawn(async move {
+        waiter_reg
+            .lock("queue")
+            .wait(Duration::from_secs(60))
+            .acquire()
+            .await
+    });
+    until_subscribed(&server, "lock:queue", 1).await;
+
+    let mut con = server.connection();
+    // Script calls and SETs: `commandstats` counts commands run inside scripts too, so one
+    // refused attempt (a plain SET, then the ACQUIRE script with its own SET) counts 3.
+    let sent = |con: &mut redis::Connection| {
+        let calls = command_calls(con);
+        ["evalsha", "set"].map(|c| calls.get(c).copied().unwrap_or(0))
+    };
+    let before = sent(&mut con);
+    // Give a polling implementation every chance to show itself.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let after = sent(&mut con);
+    let parked = (after[0] - before[0]) + (after[1] - before[1]);
+    // At most the one retry a waiter makes right after subscribing (it may land in the window);
+    // a polling waiter would send dozens. The holder renews only every 10 s.
+    assert!(
+        parked <= 3,
+        "a parked waiter must not poll: {parked} commands"
+    );
+
+    held.release().await.unwrap();
+    let guard = waiter
+        .await
+        .unwrap()
+        .expect("the waiter gets the lock after the release");
+    let end = sent(&mut con);
+    // A waiter's retries go straight to the acquire script (it reports the holder's lease if it
+    // loses again), so the winning attempt is a script whose SET counts inside it.
+    assert_eq!(
+        [end[0] - after[0], end[1] - after[1]],
+        [2, 1],
+        "the release script, then one winning acquire script"
+    );
+    assert_eq!(guard.key(), "queue");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_local_waiters_share_one_subscription_and_all_get_the_lock_in_turn() {
+    let server = RedisServer::start();
+    let (holder_reg, waiter_reg) = (registry(&server), registry(&server));
+    let held = holder_reg.lock("turns").acquire().await.unwrap();
+    let mut waiters = Vec::new();
+    for _ in 0..8 {
+        let reg = waiter_reg.clone();
+        waiters.push(tokio::spawn(async move {
+            reg.lock("turns")
+                .wait(Duration::from_secs(60))
+                .run(async { Ok::<_, LockError>(()) })
+                .await
+        }));
+    }
+    // One subscription per registry, however many tasks wait.
+    until_subscribed(&server, "lock:turns", 1).await;
+    held.release().await.unwrap();
+    for w in waiters {
+        w.await.unwrap().expect("every waiter gets its turn");
+    }
+    // The last waiter gave up its interest, so the registry unsubscribed.
+    until_subscribed(&server, "lock:turns", 0).await;
+}
+
+#[tokio::test]
+async fn a_wait_that_runs_out_returns_busy() {
+    let server = RedisServer::start();
+    let (a, b) = (registry(&server), registry(&server));
+    let _held = a.lock("long-held").acquire().await.unwrap();
+    let err = b
+        .lock("long-held")
+        .wait(Duration::from_millis(200))
+        .acquire()
+        .await
+        .unwrap_err();
+    assert!(err.is_busy(), "{err:?}");
+}
+
+#[tokio::test]
+async fn a_lock_freed_by_expiry_is_taken_without_any_release_message() {
+    let server = RedisServer::start();
+    let reg = registry(&server);
+    let mut con = raw(&server).await;
+    // A foreign holder that will never publish a release.
+    let _: () = redis::cmd("SET")
+        .arg("lock:expiring")
+        .arg("foreign")
+        .arg("PX")
+        .arg(300)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let guard = reg
+        .lock("expiring")
+        .wait(Duration::from_secs(10))
+        .acquire()
+        .await
+        .expect("woken by the holder's remaining lease, not a message");
+    let value: String = con.get("lock:expiring").await.unwrap();
+    assert_eq!(value, guard.token());
+}

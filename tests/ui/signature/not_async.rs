@@ -1,0 +1,9 @@
+#![allow(unused_variables)] // on error the fn is emitted unchanged, its parameters unused
+use lock_runtime::{distributed_lock, LockError};
+
+#[distributed_lock(key = "job:<id>")]
+fn blocking(id: u64) -> Result<(), LockError> {
+    Ok(())
+}
+
+fn main() {}
