@@ -1,6 +1,6 @@
 //! Helpers shared by the fault tests.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Wall-clock µs, comparable with the workers' stamps and `MONITOR`'s.
 pub fn now_us() -> i64 {
@@ -23,21 +23,4 @@ pub fn is_stopped(pid: u32) -> bool {
 
 pub use lock_tests::fast_registry as registry;
 
-pub use lock_tests::{assert_lost, raw, signal, spawn_hung_body};
-
-/// Polls `check` every 5 ms until it holds, failing after `limit`: for server-side state that
-/// has no event to await (a key's expiry).
-pub async fn eventually<F, Fut>(limit: Duration, what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + limit;
-    while !check().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{what}: not within {limit:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
+pub use lock_tests::{assert_lost, eventually, raw, signal, spawn_hung_body};

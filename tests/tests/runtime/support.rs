@@ -18,4 +18,4 @@ pub async fn raw(server: &RedisServer) -> redis::aio::MultiplexedConnection {
     lock_tests::raw(&server.url()).await
 }
 
-pub use lock_tests::{assert_lost, spawn_hung_body};
+pub use lock_tests::{assert_lost, eventually, spawn_hung_body};
