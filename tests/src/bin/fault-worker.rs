@@ -14,7 +14,9 @@
 //! Times are `CLOCK_REALTIME` microseconds (comparable across processes on one machine, and with
 //! the server's `MONITOR` timestamps). `end` is the body's last instruction, or the moment the
 //! body future was dropped. `lost_seen` is whether `CurrentLock::is_lost` said so when the body
-//! finished. Other lines: `stall` (the runtime did not run a 10 ms heartbeat on time), `drop`
+//! finished. `over` repeats `end` and `lost_seen` the moment the body is over, before the lock
+//! is released (a process killed after its release but before its `end` line is not mistaken
+//! for one killed inside its section). Other lines: `stall` (the runtime did not run a 10 ms heartbeat on time), `drop`
 //! (how long dropping a guard or a guarded future took), `err` (a failed acquisition), `done`.
 //! The loop stops when stdin closes.
 //!
@@ -242,6 +244,21 @@ fn begin(w: &str, seq: u64, s: &Shared, token: &str, fence: u64, hold: Duration)
     ));
 }
 
+/// The body is over (its last instruction ran, or it is about to be dropped): recorded and
+/// printed *before* the lock is released, so a kill between the release and the `end` line
+/// still leaves the section's true end on record.
+fn body_over(w: &str, seq: u64, s: &Shared, end: i64, lost_seen: bool) {
+    {
+        let mut g = lock(s);
+        g.end = Some(end);
+        g.lost_seen = lost_seen;
+    }
+    out(&format!(
+        "over w={w} seq={seq} end={end} lost_seen={}",
+        u8::from(lost_seen)
+    ));
+}
+
 fn end_line(w: &str, seq: u64, s: &Shared, outcome: &str) {
     let g = lock(s);
     let end = g.end.or(g.stopped).unwrap_or_else(now_us);
@@ -345,11 +362,7 @@ impl Workload {
                     Err(_) => "err",
                 };
             }
-            let end = now_us();
-            let lost = current.is_lost();
-            let mut g = lock(&s);
-            g.end = Some(end);
-            g.lost_seen = lost;
+            body_over(&w, seq, &s, now_us(), current.is_lost());
             Ok(())
         }
     }
@@ -437,11 +450,7 @@ impl Workload {
                 .unwrap_or_else(PoisonError::into_inner)
                 .as_ref()
                 .is_some_and(lock_runtime::CurrentLock::is_lost);
-            {
-                let mut g = lock(&s);
-                g.lost_seen = lost;
-                g.end = Some(now_us());
-            }
+            body_over(w, seq, &s, now_us(), lost);
             let at = std::time::Instant::now();
             drop(run);
             let took = at.elapsed();
@@ -482,16 +491,10 @@ impl Workload {
                 hold,
             );
             tokio::time::sleep(hold).await;
-            let lost = guard.is_lost();
-            let end = now_us();
+            body_over(w, seq, &s, now_us(), guard.is_lost());
             let at = std::time::Instant::now();
             drop(guard);
             let took = at.elapsed();
-            {
-                let mut g = lock(&s);
-                g.end = Some(end);
-                g.lost_seen = lost;
-            }
             out(&format!(
                 "drop w={w} at={} kind=guard took_us={}",
                 now_us(),

@@ -247,10 +247,17 @@ fn fields(text: &str) -> HashMap<&str, &str> {
 
 fn sections(lines: &[Line], killed: &HashMap<u32, i64>) -> Vec<Section> {
     let mut open: BTreeMap<(String, String), Section> = BTreeMap::new();
+    let mut over: HashMap<(String, String), (i64, bool)> = HashMap::new();
     let mut done = Vec::new();
     for line in lines {
         let kind = line.text.split(' ').next().unwrap_or_default();
         let f = fields(&line.text);
+        if kind == "over" {
+            over.insert(
+                (f["w"].to_owned(), f["seq"].to_owned()),
+                (f["end"].parse().expect("end"), f["lost_seen"] == "1"),
+            );
+        }
         if kind != "begin" && kind != "end" {
             continue;
         }
@@ -277,12 +284,13 @@ fn sections(lines: &[Line], killed: &HashMap<u32, i64>) -> Vec<Section> {
             });
         }
     }
-    for (_, mut s) in open {
-        // Killed in the middle of its critical section: its effects stop at the kill.
+    for (id, mut s) in open {
+        // Killed before its `end` line: its effects stop where the body said it was over (the
+        // kill came during the release), else at the kill (it came inside the section).
         let at = killed
             .get(&s.worker)
             .unwrap_or_else(|| panic!("section {} of worker {} never ended", s.fence, s.worker));
-        s.end = *at;
+        (s.end, s.lost_seen) = over.get(&id).copied().unwrap_or((*at, false));
         s.outcome = "killed".into();
         done.push(s);
     }
@@ -930,4 +938,32 @@ fn the_checks_catch_overlaps_lost_increments_slow_hand_overs_late_cancels_and_bl
     ] {
         assert!(all.contains(expected), "missing {expected:?} in:\n{all}");
     }
+}
+
+#[test]
+fn a_section_killed_during_its_release_ends_where_its_body_was_over() {
+    let line = |worker: u32, text: &str| Line {
+        worker,
+        text: text.to_owned(),
+    };
+    let lines = [
+        // Over (and then released) before the kill, which came before the `end` line.
+        line(
+            1,
+            "begin w=1.0 seq=1 token=h:1:a fence=1 start=100 hold_ms=0",
+        ),
+        line(1, "over w=1.0 seq=1 end=200 lost_seen=0"),
+        // Killed inside its body.
+        line(
+            2,
+            "begin w=2.0 seq=1 token=h:2:b fence=2 start=300 hold_ms=0",
+        ),
+    ];
+    let killed = HashMap::from([(1, 900), (2, 1000)]);
+    let secs = sections(&lines, &killed);
+    let ends: Vec<(u64, i64, &str)> = secs
+        .iter()
+        .map(|s| (s.fence, s.end, s.outcome.as_str()))
+        .collect();
+    assert_eq!(ends, [(1, 200, "killed"), (2, 1000, "killed")]);
 }
