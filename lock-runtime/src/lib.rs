@@ -120,11 +120,14 @@
 //!
 //! In SQL the same check is `UPDATE .. SET .., fence = $token WHERE id = $id AND fence <= $token`.
 //!
-//! # Single node, Cluster or Redlock
+//! # Single node, Sentinel, Cluster or Redlock
 //!
 //! - **One Redis server** (`LOCK_REDIS_URL=redis://..`): the simplest, with fencing. A failover
 //!   to a replica that had not yet received the lock, or a restart without persistence, can let a
 //!   second holder in; the first learns at its next renewal. Fencing covers that gap.
+//! - **Redis Sentinel** (`LOCK_REDIS_SENTINEL=url,url` and `LOCK_REDIS_SENTINEL_MASTER=name`,
+//!   or [`RegistryBuilder::sentinel`]): one server, whichever the sentinels name as master; the
+//!   registry follows a failover on its own. The failover gap of one server applies.
 //! - **Redis Cluster** (`LOCK_REDIS_CLUSTER=seed,seed`): the same guarantees per shard, with
 //!   fencing; the lock, its counter and its notifications share the key's hash slot.
 //! - **Redlock** (`LOCK_REDIS_URL=url,url,url`): survives a minority of independent masters

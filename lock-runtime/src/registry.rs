@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use crate::backend::redis::{ClusterSeeds, RedisBackend, Topology};
 use crate::backend::redlock::Redlock;
+use crate::backend::sentinel::SentinelSetup;
 use crate::backend::{Backend, LockInfo, MemoryStore};
 use crate::keeper::Leases;
 use crate::key::{self, LockKey};
@@ -95,6 +96,10 @@ enum Mode {
     Server(String),
     Cluster(Vec<String>),
     Redlock(Vec<String>),
+    Sentinel {
+        master: String,
+        sentinels: Vec<String>,
+    },
     Memory(MemoryStore),
 }
 
@@ -116,6 +121,33 @@ impl RegistryBuilder {
     /// granted it. No fencing tokens in this mode.
     pub fn redlock<S: Into<String>>(mut self, nodes: impl IntoIterator<Item = S>) -> Self {
         self.mode = Mode::Redlock(nodes.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// The master that these Redis Sentinels name for the service `master`, followed across
+    /// failovers.
+    ///
+    /// `master` is the service's name (`mymaster`), or a URL whose host is that name and which
+    /// carries the master's login and database: `redis://user:password@mymaster/2`. Each
+    /// sentinel is `redis://[user:password@]host:port` (the first one's login is used for all).
+    /// TLS is not offered in this mode.
+    ///
+    /// ```
+    /// let registry = lock_runtime::Registry::builder()
+    ///     .sentinel("mymaster", ["redis://10.0.0.1:26379", "redis://10.0.0.2:26379"])
+    ///     .build()
+    ///     .unwrap();
+    /// assert_eq!(registry.node(), "sentinel mymaster via 10.0.0.1:26379,10.0.0.2:26379");
+    /// ```
+    pub fn sentinel<S: Into<String>>(
+        mut self,
+        master: impl Into<String>,
+        sentinels: impl IntoIterator<Item = S>,
+    ) -> Self {
+        self.mode = Mode::Sentinel {
+            master: master.into(),
+            sentinels: sentinels.into_iter().map(Into::into).collect(),
+        };
         self
     }
 
@@ -220,6 +252,21 @@ impl RegistryBuilder {
                     .collect::<Result<_, _>>()?;
                 Backend::Redlock(Box::new(Redlock::new(clients, timeouts)))
             }
+            Mode::Sentinel { master, sentinels } => {
+                let sentinels = non_empty(sentinels, "sentinel")?
+                    .iter()
+                    .map(|url| plain(url, "sentinel").map(|c| c.get_connection_info().clone()))
+                    .collect::<Result<_, _>>()?;
+                let setup = sentinel_master(&master)?;
+                Backend::Redis(Box::new(RedisBackend::new(
+                    Topology::Sentinel(Arc::new(SentinelSetup {
+                        sentinels,
+                        service: setup.0,
+                        master: setup.1,
+                    })),
+                    timeouts,
+                )))
+            }
         };
         Ok(Registry {
             inner: Arc::new(RegistryInner {
@@ -261,18 +308,62 @@ fn client(url: &str, tls: &Tls) -> Result<redis::Client, LockError> {
     })
 }
 
+/// A plain-TCP client (Sentinel mode offers no TLS): a `rediss://` URL is refused by name.
+fn plain(url: &str, what: &str) -> Result<redis::Client, LockError> {
+    if url.trim().starts_with("rediss://") {
+        return Err(configure_error(format!(
+            "a {what} URL uses rediss://, but Sentinel mode offers no TLS; use redis:// \
+             or a single server, cluster or Redlock registry"
+        )));
+    }
+    client(url, &Tls::default())
+}
+
+/// The service name and the master's login: `mymaster`, or `redis://user:pass@mymaster/db`.
+fn sentinel_master(master: &str) -> Result<(String, redis::RedisConnectionInfo), LockError> {
+    let master = master.trim();
+    if !master.contains("://") {
+        if master.is_empty() || master.contains(['/', '@', ':', ' ']) {
+            return Err(configure_error(
+                "the Sentinel master name is empty or not a plain name; give the service name \
+                 the sentinels monitor (`mymaster`), or redis://user:password@mymaster/db"
+                    .into(),
+            ));
+        }
+        return Ok((master.to_owned(), redis::RedisConnectionInfo::default()));
+    }
+    let info = plain(master, "Sentinel master")?
+        .get_connection_info()
+        .clone();
+    match info.addr() {
+        redis::ConnectionAddr::Tcp(service, _) => {
+            Ok((service.clone(), info.redis_settings().clone()))
+        }
+        _ => Err(configure_error(
+            "the Sentinel master URL must name the service as its host: \
+             redis://user:password@mymaster/db"
+                .into(),
+        )),
+    }
+}
+
 fn non_empty(urls: Vec<String>, what: &str) -> Result<Vec<String>, LockError> {
     let urls: Vec<String> = urls.into_iter().filter(|u| !u.trim().is_empty()).collect();
     if urls.is_empty() {
-        return Err(LockError::Backend {
-            node: "(none)".into(),
-            command: "configure",
-            key: None,
-            message: format!("no {what} URL given"),
-            source: None,
-        });
+        return Err(configure_error(format!("no {what} URL given")));
     }
     Ok(urls)
+}
+
+/// A configuration that names no usable node.
+fn configure_error(message: String) -> LockError {
+    LockError::Backend {
+        node: "(none)".into(),
+        command: "configure",
+        key: None,
+        message,
+        source: None,
+    }
 }
 
 /// A lock this process holds, as listed by [`Registry::held`].
@@ -306,6 +397,7 @@ impl Registry {
     ///
     /// | variable | mode |
     /// |---|---|
+    /// | `LOCK_REDIS_SENTINEL=redis://s1:26379,redis://s2:26379` with `LOCK_REDIS_SENTINEL_MASTER=mymaster` | the master these Sentinels name (see [`RegistryBuilder::sentinel`]) |
     /// | `LOCK_REDIS_CLUSTER=redis://a:7000,redis://b:7001` | Redis Cluster through these seeds |
     /// | `LOCK_REDIS_URL=redis://a:6379,redis://b:6379,redis://c:6379` | Redlock over these masters |
     /// | `LOCK_REDIS_URL=redis://a:6379` (else `REDIS_URL`) | one Redis server |
@@ -319,6 +411,16 @@ impl Registry {
                 .filter(|v: &String| !v.trim().is_empty())
         };
         let list = |v: String| v.split(',').map(str::to_owned).collect::<Vec<_>>();
+        if let Some(sentinels) = var("LOCK_REDIS_SENTINEL") {
+            let master = var("LOCK_REDIS_SENTINEL_MASTER").ok_or_else(|| {
+                configure_error(
+                    "LOCK_REDIS_SENTINEL is set but LOCK_REDIS_SENTINEL_MASTER is not; set it \
+                     to the service name the sentinels monitor (`mymaster`)"
+                        .into(),
+                )
+            })?;
+            return Self::builder().sentinel(master, list(sentinels)).build();
+        }
         if let Some(seeds) = var("LOCK_REDIS_CLUSTER") {
             return Self::builder().cluster(list(seeds)).build();
         }

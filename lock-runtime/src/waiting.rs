@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::ConnectionManager;
 use redis::{ProtocolVersion, PushInfo, PushKind};
 use tokio::sync::{mpsc, oneshot, Notify};
 
@@ -216,6 +216,8 @@ impl Subscriber {
 pub(crate) enum Source {
     Server(Box<redis::Client>),
     Cluster(crate::backend::redis::ClusterSeeds),
+    /// Whichever master the sentinels name when the subscriber (re)connects.
+    Sentinel(Arc<crate::backend::sentinel::SentinelSetup>),
 }
 
 enum Connection {
@@ -332,9 +334,15 @@ impl SubscriberTask {
             // are subscribed again here; a channel subscribed twice is confirmed, not doubled.
             // Any answer, even a refusal (an ACL without `+ping`), proves the connection is
             // back; only no answer at all is worth another try.
-            if self.answered(con.ping()).await && self.answered(con.subscribe_all(&channels)).await
-            {
-                break;
+            if self.answered(con.ping()).await {
+                if self.answered(con.subscribe_all(&channels)).await {
+                    break;
+                }
+            } else if let Source::Sentinel(_) = self.source {
+                // The master may have moved: follow the sentinels rather than keep knocking.
+                if let Some(moved) = self.connect(&mut true).await {
+                    *con = moved;
+                }
             }
             tokio::time::sleep(delay).await;
             delay = (delay * 2).min(Duration::from_secs(1));
@@ -395,21 +403,29 @@ impl SubscriberTask {
         )
     }
 
+    /// A RESP3 connection manager to one server that resubscribes on its own when it can.
+    async fn subscriber(&self, client: redis::Client) -> redis::RedisResult<Connection> {
+        let config = crate::backend::redis::manager_config(self.timeouts)
+            .set_push_sender(self.push_sender())
+            .set_automatic_resubscription();
+        ConnectionManager::new_with_config(client, config)
+            .await
+            .map(Connection::Server)
+    }
+
     async fn connect(&self, warned: &mut bool) -> Option<Connection> {
         let connect = async {
             match &self.source {
-                Source::Server(client) => {
-                    let config = ConnectionManagerConfig::new()
-                        .set_push_sender(self.push_sender())
-                        .set_automatic_resubscription()
-                        .set_connection_timeout(Some(self.timeouts.connect))
-                        .set_response_timeout(Some(self.timeouts.command))
-                        .set_number_of_retries(2)
-                        .set_min_delay(Duration::from_millis(50))
-                        .set_max_delay(Duration::from_secs(1));
-                    ConnectionManager::new_with_config(client.as_ref().clone(), config)
-                        .await
-                        .map(Connection::Server)
+                Source::Server(client) => self.subscriber(client.as_ref().clone()).await,
+                Source::Sentinel(setup) => {
+                    let master = setup.master().await?;
+                    match Source::server(&master) {
+                        Some(Source::Server(client)) => self.subscriber(*client).await,
+                        _ => Err(redis::RedisError::from((
+                            redis::ErrorKind::InvalidClientConfig,
+                            "the master's address cannot be switched to RESP3",
+                        ))),
+                    }
                 }
                 Source::Cluster(seeds) => seeds
                     .builder()
@@ -469,6 +485,7 @@ impl Source {
                 .map(|s| s.addr().to_string())
                 .collect::<Vec<_>>()
                 .join(","),
+            Self::Sentinel(setup) => setup.node_name(),
         }
     }
 }

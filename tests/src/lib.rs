@@ -8,6 +8,7 @@
 
 pub mod cluster;
 pub mod proxy;
+pub mod sentinel;
 
 use std::io::{BufRead, BufReader};
 use std::net::{TcpListener, TcpStream};
@@ -28,6 +29,10 @@ pub struct RedisServer {
     dir: PathBuf,
     extra: Vec<String>,
     tls: bool,
+    /// A config file given first (Sentinel mode requires one, and writes to it).
+    config: Option<String>,
+    /// The log line that says the process serves.
+    ready: &'static str,
 }
 
 impl RedisServer {
@@ -59,7 +64,21 @@ impl RedisServer {
         Self::start_inner(&[], true)
     }
 
+    /// Starts `redis-server <config file> <extra..>`, ready once `ready` appears in its log:
+    /// for processes that need a config file, such as sentinels.
+    ///
+    /// # Panics
+    /// As [`RedisServer::start`].
+    #[must_use]
+    pub fn start_configured(config: &str, extra: &[&str], ready: &'static str) -> Self {
+        Self::start_full(extra, false, Some(config.to_owned()), ready)
+    }
+
     fn start_inner(extra: &[&str], tls: bool) -> Self {
+        Self::start_full(extra, tls, None, "Ready to accept connections")
+    }
+
+    fn start_full(extra: &[&str], tls: bool, config: Option<String>, ready: &'static str) -> Self {
         let extra: Vec<String> = extra.iter().map(|s| (*s).to_owned()).collect();
         // A port found free can be taken by someone else before the server binds it: retry.
         let mut last_error = String::new();
@@ -73,6 +92,8 @@ impl RedisServer {
                 dir,
                 extra: extra.clone(),
                 tls,
+                config: config.clone(),
+                ready,
             };
             if tls {
                 server.make_certificates();
@@ -88,6 +109,11 @@ impl RedisServer {
     fn spawn(&mut self) -> Result<(), String> {
         std::fs::create_dir_all(&self.dir).map_err(|e| e.to_string())?;
         let mut command = Command::new("redis-server");
+        if let Some(config) = &self.config {
+            let file = self.dir.join("redis.conf");
+            std::fs::write(&file, config).map_err(|e| e.to_string())?;
+            command.arg(file);
+        }
         if self.tls {
             let file = |name: &str| self.dir.join(name);
             command
@@ -119,10 +145,11 @@ impl RedisServer {
         // The server says when it listens; waiting for that line beats polling the port.
         let stdout = child.stdout.take().expect("piped stdout");
         let (tx, rx) = mpsc::channel();
+        let ready = self.ready;
         std::thread::spawn(move || {
             let mut log = Vec::new();
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if line.contains("Ready to accept connections") {
+                if line.contains(ready) {
                     let _ = tx.send(Ok(()));
                     // Keep reading (the loop goes on) so the server never blocks on a full pipe.
                     continue;

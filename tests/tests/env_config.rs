@@ -4,9 +4,15 @@
 use lock_runtime::Registry;
 
 #[test]
-fn the_environment_selects_single_node_redlock_or_cluster() {
+fn the_environment_selects_single_node_redlock_cluster_or_sentinel() {
     let clear = || {
-        for var in ["LOCK_REDIS_URL", "REDIS_URL", "LOCK_REDIS_CLUSTER"] {
+        for var in [
+            "LOCK_REDIS_URL",
+            "REDIS_URL",
+            "LOCK_REDIS_CLUSTER",
+            "LOCK_REDIS_SENTINEL",
+            "LOCK_REDIS_SENTINEL_MASTER",
+        ] {
             std::env::remove_var(var);
         }
     };
@@ -41,6 +47,23 @@ fn the_environment_selects_single_node_redlock_or_cluster() {
         "cluster(10.0.1.1:7000,10.0.1.2:7000)",
         "LOCK_REDIS_CLUSTER wins"
     );
+
+    std::env::set_var(
+        "LOCK_REDIS_SENTINEL",
+        "redis://10.0.2.1:26379,redis://10.0.2.2:26379",
+    );
+    let err = Registry::from_env().unwrap_err();
+    assert!(
+        err.to_string().contains("LOCK_REDIS_SENTINEL_MASTER"),
+        "names what is missing: {err}"
+    );
+    std::env::set_var("LOCK_REDIS_SENTINEL_MASTER", "redis://locker:pw@orders/3");
+    assert_eq!(
+        Registry::from_env().unwrap().node(),
+        "sentinel orders via 10.0.2.1:26379,10.0.2.2:26379",
+        "LOCK_REDIS_SENTINEL wins"
+    );
+    std::env::remove_var("LOCK_REDIS_SENTINEL");
 
     std::env::set_var("LOCK_REDIS_CLUSTER", "redis://user:pw@[bad");
     let err = Registry::from_env().unwrap_err();

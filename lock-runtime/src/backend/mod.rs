@@ -9,6 +9,7 @@ use crate::LockError;
 pub(crate) mod memory;
 pub(crate) mod redis;
 pub(crate) mod redlock;
+pub(crate) mod sentinel;
 
 pub use memory::MemoryStore;
 

@@ -1,4 +1,5 @@
-//! One Redis deployment reached through one client: a standalone server, or a Redis Cluster.
+//! One Redis deployment reached through one client: a standalone server, a Redis Cluster, or
+//! the master a set of Sentinels names.
 //!
 //! Both run the same scripts. In a cluster every script touches one hash slot only (the lock,
 //! its fencing counter and its sharded notification channel share the key's hash tag), MOVED/ASK
@@ -6,6 +7,7 @@
 //! group, sent concurrently so the client pipelines them per node.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::join_all;
@@ -14,6 +16,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, ConnectionInfo, Pipeline, RedisFuture, Value};
 use tokio::sync::OnceCell;
 
+use super::sentinel::{SentinelConnection, SentinelSetup};
 use super::{ttl_ms, Attempt, LockInfo, Renewal};
 use crate::key::{hash_tag, LockKey};
 use crate::scripts;
@@ -26,6 +29,7 @@ const RENEW_CHUNK: usize = 512;
 pub(crate) enum Topology {
     Server(Box<redis::Client>),
     Cluster(ClusterSeeds),
+    Sentinel(Arc<SentinelSetup>),
 }
 
 /// Where a cluster client starts, and the certificates it trusts.
@@ -61,6 +65,7 @@ pub(crate) struct RedisBackend {
 enum Connection {
     Server(ConnectionManager),
     Cluster(ClusterConnection),
+    Sentinel(SentinelConnection),
 }
 
 impl redis::aio::ConnectionLike for Connection {
@@ -68,6 +73,7 @@ impl redis::aio::ConnectionLike for Connection {
         match self {
             Self::Server(c) => c.req_packed_command(cmd),
             Self::Cluster(c) => c.req_packed_command(cmd),
+            Self::Sentinel(c) => c.req_packed_command(cmd),
         }
     }
 
@@ -80,6 +86,7 @@ impl redis::aio::ConnectionLike for Connection {
         match self {
             Self::Server(c) => c.req_packed_commands(pipeline, offset, count),
             Self::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+            Self::Sentinel(c) => c.req_packed_commands(pipeline, offset, count),
         }
     }
 
@@ -87,8 +94,36 @@ impl redis::aio::ConnectionLike for Connection {
         match self {
             Self::Server(c) => c.get_db(),
             Self::Cluster(c) => c.get_db(),
+            Self::Sentinel(c) => c.get_db(),
         }
     }
+}
+
+/// How every connection manager to one server is set up: bounded connects and commands, and a
+/// few quick reconnection attempts (the callers retry beyond them).
+pub(crate) fn manager_config(timeouts: Timeouts) -> ConnectionManagerConfig {
+    ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(timeouts.connect))
+        .set_response_timeout(Some(timeouts.command))
+        .set_number_of_retries(2)
+        .set_min_delay(Duration::from_millis(50))
+        .set_max_delay(Duration::from_secs(1))
+}
+
+/// A connection manager to one server with the lock scripts loaded.
+pub(crate) async fn manager(
+    client: redis::Client,
+    timeouts: Timeouts,
+) -> redis::RedisResult<ConnectionManager> {
+    let mut con = ConnectionManager::new_with_config(client, manager_config(timeouts)).await?;
+    // Loaded up front so no first use pays a NOSCRIPT round trip; after a SCRIPT FLUSH (or on a
+    // cluster node) the invocation reloads on its own.
+    let mut load = redis::pipe();
+    for script in scripts::ALL {
+        load.cmd("SCRIPT").arg("LOAD").arg(script);
+    }
+    load.query_async::<()>(&mut con).await?;
+    Ok(con)
 }
 
 /// `host:port[/db]`: never credentials.
@@ -120,6 +155,7 @@ impl RedisBackend {
                 ),
                 Some(Source::Cluster(seeds.clone())),
             ),
+            Topology::Sentinel(setup) => (setup.node_name(), Some(Source::Sentinel(setup.clone()))),
         };
         let hub = match source {
             Some(source) => WaitHub::redis(vec![source], timeouts),
@@ -151,6 +187,7 @@ impl RedisBackend {
         match &self.topology {
             Topology::Server(client) => Source::server(client),
             Topology::Cluster(seeds) => Some(Source::Cluster(seeds.clone())),
+            Topology::Sentinel(setup) => Some(Source::Sentinel(setup.clone())),
         }
     }
 
@@ -200,24 +237,12 @@ impl RedisBackend {
 
     async fn connect(&self) -> redis::RedisResult<Connection> {
         match &self.topology {
-            Topology::Server(client) => {
-                let config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(self.timeouts.connect))
-                    .set_response_timeout(Some(self.timeouts.command))
-                    .set_number_of_retries(2)
-                    .set_min_delay(Duration::from_millis(50))
-                    .set_max_delay(Duration::from_secs(1));
-                let mut con =
-                    ConnectionManager::new_with_config(client.as_ref().clone(), config).await?;
-                // Loaded up front so no first use pays a NOSCRIPT round trip; after a SCRIPT
-                // FLUSH (or on a cluster node) the invocation reloads on its own.
-                let mut load = redis::pipe();
-                for script in scripts::ALL {
-                    load.cmd("SCRIPT").arg("LOAD").arg(script);
-                }
-                load.query_async::<()>(&mut con).await?;
-                Ok(Connection::Server(con))
-            }
+            Topology::Server(client) => manager(client.as_ref().clone(), self.timeouts)
+                .await
+                .map(Connection::Server),
+            Topology::Sentinel(setup) => SentinelConnection::connect(setup.clone(), self.timeouts)
+                .await
+                .map(Connection::Sentinel),
             Topology::Cluster(seeds) => seeds
                 .builder()
                 .connection_timeout(self.timeouts.connect)
