@@ -6,10 +6,12 @@ use crate::key::LockKey;
 use crate::waiting::WaitHub;
 use crate::LockError;
 
+pub(crate) mod cluster_nodes;
 pub(crate) mod memory;
 pub(crate) mod redis;
 pub(crate) mod redlock;
 pub(crate) mod sentinel;
+pub(crate) mod stall;
 
 pub use memory::MemoryStore;
 

@@ -3,8 +3,8 @@
 //!
 //! Both run the same scripts. In a cluster every script touches one hash slot only (the lock,
 //! its fencing counter and its sharded notification channel share the key's hash tag), MOVED/ASK
-//! and failover are the cluster client's job, and renewals go out as one script call per slot
-//! group, sent concurrently so the client pipelines them per node.
+//! and failover are the cluster client's job; renewals go straight to each master (see
+//! `cluster_nodes`), one script call per slot group.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -14,9 +14,10 @@ use futures_util::future::join_all;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, ConnectionInfo, Pipeline, RedisFuture, Value};
-use tokio::sync::OnceCell;
 
+use super::cluster_nodes::ClusterNodes;
 use super::sentinel::{SentinelConnection, SentinelSetup};
+use super::stall::Stall;
 use super::{ttl_ms, Attempt, LockInfo, Renewal};
 use crate::key::{hash_tag, LockKey};
 use crate::scripts;
@@ -24,7 +25,7 @@ use crate::waiting::{Source, WaitHub};
 use crate::{LockError, Timeouts};
 
 /// Renewal scripts are split so no single script call keeps Redis busy for long.
-const RENEW_CHUNK: usize = 512;
+pub(crate) const RENEW_CHUNK: usize = 512;
 
 pub(crate) enum Topology {
     Server(Box<redis::Client>),
@@ -56,7 +57,12 @@ pub(crate) struct RedisBackend {
     topology: Topology,
     node: String,
     timeouts: Timeouts,
-    connection: OnceCell<Connection>,
+    /// The shared connection once made; replaced when a cluster client is stuck.
+    connection: std::sync::Mutex<Option<Connection>>,
+    /// One connect at a time.
+    connecting: tokio::sync::Mutex<()>,
+    /// In a cluster: renewals straight to each master.
+    nodes: Option<ClusterNodes>,
     hub: WaitHub,
 }
 
@@ -64,7 +70,8 @@ pub(crate) struct RedisBackend {
 #[derive(Clone)]
 enum Connection {
     Server(ConnectionManager),
-    Cluster(ClusterConnection),
+    /// With the watch that tells when this cluster client must be replaced.
+    Cluster(ClusterConnection, Arc<Stall>),
     Sentinel(SentinelConnection),
 }
 
@@ -72,7 +79,15 @@ impl redis::aio::ConnectionLike for Connection {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
             Self::Server(c) => c.req_packed_command(cmd),
-            Self::Cluster(c) => c.req_packed_command(cmd),
+            Self::Cluster(c, stall) => {
+                let request = stall.start();
+                let reply = c.req_packed_command(cmd);
+                Box::pin(async move {
+                    let result = reply.await;
+                    request.finish(&result);
+                    result
+                })
+            }
             Self::Sentinel(c) => c.req_packed_command(cmd),
         }
     }
@@ -85,7 +100,15 @@ impl redis::aio::ConnectionLike for Connection {
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
             Self::Server(c) => c.req_packed_commands(pipeline, offset, count),
-            Self::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+            Self::Cluster(c, stall) => {
+                let request = stall.start();
+                let reply = c.req_packed_commands(pipeline, offset, count);
+                Box::pin(async move {
+                    let result = reply.await;
+                    request.finish(&result);
+                    result
+                })
+            }
             Self::Sentinel(c) => c.req_packed_commands(pipeline, offset, count),
         }
     }
@@ -93,7 +116,7 @@ impl redis::aio::ConnectionLike for Connection {
     fn get_db(&self) -> i64 {
         match self {
             Self::Server(c) => c.get_db(),
-            Self::Cluster(c) => c.get_db(),
+            Self::Cluster(c, _) => c.get_db(),
             Self::Sentinel(c) => c.get_db(),
         }
     }
@@ -161,11 +184,17 @@ impl RedisBackend {
             Some(source) => WaitHub::redis(vec![source], timeouts),
             None => WaitHub::local(),
         };
+        let nodes = match &topology {
+            Topology::Cluster(seeds) => Some(ClusterNodes::new(seeds.clone(), timeouts)),
+            _ => None,
+        };
         Self {
             topology,
             node,
             timeouts,
-            connection: OnceCell::new(),
+            connection: std::sync::Mutex::new(None),
+            connecting: tokio::sync::Mutex::new(()),
+            nodes,
             hub,
         }
     }
@@ -211,28 +240,60 @@ impl RedisBackend {
         command: &'static str,
         key: Option<&str>,
     ) -> Result<Connection, LockError> {
+        if let Some(con) = self.usable() {
+            return Ok(con);
+        }
+        let _one_at_a_time = self.connecting.lock().await;
+        if let Some(con) = self.usable() {
+            return Ok(con);
+        }
+        let con = match tokio::time::timeout(self.timeouts.connect, self.connect()).await {
+            Ok(Ok(con)) => con,
+            Ok(Err(e)) => {
+                return Err(LockError::Backend {
+                    node: self.node.clone(),
+                    command,
+                    key: key.map(str::to_owned),
+                    message: format!("could not connect: {e}"),
+                    source: Some(std::sync::Arc::new(e)),
+                })
+            }
+            Err(_) => {
+                return Err(LockError::Backend {
+                    node: self.node.clone(),
+                    command,
+                    key: key.map(str::to_owned),
+                    message: format!("could not connect within {:?}", self.timeouts.connect),
+                    source: None,
+                })
+            }
+        };
+        *self.cached() = Some(con.clone());
+        Ok(con)
+    }
+
+    fn cached(&self) -> std::sync::MutexGuard<'_, Option<Connection>> {
         self.connection
-            .get_or_try_init(|| async {
-                match tokio::time::timeout(self.timeouts.connect, self.connect()).await {
-                    Ok(Ok(con)) => Ok(con),
-                    Ok(Err(e)) => Err(LockError::Backend {
-                        node: self.node.clone(),
-                        command,
-                        key: key.map(str::to_owned),
-                        message: format!("could not connect: {e}"),
-                        source: Some(std::sync::Arc::new(e)),
-                    }),
-                    Err(_) => Err(LockError::Backend {
-                        node: self.node.clone(),
-                        command,
-                        key: key.map(str::to_owned),
-                        message: format!("could not connect within {:?}", self.timeouts.connect),
-                        source: None,
-                    }),
-                }
-            })
-            .await
-            .cloned()
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The cached connection, unless it is a cluster client that answers nothing any more
+    /// (see `stall`): that one is dropped so the caller connects afresh. Requests already
+    /// sent on it finish or time out on their own.
+    fn usable(&self) -> Option<Connection> {
+        let mut cached = self.cached();
+        if let Some(Connection::Cluster(_, stall)) = &*cached {
+            if stall.is_stuck() {
+                tracing::warn!(
+                    node = %self.node,
+                    "the cluster client has answered nothing for {:?}; replacing it",
+                    self.timeouts.command
+                );
+                *cached = None;
+            }
+        }
+        cached.clone()
     }
 
     async fn connect(&self) -> redis::RedisResult<Connection> {
@@ -248,14 +309,13 @@ impl RedisBackend {
                 .connection_timeout(self.timeouts.connect)
                 .response_timeout(self.timeouts.command)
                 // The client's own retries against a dead master hold up every pending request,
-                // live masters' renewals included (seen: all of a process's leases lost after
-                // one master died). Our keeper and acquire loop retry anyway. This made that
-                // loss rare, not impossible: an open issue.
+                // live masters' renewals included; our keeper and acquire loop retry anyway.
+                // (A client that hangs in its recovery is replaced: see `stall`.)
                 .retries(0)
                 .build()?
                 .get_async_connection()
                 .await
-                .map(Connection::Cluster),
+                .map(|c| Connection::Cluster(c, Arc::new(Stall::new(self.timeouts.command)))),
         }
     }
 
@@ -334,6 +394,16 @@ impl RedisBackend {
         batch: &[Renewal<'_>],
         budget: Duration,
     ) -> Result<Vec<Option<bool>>, LockError> {
+        if let Some(nodes) = &self.nodes {
+            if let Some((renewed, last_error)) = nodes.renew(batch, budget).await {
+                return match last_error {
+                    Some(e) if renewed.iter().all(Option::is_none) => {
+                        Err(self.error("renew", None, e))
+                    }
+                    _ => Ok(renewed),
+                };
+            }
+        }
         let con = self.connection("renew", None).await?;
         // Scripts touch one slot each in a cluster; a standalone server takes any batch.
         let mut groups: HashMap<&str, Vec<usize>> = HashMap::new();

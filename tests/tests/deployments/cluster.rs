@@ -121,12 +121,10 @@ async fn a_killed_master_loses_only_its_own_locks() {
             );
         }
     }
-    // By now every lock on the dead master has passed its deadline. No lock on a live master
-    // was taken over or deleted by anyone. Their leases normally stay held; rarely (open issue)
-    // the cluster client holds up every renewal after a death for a whole lease, and then such
-    // a lease reports itself expired and its key simply runs out: never another holder's
-    // token, never reported stolen. The count printed shows which case a run hit.
-    let mut still_held = 0;
+    // By now every lock on the dead master has passed its deadline. Every lock on a live
+    // master is still held, renewed and untouched: the death cost them nothing. (While renewals
+    // went through the cluster client, which can hang in its own recovery after a death, about
+    // one run in four under load lost them all to expiry.)
     for (guard, owner) in held.iter().zip(&owners) {
         if *owner != victim_port {
             let node = cluster.nodes.iter().find(|n| n.port() == *owner).unwrap();
@@ -134,27 +132,14 @@ async fn a_killed_master_loses_only_its_own_locks() {
                 .arg(guard.redis_key())
                 .query(&mut node.connection())
                 .unwrap();
-            match value {
-                Some(token) => {
-                    assert_eq!(token, guard.token(), "{} untouched", guard.key());
-                    still_held += usize::from(!guard.is_lost());
-                }
-                None => assert_eq!(
-                    guard.lost_reason(),
-                    Some(LostReason::Expired),
-                    "{}: gone from a live master, so its lease must say it expired",
-                    guard.key()
-                ),
-            }
-            assert_ne!(
-                guard.lost_reason(),
-                Some(LostReason::Stolen),
-                "{}",
+            assert_eq!(
+                (value.as_deref(), guard.lost_reason()),
+                (Some(guard.token()), None),
+                "{} on a live master",
                 guard.key()
             );
         }
     }
-    eprintln!("locks on live masters still held after the death: {still_held}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

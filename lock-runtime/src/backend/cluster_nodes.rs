@@ -1,0 +1,270 @@
+//! Renewals in a Redis Cluster, sent straight to each master over a connection of its own.
+//!
+//! The cluster client funnels every request through one task, and after a master dies that
+//! task can stall in its own recovery (see `stall`): while it does, no lease on any master can
+//! be renewed. So the keeper's renewals go around it. Each lease is assigned to the master that
+//! owns its slot in the last `CLUSTER SLOTS` answer; each master gets its script calls (one per
+//! slot group, as scripts touch one slot) on its own connection, concurrently, so a dead or slow
+//! master delays only its own leases. Any failed call marks the map stale: the next round reads
+//! it again from whichever node answers first, which is how a failover's new master is found.
+//! When no node answers at all, the caller falls back to the cluster client.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use futures_util::future::{join_all, select_ok};
+use redis::aio::ConnectionManager;
+use redis::{ConnectionAddr, ConnectionInfo, Value};
+
+use super::redis::ClusterSeeds;
+use super::Renewal;
+use crate::key::hash_tag;
+use crate::{scripts, Timeouts};
+
+/// Redis Cluster's slot count.
+const SLOTS: u16 = 16384;
+
+type Addr = (String, u16);
+
+/// Slot ranges (first, last) and their masters, sorted by first slot.
+type SlotMap = Vec<(u16, u16, Addr)>;
+
+pub(crate) struct ClusterNodes {
+    seeds: ClusterSeeds,
+    timeouts: Timeouts,
+    /// `None` when stale.
+    map: Mutex<Option<Arc<SlotMap>>>,
+    connections: Mutex<HashMap<Addr, ConnectionManager>>,
+    reading: tokio::sync::Mutex<()>,
+}
+
+/// The outcome of one round: a flag per lease (`None`: unknown), and the last failure.
+pub(crate) type Round = (Vec<Option<bool>>, Option<redis::RedisError>);
+
+impl ClusterNodes {
+    pub(crate) fn new(seeds: ClusterSeeds, timeouts: Timeouts) -> Self {
+        Self {
+            seeds,
+            timeouts,
+            map: Mutex::new(None),
+            connections: Mutex::new(HashMap::new()),
+            reading: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// Renews `batch` master by master, or `None` when no node told which master owns what.
+    pub(crate) async fn renew(&self, batch: &[Renewal<'_>], budget: Duration) -> Option<Round> {
+        let map = self.map().await?;
+        let mut by_master: HashMap<&Addr, HashMap<&str, Vec<usize>>> = HashMap::new();
+        for (i, r) in batch.iter().enumerate() {
+            let tag = hash_tag(r.redis_key).unwrap_or(r.redis_key);
+            let slot = crc16::State::<crc16::XMODEM>::calculate(tag.as_bytes()) % SLOTS;
+            let i_range = map.partition_point(|(first, _, _)| *first <= slot);
+            let Some((_, last, master)) = i_range.checked_sub(1).map(|at| &map[at]) else {
+                continue;
+            };
+            if slot <= *last {
+                by_master
+                    .entry(master)
+                    .or_default()
+                    .entry(tag)
+                    .or_default()
+                    .push(i);
+            }
+        }
+        let calls = by_master.into_iter().map(|(master, groups)| async move {
+            let connection = tokio::time::timeout(budget, self.connection(master)).await;
+            let con = match connection {
+                Ok(Ok(con)) => con,
+                Ok(Err(e)) => return vec![(None, Err(e))],
+                Err(_) => return vec![(None, Err(timed_out(budget)))],
+            };
+            let calls = groups
+                .into_values()
+                .flat_map(|members| {
+                    members
+                        .chunks(super::redis::RENEW_CHUNK)
+                        .map(<[usize]>::to_vec)
+                        .collect::<Vec<_>>()
+                })
+                .map(|chunk| {
+                    let mut con = con.clone();
+                    async move {
+                        let mut call = scripts::RENEW.prepare_invoke();
+                        for &i in &chunk {
+                            call.key(batch[i].redis_key)
+                                .arg(batch[i].token)
+                                .arg(batch[i].ttl_ms);
+                        }
+                        let flags: redis::RedisResult<Vec<i64>> =
+                            tokio::time::timeout(budget, call.invoke_async(&mut con))
+                                .await
+                                .unwrap_or_else(|_| Err(timed_out(budget)));
+                        (Some(chunk), flags)
+                    }
+                });
+            join_all(calls).await
+        });
+        let mut renewed = vec![None; batch.len()];
+        let mut last_error = None;
+        for (chunk, flags) in join_all(calls).await.into_iter().flatten() {
+            match (chunk, flags) {
+                (Some(chunk), Ok(flags)) => {
+                    for (&i, flag) in chunk.iter().zip(flags) {
+                        renewed[i] = Some(flag == 1);
+                    }
+                }
+                (_, Err(e)) => last_error = Some(e),
+                (None, Ok(_)) => {}
+            }
+        }
+        if last_error.is_some() || renewed.iter().any(Option::is_none) {
+            // A master died, moved or failed over, or a slot had no master: read the map again.
+            *self.map.lock().unwrap_or_else(PoisonError::into_inner) = None;
+        }
+        Some((renewed, last_error))
+    }
+
+    /// The slot map, read from the first node to answer when stale.
+    async fn map(&self) -> Option<Arc<SlotMap>> {
+        if let Some(map) = self.current_map() {
+            return Some(map);
+        }
+        let _one_read = self.reading.lock().await;
+        if let Some(map) = self.current_map() {
+            return Some(map);
+        }
+        // Masters of the last map first (a failover's new master answers there), then seeds.
+        let mut candidates: Vec<ConnectionInfo> = self
+            .connections
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .keys()
+            .map(|addr| self.info(addr))
+            .collect();
+        candidates.extend(self.seeds.nodes.iter().cloned());
+        let reads = candidates
+            .into_iter()
+            .map(|info| Box::pin(self.read_map(info)));
+        let bound = self.timeouts.connect + self.timeouts.command;
+        let (map, _) = tokio::time::timeout(bound, select_ok(reads))
+            .await
+            .ok()?
+            .ok()?;
+        let map = Arc::new(map);
+        *self.map.lock().unwrap_or_else(PoisonError::into_inner) = Some(map.clone());
+        Some(map)
+    }
+
+    fn current_map(&self) -> Option<Arc<SlotMap>> {
+        self.map
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    async fn read_map(&self, info: ConnectionInfo) -> redis::RedisResult<SlotMap> {
+        let asked = match info.addr() {
+            ConnectionAddr::Tcp(host, _) | ConnectionAddr::TcpTls { host, .. } => host.clone(),
+            _ => String::new(),
+        };
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.timeouts.connect))
+            .set_response_timeout(Some(self.timeouts.command));
+        let mut con = self
+            .client(info)?
+            .get_multiplexed_async_connection_with_config(&config)
+            .await?;
+        let slots: Vec<Vec<Value>> = redis::cmd("CLUSTER")
+            .arg("SLOTS")
+            .query_async(&mut con)
+            .await?;
+        let mut map = Vec::with_capacity(slots.len());
+        for range in slots {
+            let (Some(first), Some(last), Some(master)) =
+                (range.first(), range.get(1), range.get(2))
+            else {
+                continue;
+            };
+            let (first, last): (u16, u16) = (
+                redis::from_redis_value_ref(first)?,
+                redis::from_redis_value_ref(last)?,
+            );
+            let (host, port): (String, u16) = match master {
+                Value::Array(endpoint) if endpoint.len() >= 2 => (
+                    redis::from_redis_value_ref(&endpoint[0])?,
+                    redis::from_redis_value_ref(&endpoint[1])?,
+                ),
+                _ => continue,
+            };
+            // An empty or unknown endpoint means "the node you asked".
+            let host = if host.is_empty() || host == "?" {
+                asked.clone()
+            } else {
+                host
+            };
+            map.push((first, last, (host, port)));
+        }
+        map.sort_unstable_by_key(|(first, _, _)| *first);
+        Ok(map)
+    }
+
+    /// This master's own connection, made on first use with the seeds' login and TLS.
+    async fn connection(&self, master: &Addr) -> redis::RedisResult<ConnectionManager> {
+        let known = self
+            .connections
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(master)
+            .cloned();
+        if let Some(con) = known {
+            return Ok(con);
+        }
+        let con = ConnectionManager::new_with_config(
+            self.client(self.info(master))?,
+            super::redis::manager_config(self.timeouts),
+        )
+        .await?;
+        self.connections
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(master.clone(), con.clone());
+        Ok(con)
+    }
+
+    /// The first seed's settings (login, database, TLS) at another node's address.
+    fn info(&self, (host, port): &Addr) -> ConnectionInfo {
+        let seed = self.seeds.nodes[0].clone();
+        let addr = match seed.addr() {
+            ConnectionAddr::TcpTls {
+                insecure,
+                tls_params,
+                ..
+            } => ConnectionAddr::TcpTls {
+                host: host.clone(),
+                port: *port,
+                insecure: *insecure,
+                tls_params: tls_params.clone(),
+            },
+            _ => ConnectionAddr::Tcp(host.clone(), *port),
+        };
+        seed.set_addr(addr)
+    }
+
+    fn client(&self, info: ConnectionInfo) -> redis::RedisResult<redis::Client> {
+        #[cfg(feature = "tls")]
+        if let Some(certs) = &self.seeds.certs {
+            return redis::Client::build_with_tls(info, certs.clone());
+        }
+        redis::Client::open(info)
+    }
+}
+
+fn timed_out(budget: Duration) -> redis::RedisError {
+    std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        format!("no answer within {budget:?}"),
+    )
+    .into()
+}
