@@ -79,15 +79,7 @@ impl redis::aio::ConnectionLike for Connection {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
             Self::Server(c) => c.req_packed_command(cmd),
-            Self::Cluster(c, stall) => {
-                let request = stall.start();
-                let reply = c.req_packed_command(cmd);
-                Box::pin(async move {
-                    let result = reply.await;
-                    request.finish(&result);
-                    result
-                })
-            }
+            Self::Cluster(c, stall) => stall.watch(c.req_packed_command(cmd)),
             Self::Sentinel(c) => c.req_packed_command(cmd),
         }
     }
@@ -100,15 +92,7 @@ impl redis::aio::ConnectionLike for Connection {
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
             Self::Server(c) => c.req_packed_commands(pipeline, offset, count),
-            Self::Cluster(c, stall) => {
-                let request = stall.start();
-                let reply = c.req_packed_commands(pipeline, offset, count);
-                Box::pin(async move {
-                    let result = reply.await;
-                    request.finish(&result);
-                    result
-                })
-            }
+            Self::Cluster(c, stall) => stall.watch(c.req_packed_commands(pipeline, offset, count)),
             Self::Sentinel(c) => c.req_packed_commands(pipeline, offset, count),
         }
     }

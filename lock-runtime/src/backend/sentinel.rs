@@ -114,6 +114,18 @@ impl SentinelConnection {
             .clone()
     }
 
+    /// `reply`, whose failure may start a rediscovery.
+    fn checked<'a, T: Send + 'a>(
+        &'a self,
+        reply: impl std::future::Future<Output = redis::RedisResult<T>> + Send + 'a,
+    ) -> RedisFuture<'a, T> {
+        Box::pin(async move {
+            let result = reply.await;
+            self.check(&result);
+            result
+        })
+    }
+
     /// A failure that says the master may have moved starts a rediscovery.
     fn check<T>(&self, result: &redis::RedisResult<T>) {
         let Err(e) = result else { return };
@@ -176,11 +188,7 @@ impl Shared {
 impl redis::aio::ConnectionLike for SentinelConnection {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         let mut con = self.current();
-        Box::pin(async move {
-            let result = con.req_packed_command(cmd).await;
-            self.check(&result);
-            result
-        })
+        self.checked(async move { con.req_packed_command(cmd).await })
     }
 
     fn req_packed_commands<'a>(
@@ -190,11 +198,7 @@ impl redis::aio::ConnectionLike for SentinelConnection {
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
         let mut con = self.current();
-        Box::pin(async move {
-            let result = con.req_packed_commands(pipeline, offset, count).await;
-            self.check(&result);
-            result
-        })
+        self.checked(async move { con.req_packed_commands(pipeline, offset, count).await })
     }
 
     fn get_db(&self) -> i64 {

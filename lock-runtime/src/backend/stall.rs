@@ -57,6 +57,19 @@ impl Stall {
         }
     }
 
+    /// `reply`, watched from now until it ends.
+    pub(crate) fn watch<'a, T: Send + 'a>(
+        &'a self,
+        reply: redis::RedisFuture<'a, T>,
+    ) -> redis::RedisFuture<'a, T> {
+        let request = self.start();
+        Box::pin(async move {
+            let result = reply.await;
+            request.finish(&result);
+            result
+        })
+    }
+
     /// Whether the client has answered nothing for longer than the limit while asked.
     pub(crate) fn is_stuck(&self) -> bool {
         self.state()
