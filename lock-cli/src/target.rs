@@ -19,6 +19,7 @@ pub enum Target {
 impl Target {
     /// The flags win; otherwise the variables `Registry::from_env` reads, in its order:
     /// `LOCK_REDIS_CLUSTER`, then `LOCK_REDIS_URL` (a comma list is Redlock), then `REDIS_URL`.
+    /// `LOCK_REDIS_SENTINEL` (first in the library's order) is refused with what to pass.
     ///
     /// # Errors
     /// A message saying what to pass when nothing names a deployment.
@@ -37,6 +38,15 @@ impl Target {
         }
         let var = |name| env(name).filter(|v: &String| !v.trim().is_empty());
         let list = |v: String| v.split(',').map(|s| s.trim().to_owned()).collect();
+        if var("LOCK_REDIS_SENTINEL").is_some() {
+            // The services use Sentinel's master; the other variables may name another Redis.
+            return Err(
+                "LOCK_REDIS_SENTINEL is set, and lockctl does not follow Sentinel yet: \
+                        pass the master with --url (`redis-cli -h <sentinel> -p 26379 SENTINEL \
+                        GET-MASTER-ADDR-BY-NAME <name>` tells which it is)"
+                    .to_owned(),
+            );
+        }
         if let Some(seeds) = var("LOCK_REDIS_CLUSTER") {
             return Ok(Self::Cluster(list(seeds)));
         }
@@ -126,6 +136,24 @@ mod tests {
         assert_eq!(
             Target::resolve(&no_flags(), env(&all[2..])),
             Ok(Target::Server("redis://r:1".into()))
+        );
+    }
+
+    #[test]
+    fn a_sentinel_deployment_is_refused_rather_than_another_redis_inspected() {
+        let vars = [
+            ("LOCK_REDIS_SENTINEL", "redis://s:26379"),
+            ("REDIS_URL", "redis://cache:6379"),
+        ];
+        let refused = Target::resolve(&no_flags(), env(&vars)).unwrap_err();
+        assert!(refused.contains("--url"), "{refused}");
+        let args = TargetArgs {
+            url: Some("redis://master:6379/".into()),
+            ..no_flags()
+        };
+        assert_eq!(
+            Target::resolve(&args, env(&vars)),
+            Ok(Target::Server("redis://master:6379/".into()))
         );
     }
 
