@@ -257,12 +257,12 @@ impl RegistryBuilder {
                     .iter()
                     .map(|url| plain(url, "sentinel").map(|c| c.get_connection_info().clone()))
                     .collect::<Result<_, _>>()?;
-                let setup = sentinel_master(&master)?;
+                let (service, master) = sentinel_master(&master)?;
                 Backend::Redis(Box::new(RedisBackend::new(
                     Topology::Sentinel(Arc::new(SentinelSetup {
                         sentinels,
-                        service: setup.0,
-                        master: setup.1,
+                        service,
+                        master,
                     })),
                     timeouts,
                 )))

@@ -391,7 +391,7 @@ impl SubscriberTask {
     ) -> bool {
         match tokio::time::timeout(self.timeouts.command, f).await {
             Ok(Ok(())) => true,
-            Ok(Err(e)) => !(e.is_io_error() || e.is_timeout() || e.is_connection_dropped()),
+            Ok(Err(e)) => !crate::backend::redis::unanswered(&e),
             Err(_) => false,
         }
     }
@@ -418,14 +418,13 @@ impl SubscriberTask {
             match &self.source {
                 Source::Server(client) => self.subscriber(client.as_ref().clone()).await,
                 Source::Sentinel(setup) => {
-                    let master = setup.master().await?;
-                    match Source::server(&master) {
-                        Some(Source::Server(client)) => self.subscriber(*client).await,
-                        _ => Err(redis::RedisError::from((
+                    let master = resp3(&setup.master().await?).ok_or_else(|| {
+                        redis::RedisError::from((
                             redis::ErrorKind::InvalidClientConfig,
                             "the master's address cannot be switched to RESP3",
-                        ))),
-                    }
+                        ))
+                    })?;
+                    self.subscriber(master).await
                 }
                 Source::Cluster(seeds) => seeds
                     .builder()
@@ -465,15 +464,7 @@ impl SubscriberTask {
 impl Source {
     /// A standalone server's client, switched to RESP3 (push messages need it).
     pub(crate) fn server(client: &redis::Client) -> Option<Self> {
-        let info = client.get_connection_info();
-        let resp3 = info.clone().set_redis_settings(
-            info.redis_settings()
-                .clone()
-                .set_protocol(ProtocolVersion::RESP3),
-        );
-        redis::Client::open(resp3)
-            .ok()
-            .map(|c| Self::Server(Box::new(c)))
+        resp3(client).map(|c| Self::Server(Box::new(c)))
     }
 
     fn node(&self) -> String {
@@ -488,4 +479,15 @@ impl Source {
             Self::Sentinel(setup) => setup.node_name(),
         }
     }
+}
+
+/// The same server and login over RESP3 (push messages need it).
+fn resp3(client: &redis::Client) -> Option<redis::Client> {
+    let info = client.get_connection_info();
+    let resp3 = info.clone().set_redis_settings(
+        info.redis_settings()
+            .clone()
+            .set_protocol(ProtocolVersion::RESP3),
+    );
+    redis::Client::open(resp3).ok()
 }

@@ -17,10 +17,10 @@ use futures_util::future::{join_all, select_ok};
 use redis::aio::ConnectionManager;
 use redis::{ConnectionAddr, ConnectionInfo, Value};
 
-use super::redis::ClusterSeeds;
+use super::redis::{renew_chunk, timed_out, ClusterSeeds, Round, RENEW_CHUNK};
 use super::Renewal;
 use crate::key::hash_tag;
-use crate::{scripts, Timeouts};
+use crate::Timeouts;
 
 /// Redis Cluster's slot count.
 const SLOTS: u16 = 16384;
@@ -38,9 +38,6 @@ pub(crate) struct ClusterNodes {
     connections: Mutex<HashMap<Addr, ConnectionManager>>,
     reading: tokio::sync::Mutex<()>,
 }
-
-/// The outcome of one round: a flag per lease (`None`: unknown), and the last failure.
-pub(crate) type Round = (Vec<Option<bool>>, Option<redis::RedisError>);
 
 impl ClusterNodes {
     pub(crate) fn new(seeds: ClusterSeeds, timeouts: Timeouts) -> Self {
@@ -74,56 +71,39 @@ impl ClusterNodes {
             }
         }
         let calls = by_master.into_iter().map(|(master, groups)| async move {
-            let connection = tokio::time::timeout(budget, self.connection(master)).await;
-            let con = match connection {
+            let con = match tokio::time::timeout(budget, self.connection(master)).await {
                 Ok(Ok(con)) => con,
-                Ok(Err(e)) => return vec![(None, Err(e))],
-                Err(_) => return vec![(None, Err(timed_out(budget)))],
+                Ok(Err(e)) => return Err(e),
+                Err(_) => return Err(timed_out(budget)),
             };
             let calls = groups
-                .into_values()
-                .flat_map(|members| {
-                    members
-                        .chunks(super::redis::RENEW_CHUNK)
-                        .map(<[usize]>::to_vec)
-                        .collect::<Vec<_>>()
-                })
+                .values()
+                .flat_map(|members| members.chunks(RENEW_CHUNK))
                 .map(|chunk| {
                     let mut con = con.clone();
                     async move {
-                        let mut call = scripts::RENEW.prepare_invoke();
-                        for &i in &chunk {
-                            call.key(batch[i].redis_key)
-                                .arg(batch[i].token)
-                                .arg(batch[i].ttl_ms);
-                        }
-                        let flags: redis::RedisResult<Vec<i64>> =
-                            tokio::time::timeout(budget, call.invoke_async(&mut con))
-                                .await
-                                .unwrap_or_else(|_| Err(timed_out(budget)));
-                        (Some(chunk), flags)
+                        let flags = renew_chunk(&mut con, batch, chunk, budget).await;
+                        (chunk.to_vec(), flags)
                     }
                 });
-            join_all(calls).await
+            Ok(join_all(calls).await)
         });
-        let mut renewed = vec![None; batch.len()];
-        let mut last_error = None;
-        for (chunk, flags) in join_all(calls).await.into_iter().flatten() {
-            match (chunk, flags) {
-                (Some(chunk), Ok(flags)) => {
-                    for (&i, flag) in chunk.iter().zip(flags) {
-                        renewed[i] = Some(flag == 1);
+        let mut round = Round::new(batch.len());
+        for master in join_all(calls).await {
+            match master {
+                Ok(chunks) => {
+                    for (chunk, flags) in chunks {
+                        round.record(&chunk, flags);
                     }
                 }
-                (_, Err(e)) => last_error = Some(e),
-                (None, Ok(_)) => {}
+                Err(e) => round.fail(e),
             }
         }
-        if last_error.is_some() || renewed.iter().any(Option::is_none) {
+        if round.incomplete() {
             // A master died, moved or failed over, or a slot had no master: read the map again.
             *self.map.lock().unwrap_or_else(PoisonError::into_inner) = None;
         }
-        Some((renewed, last_error))
+        Some(round)
     }
 
     /// The slot map, read from the first node to answer when stale.
@@ -259,12 +239,4 @@ impl ClusterNodes {
         }
         redis::Client::open(info)
     }
-}
-
-fn timed_out(budget: Duration) -> redis::RedisError {
-    std::io::Error::new(
-        std::io::ErrorKind::TimedOut,
-        format!("no answer within {budget:?}"),
-    )
-    .into()
 }

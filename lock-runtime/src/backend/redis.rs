@@ -133,6 +133,84 @@ pub(crate) async fn manager(
     Ok(con)
 }
 
+/// One renewal script call for `chunk` of `batch`, bounded by `budget`: a flag per lock, 1 when
+/// it was renewed.
+pub(crate) async fn renew_chunk(
+    con: &mut impl redis::aio::ConnectionLike,
+    batch: &[Renewal<'_>],
+    chunk: &[usize],
+    budget: Duration,
+) -> redis::RedisResult<Vec<i64>> {
+    let mut call = scripts::RENEW.prepare_invoke();
+    for &i in chunk {
+        call.key(batch[i].redis_key)
+            .arg(batch[i].token)
+            .arg(batch[i].ttl_ms);
+    }
+    tokio::time::timeout(budget, call.invoke_async(con))
+        .await
+        .unwrap_or_else(|_| Err(timed_out(budget)))
+}
+
+/// Whether `e` means the server gave no answer at all (a timeout, a broken or dropped
+/// connection), as opposed to an answer that refused.
+pub(crate) fn unanswered(e: &redis::RedisError) -> bool {
+    e.is_timeout() || e.is_io_error() || e.is_connection_dropped()
+}
+
+/// The error of a call that got no answer within `budget`.
+pub(crate) fn timed_out(budget: Duration) -> redis::RedisError {
+    std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        format!("no answer within {budget:?}"),
+    )
+    .into()
+}
+
+/// One renewal round's outcome, filled in as its calls return: a flag per lock (`None`: its
+/// call failed) and the last failure.
+pub(crate) struct Round {
+    renewed: Vec<Option<bool>>,
+    last_error: Option<redis::RedisError>,
+}
+
+impl Round {
+    pub(crate) fn new(locks: usize) -> Self {
+        Self {
+            renewed: vec![None; locks],
+            last_error: None,
+        }
+    }
+
+    pub(crate) fn record(&mut self, chunk: &[usize], flags: redis::RedisResult<Vec<i64>>) {
+        match flags {
+            Ok(flags) => {
+                for (&i, flag) in chunk.iter().zip(flags) {
+                    self.renewed[i] = Some(flag == 1);
+                }
+            }
+            Err(e) => self.fail(e),
+        }
+    }
+
+    pub(crate) fn fail(&mut self, error: redis::RedisError) {
+        self.last_error = Some(error);
+    }
+
+    /// Whether some lock got no answer.
+    pub(crate) fn incomplete(&self) -> bool {
+        self.last_error.is_some() || self.renewed.iter().any(Option::is_none)
+    }
+
+    /// The flags, or the last failure when no lock got an answer at all.
+    pub(crate) fn finish(self) -> redis::RedisResult<Vec<Option<bool>>> {
+        match self.last_error {
+            Some(e) if self.renewed.iter().all(Option::is_none) => Err(e),
+            _ => Ok(self.renewed),
+        }
+    }
+}
+
 /// `host:port[/db]`: never credentials.
 pub(crate) fn node_name(info: &ConnectionInfo) -> String {
     let db = info.redis_settings().db();
@@ -379,13 +457,8 @@ impl RedisBackend {
         budget: Duration,
     ) -> Result<Vec<Option<bool>>, LockError> {
         if let Some(nodes) = &self.nodes {
-            if let Some((renewed, last_error)) = nodes.renew(batch, budget).await {
-                return match last_error {
-                    Some(e) if renewed.iter().all(Option::is_none) => {
-                        Err(self.error("renew", None, e))
-                    }
-                    _ => Ok(renewed),
-                };
+            if let Some(round) = nodes.renew(batch, budget).await {
+                return round.finish().map_err(|e| self.error("renew", None, e));
             }
         }
         let con = self.connection("renew", None).await?;
@@ -404,40 +477,13 @@ impl RedisBackend {
             .flat_map(|members| members.chunks(RENEW_CHUNK))
             .map(|chunk| {
                 let mut con = con.clone();
-                async move {
-                    let mut call = scripts::RENEW.prepare_invoke();
-                    for &i in chunk {
-                        call.key(batch[i].redis_key)
-                            .arg(batch[i].token)
-                            .arg(batch[i].ttl_ms);
-                    }
-                    let flags: redis::RedisResult<Vec<i64>> =
-                        match tokio::time::timeout(budget, call.invoke_async(&mut con)).await {
-                            Ok(flags) => flags,
-                            Err(_) => Err(redis::RedisError::from(std::io::Error::new(
-                                std::io::ErrorKind::TimedOut,
-                                format!("no answer within {budget:?}"),
-                            ))),
-                        };
-                    (chunk, flags)
-                }
+                async move { (chunk, renew_chunk(&mut con, batch, chunk, budget).await) }
             });
-        let mut renewed = vec![None; batch.len()];
-        let mut last_error = None;
+        let mut round = Round::new(batch.len());
         for (chunk, flags) in join_all(calls).await {
-            match flags {
-                Ok(flags) => {
-                    for (&i, flag) in chunk.iter().zip(flags) {
-                        renewed[i] = Some(flag == 1);
-                    }
-                }
-                Err(e) => last_error = Some(e),
-            }
+            round.record(chunk, flags);
         }
-        match last_error {
-            Some(e) if renewed.iter().all(Option::is_none) => Err(self.error("renew", None, e)),
-            _ => Ok(renewed),
-        }
+        round.finish().map_err(|e| self.error("renew", None, e))
     }
 
     pub(crate) async fn inspect(&self, key: &LockKey) -> Result<LockInfo, LockError> {

@@ -129,10 +129,8 @@ impl SentinelConnection {
     /// A failure that says the master may have moved starts a rediscovery.
     fn check<T>(&self, result: &redis::RedisResult<T>) {
         let Err(e) = result else { return };
-        let moved = e.is_io_error()
-            || e.is_connection_dropped()
+        let moved = super::redis::unanswered(e)
             || e.is_connection_refusal()
-            || e.is_timeout()
             || e.kind() == ErrorKind::Server(redis::ServerErrorKind::ReadOnly);
         if moved && !self.shared.rediscovering.swap(true, Ordering::AcqRel) {
             let shared = self.shared.clone();

@@ -16,6 +16,8 @@
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use super::redis::unanswered;
+
 #[derive(Debug)]
 pub(crate) struct Stall {
     limit: Duration,
@@ -47,7 +49,7 @@ impl Stall {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    pub(crate) fn start(&self) -> Request<'_> {
+    fn start(&self) -> Request<'_> {
         let mut state = self.state();
         state.in_flight += 1;
         state.waiting_since.get_or_insert_with(Instant::now);
@@ -81,12 +83,9 @@ impl Stall {
 impl Request<'_> {
     /// The request ended: any reply from a server (an error reply too) proves the client
     /// works; a timeout or a broken connection does not.
-    pub(crate) fn finish<T>(mut self, result: &redis::RedisResult<T>) {
+    fn finish<T>(mut self, result: &redis::RedisResult<T>) {
         self.done = true;
-        let answered = match result {
-            Ok(_) => true,
-            Err(e) => !(e.is_timeout() || e.is_io_error() || e.is_connection_dropped()),
-        };
+        let answered = result.as_ref().err().is_none_or(|e| !unanswered(e));
         let mut state = self.stall.state();
         state.in_flight -= 1;
         if answered {
