@@ -495,6 +495,22 @@ pub async fn warm_up(registry: &lock_runtime::Registry) {
         .expect("warm-up release");
 }
 
+/// Subscribers of `channel` on the server at `url` (`PUBSUB NUMSUB`), asked on a fresh
+/// unrestricted connection.
+///
+/// # Panics
+/// When the server does not answer.
+pub async fn subscribers(url: &str, channel: &str) -> i64 {
+    let mut con = raw(url).await;
+    let n: Vec<(String, i64)> = redis::cmd("PUBSUB")
+        .arg("NUMSUB")
+        .arg(channel)
+        .query_async(&mut con)
+        .await
+        .expect("PUBSUB NUMSUB");
+    n.first().map_or(0, |(_, n)| *n)
+}
+
 /// Polls `check` every 5 ms until it holds, failing after `limit`: for state that has no event
 /// to await (a key's expiry on the server, or a background release's bookkeeping, which is
 /// finished only after the server's reply has been read).

@@ -2,7 +2,7 @@ use std::time::Duration;
 
 use lock_runtime::{LockError, Registry};
 use lock_tests::sentinel::{RedisSentinels, SERVICE};
-use lock_tests::{free_port, RedisServer};
+use lock_tests::{eventually, free_port, subscribers, RedisServer};
 
 /// Short timeouts, so operations on a dead master fail quickly and are retried by the library
 /// while the sentinels promote the replica.
@@ -53,23 +53,11 @@ async fn locks_are_taken_fenced_and_handed_over_on_the_master_the_sentinels_name
         Ok::<_, LockError>(fence)
     });
     // The waiter subscribes on the master too: wait until it does, then release.
-    let mut master = deployment.master.connection();
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let subscribers: Vec<(String, i64)> = redis::cmd("PUBSUB")
-            .arg("NUMSUB")
-            .arg("lock:deploy:7")
-            .query(&mut master)
-            .unwrap();
-        if subscribers.first().is_some_and(|(_, n)| *n > 0) {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the waiter subscribed"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let master = deployment.master.url();
+    eventually(Duration::from_secs(10), "the waiter subscribed", || async {
+        subscribers(&master, "lock:deploy:7").await > 0
+    })
+    .await;
     guard.release().await.unwrap();
     assert_eq!(waiter.await.unwrap().unwrap(), Some(2));
 }

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use lock_runtime::LostReason;
 use lock_tests::proxy::Proxy;
-use lock_tests::RedisServer;
+use lock_tests::{subscribers, RedisServer};
 use redis::AsyncCommands;
 
 use super::model;
@@ -316,16 +316,7 @@ async fn a_waiter_still_wakes_on_release_after_its_subscription_was_reset() {
             .map(|g| g.token().to_owned())
     });
     // Let the waiter subscribe, then cut its connections (the subscriber's included).
-    let subscribed = |url: String| async move {
-        let mut con = raw(&url).await;
-        let n: Vec<(String, i64)> = redis::cmd("PUBSUB")
-            .arg("NUMSUB")
-            .arg("lock:k")
-            .query_async(&mut con)
-            .await
-            .unwrap();
-        n.first().is_some_and(|(_, n)| *n > 0)
-    };
+    let subscribed = |url: String| async move { subscribers(&url, "lock:k").await > 0 };
     eventually(Duration::from_secs(5), "the waiter subscribed", || {
         subscribed(server.url())
     })

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lock_runtime::{LockError, Registry};
-use lock_tests::RedisServer;
+use lock_tests::{subscribers, RedisServer};
 use redis::AsyncCommands;
 
 use super::monitor::{Entry, Event, Monitor};
@@ -195,18 +195,6 @@ async fn no_other_client_can_release_or_extend_a_lock_with_a_stale_or_forged_tok
     }
     assert!(!held.is_lost());
     held.release().await.unwrap();
-}
-
-/// Subscribers of `channel`, asked on an unrestricted connection.
-async fn subscribers(observe: &str, channel: &str) -> i64 {
-    let mut con = raw(observe).await;
-    let n: Vec<(String, i64)> = redis::cmd("PUBSUB")
-        .arg("NUMSUB")
-        .arg(channel)
-        .query_async(&mut con)
-        .await
-        .unwrap();
-    n.first().map_or(0, |(_, n)| *n)
 }
 
 /// Waits up to 2 s for `check` (a denied command never makes it true: the caller then sees
