@@ -206,7 +206,7 @@ async fn unlock_with_yes_deletes_the_lock_and_its_holder_learns_it_was_stolen() 
         matches!(
             lost,
             LockError::Lost {
-                reason: LostReason::Stolen,
+                reason: LostReason::Gone,
                 ..
             }
         ),

@@ -96,9 +96,13 @@ pub enum LostReason {
     /// No renewal was confirmed before the local deadline (last confirmed renewal + ttl - drift):
     /// Redis was unreachable or too slow, so the key may expire on the server.
     Expired,
-    /// Redis no longer holds this owner's token under the key: it was deleted, overwritten or
-    /// force-unlocked behind the holder's back.
+    /// Another owner's token (or another kind of value) is under the key: it was overwritten,
+    /// or it expired or was deleted and someone else has taken it since.
     Stolen,
+    /// The key was gone from Redis: it expired on the server before a renewal reached it (a
+    /// process or network pause, a server clock jump), or it was deleted (a force-unlock, a
+    /// restart without persistence, a failover to a replica that never received it).
+    Gone,
     /// `max_hold` elapsed, so renewals stopped and the lease ran out.
     MaxHold,
     /// `renew = false` and the lease's `ttl` ran out.
@@ -113,7 +117,8 @@ impl fmt::Display for LostReason {
             Self::Expired => {
                 "no renewal was confirmed before the lease's local deadline (Redis unreachable or too slow)"
             }
-            Self::Stolen => "Redis no longer holds this owner's token (the key was deleted, overwritten or force-unlocked)",
+            Self::Stolen => "another owner's token is under the key (it was overwritten, or taken after it expired or was deleted)",
+            Self::Gone => "the key was gone from Redis (it expired on the server, or was deleted or force-unlocked)",
             Self::MaxHold => "`max_hold` elapsed, so renewal stopped and the lease ran out",
             Self::NotRenewed => "`renew` is off and the lease's `ttl` ran out",
             Self::Shutdown => "the registry was shut down",

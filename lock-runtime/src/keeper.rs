@@ -1,6 +1,9 @@
 //! The lease keeper: one task per registry that renews every held lock and finishes the
 //! releases of dropped guards.
 //!
+//! Each renewal batch runs as a task of its own, with its own budget: a batch stuck on a slow
+//! or silent node delays only the leases in it, never the planning of the others.
+//!
 //! A lock is renewed at a third of its ttl. Locks due within the next sixth of their ttl are
 //! renewed early in the same batch, so however many locks a process holds, renewal costs a few
 //! script calls per interval, not one command per lock. A renewal that fails is retried (never
@@ -15,7 +18,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::backend::{ttl_ms, Renewal};
+use crate::backend::{ttl_ms, Renewal, Renewed};
 use crate::lease::Lease;
 use crate::registry::RegistryInner;
 use crate::LostReason;
@@ -28,7 +31,9 @@ pub(crate) struct Leases {
     pub(crate) wake: Arc<Notify>,
     /// What the keeper sleeps towards; a new lease due earlier wakes it.
     next_wake: Mutex<Option<Instant>>,
-    started: AtomicBool,
+    /// Whether a keeper task runs; cleared when it ends, also when the runtime it ran on is
+    /// dropped (an in-memory registry's keeper runs on its callers' runtime).
+    started: Arc<AtomicBool>,
 }
 
 struct Entry {
@@ -73,7 +78,8 @@ impl Leases {
             },
         );
         if !self.started.swap(true, Ordering::AcqRel) {
-            tokio::spawn(keep(Arc::downgrade(registry)));
+            let running = Running(self.started.clone());
+            registry.spawn_background(keep(Arc::downgrade(registry), running));
         }
         if let Some(at) = next_renew {
             // Wake the keeper only if it would sleep past this lease's first renewal, and record
@@ -157,6 +163,8 @@ impl Leases {
                 entry.next_renew = None;
             } else if at <= now + lease.options.ttl / 6 {
                 plan.renewals.push(lease.clone());
+                // In flight: its batch reschedules it when it ends.
+                entry.next_renew = None;
             } else {
                 plan.next = Some(plan.next.map_or(at, |n| n.min(at)));
             }
@@ -165,7 +173,16 @@ impl Leases {
     }
 }
 
-async fn keep(registry: Weak<RegistryInner>) {
+/// Clears the keeper's `started` flag when the keeper's future is dropped, however that happens.
+struct Running(Arc<AtomicBool>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
+
+async fn keep(registry: Weak<RegistryInner>, _running: Running) {
     let Some(wake) = registry.upgrade().map(|r| r.leases.wake.clone()) else {
         return;
     };
@@ -177,11 +194,14 @@ async fn keep(registry: Weak<RegistryInner>) {
             let now = Instant::now();
             let plan = inner.leases.plan(now);
             for lease in plan.releases {
-                tokio::spawn(release_dropped(inner.clone(), lease));
+                inner.spawn_background(release_dropped(inner.clone(), lease));
             }
             if !plan.renewals.is_empty() {
-                renew(&inner, &plan.renewals, now).await;
-                continue;
+                let batch = inner.clone();
+                inner.spawn_background(async move {
+                    renew(&batch, &plan.renewals, now).await;
+                    batch.leases.wake.notify_one();
+                });
             }
             *inner
                 .leases
@@ -220,14 +240,14 @@ async fn renew(inner: &RegistryInner, leases: &[Arc<Lease>], sent_at: Instant) {
             let now = Instant::now();
             for (lease, outcome) in leases.iter().zip(renewed) {
                 match outcome {
-                    Some(true) => {
+                    Some(Renewed::Yes) => {
                         lease.confirm_renewal(sent_at);
                         inner
                             .leases
                             .reschedule(lease.id, Some(sent_at + lease.options.ttl / 3));
                     }
-                    Some(false) => {
-                        lease.mark_lost(LostReason::Stolen);
+                    Some(lost) => {
+                        lease.mark_lost(lost.lost_reason().unwrap_or(LostReason::Stolen));
                         inner.leases.reschedule(lease.id, None);
                     }
                     None => inner

@@ -38,6 +38,9 @@
 //!   that lock the same key exclude ours. The token is `host:pid:` plus 128 bits from the OS
 //!   random source, fresh for every acquisition. Release and renewal are owner-checked scripts:
 //!   a lock is never released or extended by anyone but its owner.
+//! - **Any runtime.** Redis connections, notification subscribers and lease keepers run on the
+//!   library's own I/O thread, so one [`Registry`] serves every Tokio runtime of the process
+//!   (one per `#[tokio::test]`, say), whichever used it first and whether or not it still runs.
 //! - **Lease keeper.** One task per [`Registry`] renews every held lock at a third of its ttl,
 //!   batching renewals into one script call per batch. Each lease keeps a local deadline: the
 //!   send time of its last confirmed renewal plus ttl minus drift (1 % of ttl + 2 ms). When that
@@ -160,6 +163,7 @@
 mod backend;
 mod current;
 mod error;
+mod io;
 mod keeper;
 mod key;
 mod lease;

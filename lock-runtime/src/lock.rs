@@ -232,7 +232,7 @@ async fn acquire_lease(
                 let Some(current) = &interest else {
                     // Subscribe first, then try again at once: a release that happened since the
                     // failed attempt would otherwise go unnoticed until the lease ran out.
-                    interest = Some(hub.interest(key.channel()).await);
+                    interest = Some(hub.interest(key.channel(), give_up_at).await);
                     continue;
                 };
                 // A lost message costs at most the holder's remaining lease.
@@ -278,8 +278,9 @@ fn backoff(attempt: u32) -> Duration {
 /// After a failed attempt the lock may exist with our token (the reply, not the command, was
 /// lost). Nobody will ever release it, so try once; it would expire by its ttl anyway.
 fn forget_token_in_background(inner: Arc<RegistryInner>, key: LockKey, token: String) {
-    tokio::spawn(async move {
-        let _ = inner.backend.release(&key, &token).await;
+    let task = inner.clone();
+    inner.spawn_background(async move {
+        let _ = task.backend.release(&key, &token).await;
     });
 }
 
@@ -383,6 +384,12 @@ impl LockGuard {
         let leases = &self.inner.leases;
         let lease = &self.lease;
         leases.begin_release(lease.id);
+        let mut unfinished = Unfinished {
+            leases,
+            id: lease.id,
+            keeping: keep.is_some(),
+            armed: true,
+        };
         let outcome = match keep {
             Some(left) => {
                 let renewal = [crate::backend::Renewal {
@@ -397,10 +404,11 @@ impl LockGuard {
                     .await
                 {
                     Ok(kept) => match kept.first().copied().flatten() {
-                        Some(kept) => Ok(kept),
+                        Some(kept) => Ok(kept == crate::backend::Renewed::Yes),
                         // Unconfirmed: deleting in the background would undo `min_hold`, so the
                         // key is left to its current expiry instead.
                         None => {
+                            unfinished.armed = false;
                             leases.remove(lease.id);
                             return Err(LockError::Backend {
                                 node: self.inner.backend.node().to_owned(),
@@ -416,6 +424,7 @@ impl LockGuard {
             }
             None => self.inner.backend.release(&lease.key, &lease.token).await,
         };
+        unfinished.armed = false;
         match outcome {
             Ok(true) => {
                 leases.remove(lease.id);
@@ -437,6 +446,29 @@ impl LockGuard {
                 leases.release_in_background(lease.id);
                 Err(error)
             }
+        }
+    }
+}
+
+/// A release whose future is dropped before the server answered: the keeper finishes it, so the
+/// lease is never left "releasing" forever. A `min_hold` keep is only forgotten (the key keeps
+/// its expiry): deleting it would undo `min_hold`.
+struct Unfinished<'a> {
+    leases: &'a crate::keeper::Leases,
+    id: u64,
+    keeping: bool,
+    armed: bool,
+}
+
+impl Drop for Unfinished<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        if self.keeping {
+            self.leases.remove(self.id);
+        } else {
+            self.leases.release_in_background(self.id);
         }
     }
 }

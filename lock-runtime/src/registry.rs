@@ -24,8 +24,9 @@ pub(crate) struct Timeouts {
 /// A place to take locks: one backend (a Redis server, or memory), a key prefix, and the lease
 /// keeper that renews what this process holds there. Cheap to clone; clones share everything.
 ///
-/// The connections, the keeper and the notification subscriber are started on first use, on
-/// the Tokio runtime that uses the registry first.
+/// The connections, the keeper and the notification subscriber are started on first use. For
+/// Redis they run on the library's own I/O thread, so one registry serves every Tokio runtime
+/// of the process, one after the other or at the same time (one per `#[tokio::test]`).
 #[derive(Clone)]
 pub struct Registry {
     pub(crate) inner: Arc<RegistryInner>,
@@ -46,6 +47,21 @@ impl RegistryInner {
 
     pub(crate) fn next_lease_id(&self) -> u64 {
         self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Runs background work (the keeper, renewal batches, a dropped guard's release) where it
+    /// cannot die with a caller's runtime: on the I/O runtime for Redis. An in-memory registry
+    /// keeps it on the calling runtime instead, because its leases follow that runtime's clock
+    /// (which a test may pause); its keeper restarts on the next runtime if that one is gone.
+    pub(crate) fn spawn_background<F>(&self, task: F)
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        if matches!(self.backend, Backend::Memory(_)) {
+            tokio::spawn(tracing::instrument::WithSubscriber::with_current_subscriber(task));
+        } else {
+            crate::io::spawn(task);
+        }
     }
 }
 

@@ -48,16 +48,20 @@ return 0
 ";
 
 /// `KEYS` locks; `ARGV` token and ttl ms for each key in turn. One script call renews a whole
-/// batch: the keeper sends one command per batch instead of one per lock. Returns 1 or 0 per key;
-/// a lock that is no longer ours is never touched.
+/// batch: the keeper sends one command per batch instead of one per lock. Returns per key 1
+/// (renewed), 0 (no such key: expired or deleted) or -1 (someone else's value); a lock that is
+/// no longer ours is never touched.
 pub(crate) static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(RENEW_LUA));
 const RENEW_LUA: &str = r"
 local out = {}
 for i, key in ipairs(KEYS) do
-  if redis.pcall('GET', key) == ARGV[2 * i - 1] then
+  local value = redis.pcall('GET', key)
+  if value == ARGV[2 * i - 1] then
     out[i] = redis.call('PEXPIRE', key, ARGV[2 * i])
-  else
+  elseif value == false then
     out[i] = 0
+  else
+    out[i] = -1
   end
 end
 return out

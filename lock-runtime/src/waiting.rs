@@ -14,9 +14,11 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use redis::aio::ConnectionManager;
 use redis::{ProtocolVersion, PushInfo, PushKind};
 use tokio::sync::{mpsc, oneshot, Notify};
+use tokio::time::Instant;
 
 /// The waiting side of a registry (or of an in-memory store).
 pub(crate) struct WaitHub {
@@ -139,8 +141,13 @@ impl WaitHub {
         self.shared.wake_one(channel);
     }
 
-    /// Registers interest in `channel` and returns once notifications for it can arrive.
-    pub(crate) async fn interest(&self, channel: &str) -> Interest<'_> {
+    /// Registers interest in `channel` and returns once notifications for it can arrive, or
+    /// at `give_up_at` (the caller's `wait`), whichever comes first.
+    ///
+    /// The interest is counted by the returned guard from the start, so a caller cancelled while
+    /// subscribing gives it back. One node's confirmation is enough (any node's release wakes
+    /// the waiters): a silent node never holds up the others.
+    pub(crate) async fn interest(&self, channel: &str, give_up_at: Instant) -> Interest<'_> {
         let (slot, first) = {
             let mut slots = self.shared.lock();
             let entry = slots
@@ -155,39 +162,41 @@ impl WaitHub {
             entry.interest += 1;
             (entry.slot.clone(), entry.interest == 1)
         };
-        let interest = |notified_by_server| Interest {
+        let mut interest = Interest {
             hub: self,
             channel: channel.to_owned(),
             slot: slot.clone(),
-            notified_by_server,
+            notified_by_server: true,
         };
         if self.subscribers.is_empty() {
-            return interest(true);
+            return interest;
         }
-        let subscribed = *slot
-            .subscribed
-            .get_or_init(|| async {
-                let mut confirmations = Vec::with_capacity(self.subscribers.len());
-                for sub in &self.subscribers {
-                    if first {
-                        sub.ensure_started();
-                    }
-                    let (reply, confirmed) = oneshot::channel();
-                    // Only the first interested waiter of this slot sends it, and a slot's
-                    // unsubscribe is only sent after the slot left the map.
-                    let _ = sub
-                        .commands
-                        .send(Command::Subscribe(channel.to_owned(), reply));
-                    confirmations.push(confirmed);
+        let subscribed = slot.subscribed.get_or_init(|| async {
+            let mut confirmations = FuturesUnordered::new();
+            for sub in &self.subscribers {
+                if first {
+                    sub.ensure_started();
                 }
-                let mut any = false;
-                for confirmed in confirmations {
-                    any |= confirmed.await.unwrap_or(false);
+                let (reply, confirmed) = oneshot::channel();
+                // Sent again by the next waiter if this one is cancelled before a confirmation
+                // (subscribing twice is harmless); a slot's unsubscribe is only sent after the
+                // slot left the map.
+                let _ = sub
+                    .commands
+                    .send(Command::Subscribe(channel.to_owned(), reply));
+                confirmations.push(confirmed);
+            }
+            while let Some(confirmed) = confirmations.next().await {
+                if confirmed.unwrap_or(false) {
+                    return true;
                 }
-                any
-            })
-            .await;
-        interest(subscribed)
+            }
+            false
+        });
+        interest.notified_by_server = tokio::time::timeout_at(give_up_at, subscribed)
+            .await
+            .is_ok_and(|subscribed| *subscribed);
+        interest
     }
 }
 
@@ -205,7 +214,7 @@ impl Subscriber {
             .unwrap_or_else(PoisonError::into_inner)
             .take();
         if let Some(task) = task {
-            tokio::spawn(task.run());
+            crate::io::spawn(task.run());
         }
     }
 }

@@ -20,6 +20,16 @@ impl RedisCluster {
     /// When `redis-server`/`redis-cli` are missing or the cluster does not form.
     #[must_use]
     pub fn start(masters: usize, replicas: usize) -> Self {
+        Self::unformed(masters, replicas).form()
+    }
+
+    /// Starts the servers of a cluster without joining them: no node serves any slot until
+    /// [`form`](Self::form) (for clients that start before their cluster is ready).
+    ///
+    /// # Panics
+    /// When `redis-server` is missing.
+    #[must_use]
+    pub fn unformed(masters: usize, replicas: usize) -> Self {
         let count = masters * (1 + replicas);
         let nodes: Vec<RedisServer> = (0..count)
             .map(|_| {
@@ -37,9 +47,32 @@ impl RedisCluster {
                 ])
             })
             .collect();
+        Self { nodes, masters }
+    }
+
+    /// Joins the nodes with `redis-cli --cluster create` and waits until every node reports
+    /// `cluster_state:ok`.
+    ///
+    /// # Panics
+    /// When `redis-cli` is missing or the cluster does not form.
+    #[must_use]
+    pub fn form(self) -> Self {
+        let cluster = self.create();
+        cluster.wait_until_ok();
+        cluster
+    }
+
+    /// Joins the nodes with `redis-cli --cluster create` and returns as soon as it does, before
+    /// every node agrees on the slots: what a client started right after it meets.
+    ///
+    /// # Panics
+    /// When `redis-cli` is missing or fails.
+    #[must_use]
+    pub fn create(self) -> Self {
+        let replicas = self.nodes.len() / self.masters - 1;
         let mut create = Command::new("redis-cli");
         create.arg("--cluster").arg("create");
-        for node in &nodes {
+        for node in &self.nodes {
             create.arg(format!("127.0.0.1:{}", node.port()));
         }
         create
@@ -56,9 +89,7 @@ impl RedisCluster {
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
-        let cluster = Self { nodes, masters };
-        cluster.wait_until_ok();
-        cluster
+        self
     }
 
     /// Seed URLs of every node.

@@ -19,6 +19,7 @@ use redis::{ConnectionAddr, ConnectionInfo, Value};
 
 use super::redis::{renew_chunk, timed_out, ClusterSeeds, Round, RENEW_CHUNK};
 use super::Renewal;
+use crate::io::{self, OnIo};
 use crate::key::hash_tag;
 use crate::Timeouts;
 
@@ -35,7 +36,7 @@ pub(crate) struct ClusterNodes {
     timeouts: Timeouts,
     /// `None` when stale.
     map: Mutex<Option<Arc<SlotMap>>>,
-    connections: Mutex<HashMap<Addr, ConnectionManager>>,
+    connections: Mutex<HashMap<Addr, OnIo<ConnectionManager>>>,
     reading: tokio::sync::Mutex<()>,
 }
 
@@ -152,14 +153,17 @@ impl ClusterNodes {
         let config = redis::AsyncConnectionConfig::new()
             .set_connection_timeout(Some(self.timeouts.connect))
             .set_response_timeout(Some(self.timeouts.command));
-        let mut con = self
-            .client(info)?
-            .get_multiplexed_async_connection_with_config(&config)
-            .await?;
-        let slots: Vec<Vec<Value>> = redis::cmd("CLUSTER")
-            .arg("SLOTS")
-            .query_async(&mut con)
-            .await?;
+        let client = self.client(info)?;
+        let slots: Vec<Vec<Value>> = io::run(async move {
+            let mut con = client
+                .get_multiplexed_async_connection_with_config(&config)
+                .await?;
+            redis::cmd("CLUSTER")
+                .arg("SLOTS")
+                .query_async(&mut con)
+                .await
+        })
+        .await?;
         let mut map = Vec::with_capacity(slots.len());
         for range in slots {
             let (Some(first), Some(last), Some(master)) =
@@ -191,7 +195,7 @@ impl ClusterNodes {
     }
 
     /// This master's own connection, made on first use with the seeds' login and TLS.
-    async fn connection(&self, master: &Addr) -> redis::RedisResult<ConnectionManager> {
+    async fn connection(&self, master: &Addr) -> redis::RedisResult<OnIo<ConnectionManager>> {
         let known = self
             .connections
             .lock()
@@ -201,11 +205,9 @@ impl ClusterNodes {
         if let Some(con) = known {
             return Ok(con);
         }
-        let con = ConnectionManager::new_with_config(
-            self.client(self.info(master))?,
-            super::redis::manager_config(self.timeouts),
-        )
-        .await?;
+        let client = self.client(self.info(master))?;
+        let config = super::redis::manager_config(self.timeouts);
+        let con = OnIo(io::run(ConnectionManager::new_with_config(client, config)).await?);
         self.connections
             .lock()
             .unwrap_or_else(PoisonError::into_inner)

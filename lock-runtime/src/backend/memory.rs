@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Attempt, LockInfo, Renewal};
+use super::{Attempt, LockInfo, Renewal, Renewed};
 use crate::key::LockKey;
 use crate::waiting::WaitHub;
 
@@ -156,7 +156,7 @@ impl MemoryStore {
         ours
     }
 
-    pub(crate) fn renew(&self, batch: &[Renewal<'_>]) -> Vec<bool> {
+    pub(crate) fn renew(&self, batch: &[Renewal<'_>]) -> Vec<Renewed> {
         let now = Instant::now();
         let mut data = self.inner.data();
         batch
@@ -164,9 +164,10 @@ impl MemoryStore {
             .map(|r| match data.live(r.redis_key, now) {
                 Some(entry) if entry.token == r.token => {
                     entry.expires_at = Some(now + Duration::from_millis(r.ttl_ms));
-                    true
+                    Renewed::Yes
                 }
-                _ => false,
+                Some(_) => Renewed::Taken,
+                None => Renewed::Gone,
             })
             .collect()
     }

@@ -24,6 +24,37 @@ pub(crate) enum Attempt {
     Busy { retry_after: Option<Duration> },
 }
 
+/// What a renewal found for one lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Renewed {
+    /// Still ours; its expiry was set again.
+    Yes,
+    /// No key at all: it expired on the server or was deleted.
+    Gone,
+    /// Someone else's token (or another kind of value) is under the key.
+    Taken,
+}
+
+impl Renewed {
+    /// The script's answer for one lock: 1 renewed, 0 gone, -1 taken.
+    pub(crate) fn from_flag(flag: i64) -> Self {
+        match flag {
+            1 => Self::Yes,
+            0 => Self::Gone,
+            _ => Self::Taken,
+        }
+    }
+
+    /// Why a lease that was not renewed is lost.
+    pub(crate) fn lost_reason(self) -> Option<crate::LostReason> {
+        match self {
+            Self::Yes => None,
+            Self::Gone => Some(crate::LostReason::Gone),
+            Self::Taken => Some(crate::LostReason::Stolen),
+        }
+    }
+}
+
 /// One lock in a renewal batch.
 pub(crate) struct Renewal<'a> {
     pub redis_key: &'a str,
@@ -104,8 +135,8 @@ impl Backend {
         }
     }
 
-    /// Sets the expiry of each lock that is still ours. Per lock: `Some(true)` renewed,
-    /// `Some(false)` no longer ours, `None` unknown (that part of the batch failed; retry).
+    /// Sets the expiry of each lock that is still ours. Per lock: what the server found, or
+    /// `None` when unknown (that part of the batch failed; retry).
     ///
     /// Each call to a node is bounded by `budget`, so one dead node cannot hold back the
     /// renewals that live nodes confirm.
@@ -113,7 +144,7 @@ impl Backend {
         &self,
         batch: &[Renewal<'_>],
         budget: Duration,
-    ) -> Result<Vec<Option<bool>>, LockError> {
+    ) -> Result<Vec<Option<Renewed>>, LockError> {
         match self {
             Self::Redis(n) => n.renew(batch, budget).await,
             Self::Redlock(r) => r.renew(batch, budget).await,

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::future::join_all;
+use futures_util::future::{join_all, BoxFuture, FutureExt, Shared};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, ConnectionInfo, Pipeline, RedisFuture, Value};
@@ -18,7 +18,8 @@ use redis::{Cmd, ConnectionInfo, Pipeline, RedisFuture, Value};
 use super::cluster_nodes::ClusterNodes;
 use super::sentinel::{SentinelConnection, SentinelSetup};
 use super::stall::Stall;
-use super::{ttl_ms, Attempt, LockInfo, Renewal};
+use super::{ttl_ms, Attempt, LockInfo, Renewal, Renewed};
+use crate::io::{self, OnIo};
 use crate::key::{hash_tag, LockKey};
 use crate::scripts;
 use crate::waiting::{Source, WaitHub};
@@ -27,6 +28,7 @@ use crate::{LockError, Timeouts};
 /// Renewal scripts are split so no single script call keeps Redis busy for long.
 pub(crate) const RENEW_CHUNK: usize = 512;
 
+#[derive(Clone)]
 pub(crate) enum Topology {
     Server(Box<redis::Client>),
     Cluster(ClusterSeeds),
@@ -57,14 +59,24 @@ pub(crate) struct RedisBackend {
     topology: Topology,
     node: String,
     timeouts: Timeouts,
-    /// The shared connection once made; replaced when a cluster client is stuck.
-    connection: std::sync::Mutex<Option<Connection>>,
-    /// One connect at a time.
-    connecting: tokio::sync::Mutex<()>,
+    /// Shared with the task that connects, which fills it in even when every caller that
+    /// waited for it has given up.
+    connection: Arc<std::sync::Mutex<ConnectionSlot>>,
     /// In a cluster: renewals straight to each master.
     nodes: Option<ClusterNodes>,
     hub: WaitHub,
 }
+
+/// The shared connection once made (dropped when a cluster client is stuck or its slot map is
+/// wrong), and the attempt under way to make it.
+#[derive(Default)]
+struct ConnectionSlot {
+    ready: Option<Connection>,
+    connecting: Option<Connecting>,
+}
+
+/// A connection attempt running on the I/O runtime, awaited by any number of callers.
+type Connecting = Shared<BoxFuture<'static, Result<Connection, Arc<redis::RedisError>>>>;
 
 /// The shared multiplexed connection of either kind; the scripts run on both.
 #[derive(Clone)]
@@ -133,8 +145,8 @@ pub(crate) async fn manager(
     Ok(con)
 }
 
-/// One renewal script call for `chunk` of `batch`, bounded by `budget`: a flag per lock, 1 when
-/// it was renewed.
+/// One renewal script call for `chunk` of `batch`, bounded by `budget`: a flag per lock (see
+/// [`Renewed::from_flag`]).
 pub(crate) async fn renew_chunk(
     con: &mut impl redis::aio::ConnectionLike,
     batch: &[Renewal<'_>],
@@ -170,7 +182,7 @@ pub(crate) fn timed_out(budget: Duration) -> redis::RedisError {
 /// One renewal round's outcome, filled in as its calls return: a flag per lock (`None`: its
 /// call failed) and the last failure.
 pub(crate) struct Round {
-    renewed: Vec<Option<bool>>,
+    renewed: Vec<Option<Renewed>>,
     last_error: Option<redis::RedisError>,
 }
 
@@ -186,7 +198,7 @@ impl Round {
         match flags {
             Ok(flags) => {
                 for (&i, flag) in chunk.iter().zip(flags) {
-                    self.renewed[i] = Some(flag == 1);
+                    self.renewed[i] = Some(Renewed::from_flag(flag));
                 }
             }
             Err(e) => self.fail(e),
@@ -203,11 +215,34 @@ impl Round {
     }
 
     /// The flags, or the last failure when no lock got an answer at all.
-    pub(crate) fn finish(self) -> redis::RedisResult<Vec<Option<bool>>> {
+    pub(crate) fn finish(self) -> redis::RedisResult<Vec<Option<Renewed>>> {
         match self.last_error {
             Some(e) if self.renewed.iter().all(Option::is_none) => Err(e),
             _ => Ok(self.renewed),
         }
+    }
+}
+
+/// Connects to `topology`; runs on the I/O runtime, so the connection's driver lives there.
+async fn connect(topology: Topology, timeouts: Timeouts) -> redis::RedisResult<Connection> {
+    match topology {
+        Topology::Server(client) => manager(*client, timeouts).await.map(Connection::Server),
+        Topology::Sentinel(setup) => SentinelConnection::connect(setup, timeouts)
+            .await
+            .map(Connection::Sentinel),
+        Topology::Cluster(seeds) => seeds
+            .builder()
+            .connection_timeout(timeouts.connect)
+            .response_timeout(timeouts.command)
+            // The client's own retries against a dead master hold up every pending request,
+            // live masters' renewals included; our keeper and acquire loop retry anyway, and a
+            // client whose slot map is wrong is replaced (see `RedisBackend::error`), as is one
+            // that hangs in its recovery (see `stall`).
+            .retries(0)
+            .build()?
+            .get_async_connection()
+            .await
+            .map(|c| Connection::Cluster(c, Arc::new(Stall::new(timeouts.command)))),
     }
 }
 
@@ -254,8 +289,7 @@ impl RedisBackend {
             topology,
             node,
             timeouts,
-            connection: std::sync::Mutex::new(None),
-            connecting: tokio::sync::Mutex::new(()),
+            connection: Arc::default(),
             nodes,
             hub,
         }
@@ -292,93 +326,105 @@ impl RedisBackend {
     }
 
     fn error(&self, command: &'static str, key: Option<&str>, e: redis::RedisError) -> LockError {
+        if self.is_cluster()
+            && (e.is_cluster_error() || e.kind() == redis::ErrorKind::ClusterConnectionNotFound)
+        {
+            // The client's slot map is wrong (a cluster still forming, a failover, a migrated
+            // slot) and it runs without retries of its own: the next operation builds a client
+            // that reads the map afresh.
+            tracing::debug!(node = %self.node, error = %e, "replacing the cluster client");
+            self.slot().ready = None;
+        }
         LockError::backend(&self.node, command, key, e)
     }
 
-    /// The shared connection, made on first use. A failed connect is not cached: the next
-    /// operation tries again.
-    async fn connection(
-        &self,
-        command: &'static str,
-        key: Option<&str>,
-    ) -> Result<Connection, LockError> {
-        if let Some(con) = self.usable() {
-            return Ok(con);
-        }
-        let _one_at_a_time = self.connecting.lock().await;
-        if let Some(con) = self.usable() {
-            return Ok(con);
-        }
-        let con = match tokio::time::timeout(self.timeouts.connect, self.connect()).await {
-            Ok(Ok(con)) => con,
-            Ok(Err(e)) => {
-                return Err(LockError::Backend {
-                    node: self.node.clone(),
-                    command,
-                    key: key.map(str::to_owned),
-                    message: format!("could not connect: {e}"),
-                    source: Some(std::sync::Arc::new(e)),
-                })
-            }
-            Err(_) => {
-                return Err(LockError::Backend {
-                    node: self.node.clone(),
-                    command,
-                    key: key.map(str::to_owned),
-                    message: format!("could not connect within {:?}", self.timeouts.connect),
-                    source: None,
-                })
-            }
-        };
-        *self.cached() = Some(con.clone());
-        Ok(con)
-    }
-
-    fn cached(&self) -> std::sync::MutexGuard<'_, Option<Connection>> {
+    fn slot(&self) -> std::sync::MutexGuard<'_, ConnectionSlot> {
         self.connection
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// The shared connection, made on first use by a task on the I/O runtime. A caller waits
+    /// for it at most the connect timeout; the attempt goes on without it, so a caller with a
+    /// short budget (a Redlock node's share of a short ttl) still gets a connection next time.
+    /// A failed attempt is not cached: the next operation starts another.
+    async fn connection(
+        &self,
+        command: &'static str,
+        key: Option<&str>,
+    ) -> Result<OnIo<Connection>, LockError> {
+        let attempt = {
+            let mut slot = self.slot();
+            if let Some(con) = self.usable(&mut slot) {
+                return Ok(OnIo(con));
+            }
+            match &slot.connecting {
+                Some(attempt) if attempt.peek().is_none() => attempt.clone(),
+                _ => {
+                    let attempt = self.start_connecting();
+                    slot.connecting = Some(attempt.clone());
+                    attempt
+                }
+            }
+        };
+        let failure = |message: String, source| LockError::Backend {
+            node: self.node.clone(),
+            command,
+            key: key.map(str::to_owned),
+            message,
+            source,
+        };
+        match tokio::time::timeout(self.timeouts.connect, attempt).await {
+            Ok(Ok(con)) => Ok(OnIo(con)),
+            Ok(Err(e)) => Err(failure(format!("could not connect: {e}"), Some(e))),
+            Err(_) => Err(failure(
+                format!("could not connect within {:?}", self.timeouts.connect),
+                None,
+            )),
+        }
+    }
+
+    fn start_connecting(&self) -> Connecting {
+        let (topology, timeouts, slot) = (
+            self.topology.clone(),
+            self.timeouts,
+            self.connection.clone(),
+        );
+        let task = io::spawn(async move {
+            let bound = timeouts.connect.saturating_add(timeouts.command);
+            let made = tokio::time::timeout(bound, connect(topology, timeouts))
+                .await
+                .unwrap_or_else(|_| Err(timed_out(bound)));
+            if let Ok(con) = &made {
+                slot.lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .ready = Some(con.clone());
+            }
+            made.map_err(Arc::new)
+        });
+        async move {
+            task.await
+                .unwrap_or_else(|e| Err(Arc::new(std::io::Error::other(e.to_string()).into())))
+        }
+        .boxed()
+        .shared()
+    }
+
     /// The cached connection, unless it is a cluster client that answers nothing any more
     /// (see `stall`): that one is dropped so the caller connects afresh. Requests already
     /// sent on it finish or time out on their own.
-    fn usable(&self) -> Option<Connection> {
-        let mut cached = self.cached();
-        if let Some(Connection::Cluster(_, stall)) = &*cached {
+    fn usable(&self, slot: &mut ConnectionSlot) -> Option<Connection> {
+        if let Some(Connection::Cluster(_, stall)) = &slot.ready {
             if stall.is_stuck() {
                 tracing::warn!(
                     node = %self.node,
                     "the cluster client has answered nothing for {:?}; replacing it",
                     self.timeouts.command
                 );
-                *cached = None;
+                slot.ready = None;
             }
         }
-        cached.clone()
-    }
-
-    async fn connect(&self) -> redis::RedisResult<Connection> {
-        match &self.topology {
-            Topology::Server(client) => manager(client.as_ref().clone(), self.timeouts)
-                .await
-                .map(Connection::Server),
-            Topology::Sentinel(setup) => SentinelConnection::connect(setup.clone(), self.timeouts)
-                .await
-                .map(Connection::Sentinel),
-            Topology::Cluster(seeds) => seeds
-                .builder()
-                .connection_timeout(self.timeouts.connect)
-                .response_timeout(self.timeouts.command)
-                // The client's own retries against a dead master hold up every pending request,
-                // live masters' renewals included; our keeper and acquire loop retry anyway.
-                // (A client that hangs in its recovery is replaced: see `stall`.)
-                .retries(0)
-                .build()?
-                .get_async_connection()
-                .await
-                .map(|c| Connection::Cluster(c, Arc::new(Stall::new(self.timeouts.command)))),
-        }
+        slot.ready.clone()
     }
 
     pub(crate) async fn acquire(
@@ -455,7 +501,7 @@ impl RedisBackend {
         &self,
         batch: &[Renewal<'_>],
         budget: Duration,
-    ) -> Result<Vec<Option<bool>>, LockError> {
+    ) -> Result<Vec<Option<Renewed>>, LockError> {
         if let Some(nodes) = &self.nodes {
             if let Some(round) = nodes.renew(batch, budget).await {
                 return round.finish().map_err(|e| self.error("renew", None, e));

@@ -11,43 +11,42 @@
 //! locking"). Asking for fencing on Redlock is an error rather than a token that only looks
 //! monotonic.
 
+use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::join_all;
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::time::{timeout, Instant};
 
 use super::redis::{RedisBackend, Topology};
-use super::{Attempt, LockInfo, Renewal};
+use super::{Attempt, LockInfo, Renewal, Renewed};
 use crate::key::LockKey;
 use crate::waiting::WaitHub;
-use crate::{LockError, Timeouts};
+use crate::{io, LockError, Timeouts};
 
 pub(crate) struct Redlock {
-    nodes: Vec<RedisBackend>,
+    nodes: Vec<Arc<RedisBackend>>,
     quorum: usize,
     name: String,
     timeouts: Timeouts,
     hub: WaitHub,
 }
 
+/// One node's reply, or why there was none.
+type Reply<T> = Result<T, LockError>;
+
 impl Redlock {
     pub(crate) fn new(clients: Vec<redis::Client>, timeouts: Timeouts) -> Self {
-        let nodes: Vec<RedisBackend> = clients
+        let nodes: Vec<Arc<RedisBackend>> = clients
             .into_iter()
-            .map(|c| RedisBackend::new(Topology::Server(Box::new(c)), timeouts))
+            .map(|c| Arc::new(RedisBackend::new(Topology::Server(Box::new(c)), timeouts)))
             .collect();
         // A release on any node wakes the waiters; each node's subscription is its own.
-        let hub = WaitHub::redis(
-            nodes.iter().filter_map(RedisBackend::source).collect(),
-            timeouts,
-        );
+        let hub = WaitHub::redis(nodes.iter().filter_map(|n| n.source()).collect(), timeouts);
         let name = format!(
             "redlock({})",
-            nodes
-                .iter()
-                .map(RedisBackend::node)
-                .collect::<Vec<_>>()
-                .join(",")
+            nodes.iter().map(|n| n.node()).collect::<Vec<_>>().join(",")
         );
         Self {
             quorum: nodes.len() / 2 + 1,
@@ -72,6 +71,43 @@ impl Redlock {
             Duration::from_millis(10),
             self.timeouts.command.max(Duration::from_millis(10)),
         )
+    }
+
+    /// Sends `op` to every node at once and yields the replies as they arrive (each bounded by
+    /// `per_node`). Each node's operation runs as a task on the I/O runtime, so a caller that
+    /// stops reading once the outcome is decided never holds the others up, and a straggler's
+    /// command is still sent and its reply read.
+    fn fan_out<T, F, Fut>(
+        &self,
+        per_node: Duration,
+        op: F,
+    ) -> FuturesUnordered<impl Future<Output = Reply<T>>>
+    where
+        T: Send + 'static,
+        F: Fn(Arc<RedisBackend>) -> Fut,
+        Fut: Future<Output = Result<T, LockError>> + Send + 'static,
+    {
+        self.nodes
+            .iter()
+            .map(|node| {
+                let name = node.node().to_owned();
+                let task = io::spawn(op(node.clone()));
+                async move {
+                    let silent = |message: String| LockError::Backend {
+                        node: name.clone(),
+                        command: "redlock",
+                        key: None,
+                        message,
+                        source: None,
+                    };
+                    match timeout(per_node, task).await {
+                        Ok(Ok(reply)) => reply,
+                        Ok(Err(e)) => Err(silent(e.to_string())),
+                        Err(_) => Err(silent(format!("no answer within {per_node:?}"))),
+                    }
+                }
+            })
+            .collect()
     }
 
     fn majority_down(&self, command: &'static str, key: &LockKey, errors: &[String]) -> LockError {
@@ -110,37 +146,44 @@ impl Redlock {
         }
         let per_node = self.node_timeout(ttl);
         let started = Instant::now();
-        let replies = join_all(
-            self.nodes
-                .iter()
-                .map(|n| timeout(per_node, n.acquire(key, token, ttl, false, first))),
-        )
-        .await;
-        let elapsed = started.elapsed();
-        let drift = ttl / 100 + Duration::from_millis(2);
-        let (mut won, mut busy, mut errors, mut refused) = (0, Vec::new(), Vec::new(), None);
-        for (node, reply) in self.nodes.iter().zip(replies) {
+        let mut replies = self.fan_out(per_node, |node| {
+            let (key, token) = (key.clone_names(), token.to_owned());
+            async move { node.acquire(&key, &token, ttl, false, first).await }
+        });
+        let n = self.nodes.len();
+        let (mut won, mut busy, mut errors, mut refused) =
+            (0, Vec::new(), Vec::<String>::new(), None);
+        // Read on while a quorum may still grant, or while it is open whether a failure is
+        // contention (busy) or too few nodes answering.
+        while won < self.quorum
+            && (n - busy.len() - errors.len() >= self.quorum
+                || (won + busy.len() < self.quorum && errors.len() <= n - self.quorum))
+        {
+            let Some(reply) = replies.next().await else {
+                break;
+            };
             match reply {
-                Ok(Ok(Attempt::Acquired { .. })) => won += 1,
-                Ok(Ok(Attempt::Busy { retry_after })) => busy.push(retry_after),
-                Ok(Err(e @ LockError::InvalidKey { .. })) => refused = Some(e),
-                Ok(Err(e)) => errors.push(e.to_string()),
-                Err(_) => errors.push(format!("{}: no answer within {per_node:?}", node.node())),
+                Ok(Attempt::Acquired { .. }) => won += 1,
+                Ok(Attempt::Busy { retry_after }) => busy.push(retry_after),
+                Err(e @ LockError::InvalidKey { .. }) => {
+                    errors.push(e.to_string());
+                    refused = Some(e);
+                }
+                Err(e) => errors.push(e.to_string()),
             }
         }
+        drop(replies);
+        let elapsed = started.elapsed();
+        let drift = ttl / 100 + Duration::from_millis(2);
         let valid = ttl
             .checked_sub(elapsed + drift)
             .is_some_and(|v| !v.is_zero());
         if won >= self.quorum && valid && refused.is_none() {
             return Ok(Attempt::Acquired { fence: None });
         }
-        // Undo everywhere, also where no answer came: the SET may have landed anyway.
-        join_all(
-            self.nodes
-                .iter()
-                .map(|n| timeout(self.timeouts.command, n.release(key, token))),
-        )
-        .await;
+        // Undo everywhere, also where no answer came: the SET may have landed anyway. In the
+        // background: a silent node must not hold up the answer.
+        self.release_in_background(key, token);
         if let Some(e) = refused {
             return Err(e);
         }
@@ -159,52 +202,87 @@ impl Redlock {
         Ok(Attempt::Busy { retry_after })
     }
 
-    pub(crate) async fn release(&self, key: &LockKey, token: &str) -> Result<bool, LockError> {
-        let replies = join_all(
-            self.nodes
-                .iter()
-                .map(|n| timeout(self.timeouts.command, n.release(key, token))),
-        )
-        .await;
-        let mut released = false;
-        let mut errors = Vec::new();
-        for (node, reply) in self.nodes.iter().zip(replies) {
-            match reply {
-                Ok(Ok(r)) => released |= r,
-                Ok(Err(e)) => errors.push(e.to_string()),
-                Err(_) => errors.push(format!("{}: no answer", node.node())),
-            }
+    fn release_in_background(&self, key: &LockKey, token: &str) {
+        for node in &self.nodes {
+            let (node, key, token) = (node.clone(), key.clone_names(), token.to_owned());
+            io::spawn(async move { node.release(&key, &token).await });
         }
-        if errors.len() == self.nodes.len() {
-            return Err(self.majority_down("release", key, &errors));
+    }
+
+    /// `Ok` once a quorum answered (whether any of them still held our token); an error when
+    /// fewer did, so the caller retries: the lock may still stand on a majority.
+    pub(crate) async fn release(&self, key: &LockKey, token: &str) -> Result<bool, LockError> {
+        let mut replies = self.fan_out(self.timeouts.command, |node| {
+            let (key, token) = (key.clone_names(), token.to_owned());
+            async move { node.release(&key, &token).await }
+        });
+        let (mut answered, mut released, mut errors) = (0, false, Vec::new());
+        while answered < self.quorum {
+            match replies.next().await {
+                Some(Ok(deleted)) => {
+                    answered += 1;
+                    released |= deleted;
+                }
+                Some(Err(e)) => errors.push(e.to_string()),
+                None => return Err(self.majority_down("release", key, &errors)),
+            }
         }
         Ok(released)
     }
 
-    /// Per lock: renewed on a quorum, impossible to keep (too many nodes lost our token), or
-    /// unknown (retry).
+    /// Per lock: renewed on a quorum, impossible to keep (too many nodes lost our token: `Taken`
+    /// if any node has another owner's token, else `Gone`), or unknown (retry). Returns as soon
+    /// as every lock is decided.
     pub(crate) async fn renew(
         &self,
         batch: &[Renewal<'_>],
         budget: Duration,
-    ) -> Result<Vec<Option<bool>>, LockError> {
-        let replies = join_all(
-            self.nodes
+    ) -> Result<Vec<Option<Renewed>>, LockError> {
+        let owned: Arc<Vec<(String, String, u64)>> = Arc::new(
+            batch
                 .iter()
-                .map(|n| timeout(budget, n.renew(batch, budget))),
-        )
-        .await;
+                .map(|r| (r.redis_key.to_owned(), r.token.to_owned(), r.ttl_ms))
+                .collect(),
+        );
+        let mut replies = self.fan_out(budget, |node| {
+            let owned = owned.clone();
+            async move {
+                let batch: Vec<Renewal<'_>> = owned
+                    .iter()
+                    .map(|(redis_key, token, ttl_ms)| Renewal {
+                        redis_key,
+                        token,
+                        ttl_ms: *ttl_ms,
+                    })
+                    .collect();
+                node.renew(&batch, budget).await
+            }
+        });
+        let n = self.nodes.len();
         let mut yes = vec![0usize; batch.len()];
         let mut no = vec![0usize; batch.len()];
+        let mut taken = vec![false; batch.len()];
         let mut answered = 0;
-        for flags in replies.into_iter().flatten().flatten() {
+        let decided = |yes: &[usize], no: &[usize]| {
+            yes.iter()
+                .zip(no)
+                .all(|(y, nay)| *y >= self.quorum || *nay > n - self.quorum)
+        };
+        while let Some(reply) = replies.next().await {
+            let Ok(flags) = reply else { continue };
             answered += 1;
             for (i, flag) in flags.into_iter().enumerate() {
                 match flag {
-                    Some(true) => yes[i] += 1,
-                    Some(false) => no[i] += 1,
+                    Some(Renewed::Yes) => yes[i] += 1,
+                    Some(lost) => {
+                        no[i] += 1;
+                        taken[i] |= lost == Renewed::Taken;
+                    }
                     None => {}
                 }
+            }
+            if decided(&yes, &no) {
+                break;
             }
         }
         if answered == 0 {
@@ -216,15 +294,15 @@ impl Redlock {
                 source: None,
             });
         }
-        let n = self.nodes.len();
         Ok(yes
             .into_iter()
             .zip(no)
-            .map(|(yes, no)| {
+            .zip(taken)
+            .map(|((yes, no), taken)| {
                 if yes >= self.quorum {
-                    Some(true)
+                    Some(Renewed::Yes)
                 } else if no > n - self.quorum {
-                    Some(false)
+                    Some(if taken { Renewed::Taken } else { Renewed::Gone })
                 } else {
                     None
                 }

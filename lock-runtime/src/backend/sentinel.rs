@@ -10,8 +10,9 @@
 //!
 //! Sentinel replication is asynchronous: a lock taken on the old master just before it died may
 //! not have reached the replica that replaces it. The lease keeper then finds the key gone at
-//! its next renewal and reports the lease lost (`Stolen` if another holder took it first). No
-//! Redis lock avoids that window on a failover; fencing tokens make it harmless to storage.
+//! its next renewal and reports the lease lost (`Gone`, or `Stolen` if another holder took it
+//! first). No Redis lock avoids that window on a failover; fencing tokens make it harmless to
+//! storage.
 
 use redis::aio::ConnectionManager;
 use redis::sentinel::{SentinelClientBuilder, SentinelServerType};

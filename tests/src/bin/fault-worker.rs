@@ -643,6 +643,7 @@ async fn victim(args: Args) {
         Some("continue") => OnLost::Continue,
         _ => OnLost::Cancel,
     };
+    let in_flight = std::sync::Mutex::new(None::<tokio::task::JoinHandle<()>>);
     let outcome = registry
         .lock(key)
         .ttl(args.ms("ttl-ms", 1000))
@@ -670,20 +671,35 @@ async fn victim(args: Args) {
                 ));
             }
             if write_after {
-                let result = if fencing {
-                    match store.call(fence, "write", read + 1).await.expect("store") {
-                        Some(_) => "accepted",
-                        None => "rejected",
-                    }
-                } else {
-                    store.plain_write(read + 1).await.expect("store");
-                    "accepted"
-                };
-                out(&format!("wrote {result}"));
+                // The process stopped in the middle of sending its write: once it resumes the
+                // write is on its way whatever the lock does (a cancelled body included), so it
+                // runs as a task of its own. Fencing, not the lock, is what can refuse it.
+                let store = store.clone();
+                let (done, written) = tokio::sync::oneshot::channel();
+                let write = tokio::spawn(async move {
+                    let result = if fencing {
+                        match store.call(fence, "write", read + 1).await.expect("store") {
+                            Some(_) => "accepted",
+                            None => "rejected",
+                        }
+                    } else {
+                        store.plain_write(read + 1).await.expect("store");
+                        "accepted"
+                    };
+                    out(&format!("wrote {result}"));
+                    let _ = done.send(());
+                });
+                *in_flight.lock().expect("not poisoned") = Some(write);
+                written.await.expect("the write task");
             }
             Ok::<_, LockError>(())
         })
         .await;
+    // A body cancelled while its write was in flight: the write still lands before `exit`.
+    let write = in_flight.lock().expect("not poisoned").take();
+    if let Some(write) = write {
+        write.await.expect("the write task");
+    }
     match outcome {
         Ok(()) => out("outcome ok"),
         Err(e) => out(&format!("outcome {}", outcome_of(&e))),

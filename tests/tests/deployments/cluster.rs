@@ -191,3 +191,59 @@ async fn after_a_failover_a_second_holder_is_never_silent() {
         }
     }
 }
+
+/// A registry that meets its cluster while it is still forming retries within `wait` and
+/// succeeds once the cluster answers (a client whose slot map is wrong is replaced).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registry_started_before_its_cluster_formed_locks_once_it_has() {
+    let unformed = RedisCluster::unformed(3, 0);
+    let reg = registry(&unformed);
+    let keys: Vec<String> = (0..30).map(|i| format!("job:{i}")).collect();
+    // Waiters already trying while the slots are being assigned.
+    let tasks: Vec<_> = keys
+        .iter()
+        .map(|key| {
+            let (reg, key) = (reg.clone(), key.clone());
+            tokio::spawn(async move {
+                reg.lock(key)
+                    .fencing(true)
+                    .wait(Duration::from_secs(30))
+                    .acquire()
+                    .await
+            })
+        })
+        .collect();
+    let cluster = tokio::task::spawn_blocking(move || unformed.form())
+        .await
+        .unwrap();
+    for task in tasks {
+        let guard = task.await.unwrap().expect("locked once the cluster formed");
+        guard.release().await.unwrap();
+    }
+    // And the registry keeps working afterwards.
+    let guard = reg.lock("after").acquire().await.unwrap();
+    guard.release().await.unwrap();
+    drop(cluster);
+}
+
+/// Fresh registries against a cluster that `redis-cli --cluster create` has just returned from,
+/// before every node agrees on the slots.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fresh_registries_lock_on_a_cluster_created_a_moment_ago() {
+    for _ in 0..3 {
+        let cluster = RedisCluster::unformed(3, 0).create();
+        for i in 0..5 {
+            let reg = registry(&cluster);
+            for key in ["a", "b", "c", "{t}:d"] {
+                let guard = reg
+                    .lock(format!("{key}:{i}"))
+                    .fencing(true)
+                    .wait(Duration::from_secs(15))
+                    .acquire()
+                    .await
+                    .unwrap_or_else(|e| panic!("registry {i}, key {key}: {e}"));
+                guard.release().await.unwrap();
+            }
+        }
+    }
+}

@@ -107,14 +107,18 @@ async fn a_majority_down_fails_cleanly_within_wait() {
         err.to_string().contains("only 1 of 3 nodes answered"),
         "{err}"
     );
-    let survivor: Option<String> = redis::cmd("GET")
-        .arg("lock:k")
-        .query(&mut nodes[2].connection())
-        .unwrap();
-    assert_eq!(
-        survivor, None,
-        "the failed attempt was undone on the node that granted it"
-    );
+    // The undo runs in the background, so a silent node cannot hold up the answer.
+    let survivor = nodes[2].url();
+    lock_tests::eventually(
+        Duration::from_secs(10),
+        "the failed attempt undone on the node that granted it",
+        || async {
+            let mut con = lock_tests::raw(&survivor).await;
+            let left: Option<String> = redis::AsyncCommands::get(&mut con, "lock:k").await.unwrap();
+            left.is_none()
+        },
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -168,9 +172,11 @@ async fn contending_registries_never_both_hold_while_nodes_fail_and_return() {
 async fn a_holder_learns_it_lost_when_a_majority_restarts_without_persistence() {
     let mut nodes = nodes(3);
     let (a, b) = (registry(&nodes), registry(&nodes));
+    // A long ttl, so the next renewal (ttl/3) comes after the other client took the key:
+    // the holder then finds another owner's token (`Stolen`), not an empty key (`Gone`).
     let guard = a
         .lock("amnesia")
-        .ttl(Duration::from_millis(900))
+        .ttl(Duration::from_secs(9))
         .acquire()
         .await
         .unwrap();
@@ -196,4 +202,173 @@ async fn a_holder_learns_it_lost_when_a_majority_restarts_without_persistence() 
         "{err:?}"
     );
     assert!(!taken.is_lost());
+}
+
+/// Regression (issue 10, item 2): with one node SIGSTOPped for the whole run, every operation
+/// waited for that node's timeout, so contending waiters ran out of `wait` while the lock was
+/// free within milliseconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_are_served_while_a_minority_node_stays_paused() {
+    let nodes = nodes(3);
+    nodes[2].pause();
+    let reg = Registry::builder()
+        .redlock(nodes.iter().map(RedisServer::url))
+        .build()
+        .unwrap();
+    let tasks: Vec<_> = (0..10)
+        .map(|_| {
+            let reg = reg.clone();
+            tokio::spawn(async move {
+                reg.lock("contended")
+                    .ttl(Duration::from_secs(60))
+                    .wait(Duration::from_secs(20))
+                    .run(async {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        Ok::<_, LockError>(())
+                    })
+                    .await
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap().expect("served within `wait`");
+    }
+    nodes[2].resume();
+}
+
+/// Regression (issue 10, item 4): a waiter awaited every node's subscription in turn with no
+/// deadline, so one black-holed node cost each contended key the full connect timeout.
+#[tokio::test]
+async fn a_black_holed_node_does_not_stretch_a_wait_past_its_budget() {
+    let nodes = nodes(3);
+    let proxy = lock_tests::proxy::Proxy::start(nodes[2].port());
+    let urls = [nodes[0].url(), nodes[1].url(), proxy.url()];
+    let slow = || {
+        Registry::builder()
+            .redlock(urls.clone())
+            .connect_timeout(Duration::from_secs(30))
+            .command_timeout(Duration::from_secs(30))
+            .build()
+            .unwrap()
+    };
+    let (holder, waiter) = (slow(), slow());
+    let held = holder
+        .lock("k")
+        .ttl(Duration::from_secs(60))
+        .acquire()
+        .await
+        .unwrap();
+    proxy.blackhole();
+    let outcome = tokio::time::timeout(
+        Duration::from_secs(20),
+        waiter.lock("k").wait(Duration::from_millis(300)).acquire(),
+    )
+    .await
+    .expect("bounded by `wait`, not by the silent node's 30 s timeouts");
+    assert!(outcome.unwrap_err().is_busy());
+    proxy.heal();
+    held.release().await.unwrap();
+}
+
+/// Regression (issue 10, item 7): a release that one node confirmed while the majority was
+/// silent reported success, and nothing retried it: the lock stood on a majority for its ttl.
+#[tokio::test]
+async fn a_release_that_missed_a_majority_is_reported_and_retried() {
+    let nodes = nodes(3);
+    let proxies = [
+        lock_tests::proxy::Proxy::start(nodes[1].port()),
+        lock_tests::proxy::Proxy::start(nodes[2].port()),
+    ];
+    let reg = Registry::builder()
+        .redlock([nodes[0].url(), proxies[0].url(), proxies[1].url()])
+        .connect_timeout(Duration::from_millis(300))
+        .command_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let guard = reg
+        .lock("k")
+        .ttl(Duration::from_secs(60))
+        .renew(false)
+        .acquire()
+        .await
+        .unwrap();
+    for proxy in &proxies {
+        proxy.blackhole();
+    }
+    let err = guard.release().await.expect_err("a quorum did not confirm");
+    assert!(
+        err.to_string().contains("only 1 of 3 nodes answered"),
+        "{err}"
+    );
+    for proxy in &proxies {
+        // The release sent into the black hole is lost with its connection.
+        proxy.reset_all();
+        proxy.heal();
+    }
+    // Free again on a quorum (the retry stops once a quorum answered; a straggler's copy
+    // expires by its ttl), long before the 60 s ttl.
+    let other = registry(&nodes);
+    lock_tests::eventually(
+        Duration::from_secs(20),
+        "released on a quorum by the background retry",
+        || async {
+            match other.lock("k").acquire().await {
+                Ok(guard) => {
+                    guard.release().await.unwrap();
+                    true
+                }
+                Err(e) if e.is_busy() => false,
+                Err(e) => panic!("{e}"),
+            }
+        },
+    )
+    .await;
+    lock_tests::eventually(
+        Duration::from_secs(5),
+        "no longer listed as held",
+        || async { reg.held().is_empty() },
+    )
+    .await;
+}
+
+/// Regression (issue 10, item 9): a node's share of the ttl (ttl/10) also bounded connecting,
+/// and a connect cut short was thrown away, so over a slow link a node never connected.
+#[tokio::test]
+async fn a_slow_node_connects_although_its_share_of_a_short_ttl_is_shorter_than_connecting() {
+    let nodes = nodes(3);
+    let slow = lock_tests::proxy::Proxy::start(nodes[2].port());
+    // Each node may answer within 30 ms (ttl/10); a round trip over this link takes 120 ms.
+    slow.set_latency(Duration::from_millis(60));
+    let reg = Registry::builder()
+        .redlock([nodes[0].url(), nodes[1].url(), slow.url()])
+        .connect_timeout(Duration::from_secs(5))
+        .command_timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let mut slow_node = nodes[2].connection();
+    // Acquisitions only (no renewal, no release until the end): nothing but the acquisitions'
+    // own budget could make the slow node's connection.
+    let mut held = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while lock_tests::command_calls(&mut slow_node)
+        .get("set")
+        .copied()
+        .unwrap_or(0)
+        == 0
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the slow node never connected: {} acquisitions sent none of their SETs to it",
+            held.len()
+        );
+        let guard = reg
+            .lock(format!("k{}", held.len()))
+            .ttl(Duration::from_millis(300))
+            .renew(false)
+            .acquire()
+            .await
+            .expect("a quorum of the fast nodes");
+        held.push(guard);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }

@@ -179,9 +179,10 @@ async fn no_other_client_can_release_or_extend_a_lock_with_a_stale_or_forged_tok
         let released = replay(&mut con, &release, &old_token, forged).await;
         assert_eq!(released, redis::Value::Int(0), "release with {forged:?}");
         let renewed = replay(&mut con, &renew, &old_token, forged).await;
+        // -1: someone else's lock, left untouched.
         assert_eq!(
             renewed,
-            redis::Value::Array(vec![redis::Value::Int(0)]),
+            redis::Value::Array(vec![redis::Value::Int(-1)]),
             "renew with {forged:?}"
         );
         let (value, after): (String, i64) = redis::pipe()

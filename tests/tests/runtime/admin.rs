@@ -52,7 +52,18 @@ async fn force_unlock_frees_the_key_wakes_waiters_and_the_holder_learns_it_lost(
     assert!(admin.force_unlock("stuck").await.unwrap());
     let taken = waiting.await.unwrap().expect("woken by the force-unlock");
     let err = guard.lost().await;
-    assert_lost(&err, LostReason::Stolen);
+    // `Stolen` when the waiter took the key before the holder's next renewal, `Gone` when the
+    // renewal came first: both are what happened.
+    assert!(
+        matches!(
+            err,
+            lock_runtime::LockError::Lost {
+                reason: LostReason::Stolen | LostReason::Gone,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
     assert_eq!(
         admin.inspect("stuck").await.unwrap().owner.as_deref(),
         Some(taken.token()),

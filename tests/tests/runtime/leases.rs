@@ -53,7 +53,8 @@ async fn a_key_deleted_behind_the_holders_back_cancels_the_body_with_lost() {
     let _: () = con.del("lock:stolen").await.unwrap();
     let err = run.await.unwrap().unwrap_err();
     assert!(
-        matches!(err, LockError::Lost { reason: LostReason::Stolen, ref key } if key == "stolen"),
+        // Regression (issue 10, item 11): a key that is simply gone was reported `Stolen`.
+        matches!(err, LockError::Lost { reason: LostReason::Gone, ref key } if key == "stolen"),
         "{err:?}"
     );
     assert!(
@@ -246,4 +247,44 @@ async fn a_holder_process_killed_without_releasing_frees_the_lock_within_its_ttl
         .acquire()
         .await
         .expect("free within the ttl");
+}
+
+/// Regression (issue 10, item 6): a release future dropped while its command was in flight left
+/// the lease marked "releasing" forever: never retried, listed by `held()` forever.
+#[tokio::test]
+async fn a_release_cancelled_in_flight_is_finished_in_the_background() {
+    let server = RedisServer::start();
+    let proxy = lock_tests::proxy::Proxy::start(server.port());
+    let reg = lock_runtime::Registry::builder()
+        .url(proxy.url())
+        .connect_timeout(Duration::from_secs(10))
+        .command_timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    lock_tests::warm_up(&reg).await;
+    let guard = reg
+        .lock("k")
+        .ttl(Duration::from_secs(60))
+        .acquire()
+        .await
+        .unwrap();
+    proxy.set_latency(Duration::from_millis(50));
+    let cancelled = tokio::time::timeout(Duration::from_millis(10), guard.release()).await;
+    assert!(
+        cancelled.is_err(),
+        "cancelled while the release was in flight"
+    );
+    proxy.set_latency(Duration::ZERO);
+    eventually(
+        Duration::from_secs(10),
+        "no longer listed as held",
+        || async { reg.held().is_empty() },
+    )
+    .await;
+    let mut con = raw(&server).await;
+    let left: Option<String> = con.get("lock:k").await.unwrap();
+    assert_eq!(
+        left, None,
+        "released on the server, long before its 60 s ttl"
+    );
 }

@@ -139,3 +139,99 @@ async fn a_lock_freed_by_expiry_is_taken_without_any_release_message() {
     let value: String = con.get("lock:expiring").await.unwrap();
     assert_eq!(value, guard.token());
 }
+
+/// Regression (issue 10, item 5): a waiter cancelled while its subscription was on its way kept
+/// its interest counted forever, so the channel was never unsubscribed (and was subscribed
+/// again on every reconnect).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_cancelled_while_subscribing_leave_no_subscription_behind() {
+    const KEYS: usize = 1000;
+    let server = RedisServer::start();
+    let proxy = lock_tests::proxy::Proxy::start(server.port());
+    let reg = lock_runtime::Registry::builder()
+        .url(proxy.url())
+        .connect_timeout(Duration::from_secs(10))
+        .command_timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    // Connection and subscriber made before the latency, so each step below costs round trips
+    // only: a refused attempt is two (`SET NX`, then the script that reads the holder's
+    // lease), the subscription one more.
+    lock_tests::warm_up(&reg).await;
+    let held = reg.lock("warm").acquire().await.unwrap();
+    let waiter = reg.clone();
+    let waiting = tokio::spawn(async move {
+        waiter
+            .lock("warm")
+            .wait(Duration::from_secs(30))
+            .acquire()
+            .await
+    });
+    until_subscribed(&server, "lock:warm", 1).await;
+    held.release().await.unwrap();
+    waiting.await.unwrap().unwrap().release().await.unwrap();
+
+    let mut con = raw(&server).await;
+    let mut foreign = redis::pipe();
+    foreign.set_options(
+        "lock:barrier",
+        "another-service",
+        redis::SetOptions::default().with_expiration(redis::SetExpiry::PX(60_000)),
+    );
+    for i in 0..KEYS {
+        foreign.set_options(
+            format!("lock:busy:{i}"),
+            "another-service",
+            redis::SetOptions::default().with_expiration(redis::SetExpiry::PX(60_000)),
+        );
+    }
+    let () = foreign.query_async(&mut con).await.unwrap();
+
+    let rtt = Duration::from_millis(100);
+    proxy.set_latency(rtt / 2);
+    // Cancelled after the two round trips of the refused attempt, while subscribing.
+    let cancelled = futures_util::future::join_all((0..KEYS).map(|i| {
+        tokio::time::timeout(
+            rtt * 5 / 2,
+            reg.lock(format!("busy:{i}"))
+                .wait(Duration::from_secs(60))
+                .acquire(),
+        )
+    }))
+    .await;
+    assert!(
+        cancelled.iter().all(Result::is_err),
+        "every waiter was cancelled"
+    );
+    proxy.set_latency(Duration::ZERO);
+
+    // A barrier: the subscriber handles its commands in order, so once one more waiter's
+    // subscription shows on the server, every earlier subscribe and unsubscribe has been done.
+    let barrier = reg.clone();
+    let last = tokio::spawn(async move {
+        barrier
+            .lock("barrier")
+            .wait(Duration::from_secs(60))
+            .acquire()
+            .await
+    });
+    until_subscribed(&server, "lock:barrier", 1).await;
+    let channels: Vec<String> = (0..KEYS).map(|i| format!("lock:busy:{i}")).collect();
+    let counts: Vec<(String, i64)> = redis::cmd("PUBSUB")
+        .arg("NUMSUB")
+        .arg(&channels)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let left: Vec<&String> = counts
+        .iter()
+        .filter(|(_, n)| *n != 0)
+        .map(|(c, _)| c)
+        .collect();
+    assert!(
+        left.is_empty(),
+        "{} channels still subscribed: {left:?}",
+        left.len()
+    );
+    last.abort();
+}

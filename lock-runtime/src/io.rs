@@ -1,0 +1,90 @@
+//! The library's own I/O runtime: one thread that runs every Redis connection, subscriber and
+//! Redis lease keeper, whichever runtime the callers use.
+//!
+//! redis-rs spawns each connection's driver (and each reconnection) with `tokio::spawn` on the
+//! runtime that happens to be current. A registry is process-wide while runtimes come and go
+//! (one per `#[tokio::test]`; a current-thread runtime runs its tasks only inside `block_on`),
+//! so a connection made from one runtime would die with it, or stall while it idles. Here every
+//! command is sent from a task on this runtime; callers only await the reply, from anywhere.
+
+use std::future::Future;
+use std::sync::OnceLock;
+
+use redis::aio::ConnectionLike;
+use redis::{Cmd, Pipeline, RedisFuture, Value};
+use tokio::runtime::Handle;
+use tokio::task::JoinHandle;
+use tracing::instrument::WithSubscriber;
+
+/// The runtime's handle; the thread is started on first use and lives as long as the process.
+fn handle() -> &'static Handle {
+    static HANDLE: OnceLock<Handle> = OnceLock::new();
+    HANDLE.get_or_init(|| {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("lock-runtime: could not build its I/O runtime");
+        let handle = runtime.handle().clone();
+        std::thread::Builder::new()
+            .name("lock-runtime-io".into())
+            .spawn(move || runtime.block_on(std::future::pending::<()>()))
+            .expect("lock-runtime: could not start its I/O thread");
+        handle
+    })
+}
+
+/// Spawns `task` on the I/O runtime.
+pub(crate) fn spawn<F>(task: F) -> JoinHandle<F::Output>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    // Its events go to the subscriber of the code that started it, as they would on the
+    // caller's own runtime (a test's `set_default` subscriber included).
+    handle().spawn(task.with_current_subscriber())
+}
+
+/// Runs `task` on the I/O runtime and awaits its output from the calling runtime. Dropping the
+/// returned future does not cancel `task`: a command once started is sent and its reply read.
+pub(crate) async fn run<F>(task: F) -> F::Output
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    match spawn(task).await {
+        Ok(output) => output,
+        Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
+        // The runtime is never shut down and its tasks are never aborted.
+        Err(error) => unreachable!("lock-runtime I/O task cancelled: {error}"),
+    }
+}
+
+/// A connection whose every request runs on the I/O runtime.
+#[derive(Clone)]
+pub(crate) struct OnIo<C>(pub C);
+
+impl<C> ConnectionLike for OnIo<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        let (mut con, cmd) = (self.0.clone(), cmd.clone());
+        Box::pin(run(async move { con.req_packed_command(&cmd).await }))
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        let (mut con, pipeline) = (self.0.clone(), pipeline.clone());
+        Box::pin(run(async move {
+            con.req_packed_commands(&pipeline, offset, count).await
+        }))
+    }
+
+    fn get_db(&self) -> i64 {
+        self.0.get_db()
+    }
+}
