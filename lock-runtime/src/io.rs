@@ -7,6 +7,7 @@
 //! so a connection made from one runtime would die with it, or stall while it idles. Here every
 //! command is sent from a task on this runtime; callers only await the reply, from anywhere.
 
+use std::cell::Cell;
 use std::future::Future;
 use std::sync::OnceLock;
 
@@ -27,10 +28,22 @@ fn handle() -> &'static Handle {
         let handle = runtime.handle().clone();
         std::thread::Builder::new()
             .name("lock-runtime-io".into())
-            .spawn(move || runtime.block_on(std::future::pending::<()>()))
+            .spawn(move || {
+                ON_IO_THREAD.set(true);
+                runtime.block_on(std::future::pending::<()>());
+            })
             .expect("lock-runtime: could not start its I/O thread");
         handle
     })
+}
+
+thread_local! {
+    static ON_IO_THREAD: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether the caller already runs on the I/O runtime (which has a single thread).
+fn on_io_thread() -> bool {
+    ON_IO_THREAD.get()
 }
 
 /// Spawns `task` on the I/O runtime.
@@ -46,11 +59,15 @@ where
 
 /// Runs `task` on the I/O runtime and awaits its output from the calling runtime. Dropping the
 /// returned future does not cancel `task`: a command once started is sent and its reply read.
+/// Already on the I/O runtime, `task` simply runs in place (no hop, and no thread to wake).
 pub(crate) async fn run<F>(task: F) -> F::Output
 where
     F: Future + Send + 'static,
     F::Output: Send + 'static,
 {
+    if on_io_thread() {
+        return task.await;
+    }
     match spawn(task).await {
         Ok(output) => output,
         Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),

@@ -98,7 +98,16 @@ impl LockRequest {
                 done: true,
             });
         }
-        let lease = acquire_lease(&inner, self.key, self.options).await?;
+        let lease = if matches!(inner.backend, crate::backend::Backend::Memory(_)) {
+            // In memory: on the caller's runtime, whose clock the leases follow.
+            acquire_lease(inner.clone(), self.key, self.options).await?
+        } else {
+            // The whole acquisition (attempts, subscribing, waiting) runs on the I/O runtime,
+            // next to the connections: a release notification wakes the waiter there and its
+            // next attempt goes out at once, with no other thread to wake in between; only the
+            // outcome crosses over to the caller.
+            acquire_on_io(inner.clone(), self.key, self.options).await?
+        };
         Ok(LockGuard {
             inner,
             lease,
@@ -179,12 +188,39 @@ impl LockRequest {
     }
 }
 
-/// Acquires with `token`, waiting for notifications while the lock is busy.
-async fn acquire_lease(
-    inner: &Arc<RegistryInner>,
+/// [`acquire_lease`] as a task on the I/O runtime, cancelled when the caller stops waiting. A
+/// lock taken just as the caller gave up is released, never left held with no guard.
+async fn acquire_on_io(
+    inner: Arc<RegistryInner>,
     key: String,
     options: LockOptions,
 ) -> Result<Arc<Lease>, LockError> {
+    struct AbortOnDrop(tokio::task::AbortHandle);
+    impl Drop for AbortOnDrop {
+        fn drop(&mut self) {
+            self.0.abort();
+        }
+    }
+    let (deliver, delivered) = tokio::sync::oneshot::channel();
+    let task = crate::io::spawn(async move {
+        let outcome = acquire_lease(inner.clone(), key, options).await;
+        if let Err(Ok(lease)) = deliver.send(outcome) {
+            inner.leases.release_in_background(lease.id);
+        }
+    });
+    let _cancel_with_the_caller = AbortOnDrop(task.abort_handle());
+    delivered
+        .await
+        .unwrap_or_else(|_| panic!("lock-runtime: the acquisition task ended without an outcome"))
+}
+
+/// Acquires with `token`, waiting for notifications while the lock is busy.
+async fn acquire_lease(
+    inner: Arc<RegistryInner>,
+    key: String,
+    options: LockOptions,
+) -> Result<Arc<Lease>, LockError> {
+    let inner = &inner;
     options.validate(&key)?;
     let key = inner.lock_key(key)?;
     let token = token::new_token();

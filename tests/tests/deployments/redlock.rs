@@ -24,22 +24,37 @@ async fn a_lock_is_held_on_a_quorum_and_released_on_every_node() {
     let (a, b) = (registry(&nodes), registry(&nodes));
     assert!(a.node().starts_with("redlock(127.0.0.1:"), "{}", a.node());
     let guard = a.lock("job").acquire().await.unwrap();
-    for node in &nodes {
-        let value: Option<String> = redis::cmd("GET")
-            .arg("lock:job")
-            .query(&mut node.connection())
-            .unwrap();
-        assert_eq!(value.as_deref(), Some(guard.token()));
-    }
+    let holding = |token: Option<String>| {
+        let nodes = &nodes;
+        move || {
+            let token = token.clone();
+            async move {
+                let mut holders = 0;
+                for node in nodes {
+                    let mut con = lock_tests::raw(&node.url()).await;
+                    let value: Option<String> = redis::AsyncCommands::get(&mut con, "lock:job")
+                        .await
+                        .unwrap();
+                    holders += usize::from(value == token);
+                }
+                holders
+            }
+        }
+    };
+    // Acquisition returns once a quorum granted; the last node's SET lands right after.
+    assert!(holding(Some(guard.token().to_owned()))().await >= 2);
+    lock_tests::eventually(Duration::from_secs(5), "held on every node", || async {
+        holding(Some(guard.token().to_owned()))().await == 3
+    })
+    .await;
     assert!(b.lock("job").acquire().await.unwrap_err().is_busy());
     guard.release().await.unwrap();
-    for node in &nodes {
-        let exists: bool = redis::cmd("EXISTS")
-            .arg("lock:job")
-            .query(&mut node.connection())
-            .unwrap();
-        assert!(!exists);
-    }
+    // Likewise the release: a quorum at once, every node right after.
+    assert!(holding(None)().await >= 2);
+    lock_tests::eventually(Duration::from_secs(5), "released on every node", || async {
+        holding(None)().await == 3
+    })
+    .await;
 }
 
 #[tokio::test]

@@ -235,3 +235,41 @@ async fn waiters_cancelled_while_subscribing_leave_no_subscription_behind() {
     );
     last.abort();
 }
+
+/// A waiting acquisition runs next to the connections, on the library's I/O thread; when its
+/// caller stops waiting it must stop too, never take the lock later for nobody.
+#[tokio::test]
+async fn a_cancelled_wait_never_takes_the_lock_afterwards() {
+    let server = RedisServer::start();
+    let (holder, waiter) = (registry(&server), registry(&server));
+    let held = holder.lock("k").acquire().await.unwrap();
+    let waiting = tokio::spawn({
+        let waiter = waiter.clone();
+        async move {
+            waiter
+                .lock("k")
+                .wait(Duration::from_secs(30))
+                .acquire()
+                .await
+        }
+    });
+    until_subscribed(&server, "lock:k", 1).await;
+    waiting.abort();
+    assert!(waiting.await.unwrap_err().is_cancelled());
+    // The cancelled waiter has gone when its subscription has.
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        until_subscribed(&server, "lock:k", 0),
+    )
+    .await
+    .expect("the cancelled waiter stopped and unsubscribed");
+    held.release().await.unwrap();
+    // Another client can take the lock at once: the cancelled waiter did not.
+    let next = holder
+        .lock("k")
+        .acquire()
+        .await
+        .expect("free after the release");
+    assert!(waiter.held().is_empty());
+    next.release().await.unwrap();
+}
