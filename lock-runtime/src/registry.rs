@@ -210,12 +210,19 @@ impl RegistryBuilder {
     }
 
     /// How long connecting to Redis may take before the operation fails (default 2 s).
+    ///
+    /// Zero is refused by [`build`](Self::build) (every connection would fail at once). Longer
+    /// than a day is taken as one day, so `Duration::MAX` reads as "as long as it takes" and the
+    /// deadlines derived from it never overflow.
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = Some(timeout);
         self
     }
 
     /// How long one command may take before it fails (default 2 s).
+    ///
+    /// Zero is refused and more than a day is taken as one day, as for
+    /// [`connect_timeout`](Self::connect_timeout).
     pub fn command_timeout(mut self, timeout: Duration) -> Self {
         self.command_timeout = Some(timeout);
         self
@@ -226,13 +233,14 @@ impl RegistryBuilder {
     /// # Errors
     /// [`LockError::NotConfigured`] when no backend was chosen; [`LockError::Backend`] when a
     /// URL cannot be parsed (the message never repeats the URL, which may hold a password);
-    /// [`LockError::InvalidKey`] for a prefix that could collide with fencing counters.
+    /// [`LockError::InvalidKey`] for a prefix that could collide with fencing counters;
+    /// [`LockError::Backend`] (command `configure`) for a zero timeout.
     pub fn build(self) -> Result<Registry, LockError> {
         let prefix = self.prefix.unwrap_or_else(|| "lock:".to_owned());
         key::validate_prefix(&prefix)?;
         let timeouts = Timeouts {
-            connect: self.connect_timeout.unwrap_or(Duration::from_secs(2)),
-            command: self.command_timeout.unwrap_or(Duration::from_secs(2)),
+            connect: timeout(self.connect_timeout, "connect_timeout")?,
+            command: timeout(self.command_timeout, "command_timeout")?,
         };
         #[cfg(feature = "tls")]
         let tls = self.tls;
@@ -292,6 +300,23 @@ impl RegistryBuilder {
                 next_id: AtomicU64::new(1),
             }),
         })
+    }
+}
+
+/// The longest timeout taken as given. The runtime adds and doubles timeouts to bound its
+/// background work; a day keeps that arithmetic far from overflowing, and no Redis command is
+/// worth waiting longer for.
+const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+
+/// A builder timeout: 2 s when unset, refused when zero, clamped to [`MAX_TIMEOUT`].
+fn timeout(given: Option<Duration>, option: &str) -> Result<Duration, LockError> {
+    match given {
+        None => Ok(Duration::from_secs(2)),
+        Some(d) if d.is_zero() => Err(configure_error(format!(
+            "`{option}` is zero, so every operation would time out at once; give it at least \
+             1 ms (the default is 2 s, and anything beyond a day counts as a day)"
+        ))),
+        Some(d) => Ok(d.min(MAX_TIMEOUT)),
     }
 }
 

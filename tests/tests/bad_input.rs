@@ -6,9 +6,9 @@
 
 use std::time::Duration;
 
-use lock_runtime::{LockError, MAX_KEY_BYTES};
+use lock_runtime::{LockError, Registry, MAX_KEY_BYTES};
 use lock_tests::proxy::Proxy;
-use lock_tests::{command_calls, RedisServer};
+use lock_tests::{command_calls, eventually, subscribers, RedisServer};
 use redis::AsyncCommands;
 
 use lock_tests::fast_registry as registry;
@@ -530,4 +530,53 @@ async fn an_acquire_that_gave_up_after_a_lost_reply_leaves_no_lock_beyond_its_tt
         .await
         .expect("the orphan is gone within its ttl");
     guard.release().await.unwrap();
+}
+
+#[test]
+fn a_zero_timeout_is_refused_when_the_registry_is_built() {
+    for (which, builder) in [
+        (
+            "connect_timeout",
+            Registry::builder().connect_timeout(Duration::ZERO),
+        ),
+        (
+            "command_timeout",
+            Registry::builder().command_timeout(Duration::ZERO),
+        ),
+    ] {
+        let err = builder.url("redis://127.0.0.1:1/").build().unwrap_err();
+        let message = err.to_string();
+        assert!(
+            message.contains(which) && message.contains("zero"),
+            "names the option and why: {message}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timeouts_beyond_a_day_are_clamped_so_waiting_never_overflows() {
+    let server = RedisServer::start();
+    // `Duration::MAX` is the natural way to say "no timeout".
+    let reg = Registry::builder()
+        .url(server.url())
+        .connect_timeout(Duration::MAX)
+        .command_timeout(Duration::MAX)
+        .build()
+        .expect("a huge timeout is clamped, not refused");
+    let held = reg.lock("k").acquire().await.unwrap();
+    let waiter = tokio::spawn({
+        let reg = reg.clone();
+        async move { reg.lock("k").wait(Duration::from_secs(60)).acquire().await }
+    });
+    // The waiter's subscriber connects with these timeouts: it must subscribe, not panic.
+    eventually(Duration::from_secs(30), "the waiter subscribed", || async {
+        subscribers(&server.url(), "lock:k").await == 1
+    })
+    .await;
+    held.release().await.unwrap();
+    let next = waiter
+        .await
+        .expect("the waiter must not panic")
+        .expect("woken by the release");
+    next.release().await.unwrap();
 }
