@@ -229,6 +229,17 @@ fn duration_arg(value: &Expr, option: &str, errors: &mut Errors) -> Option<Durat
             );
             None
         }
+        Ok(millis) if option == "ttl" && millis < duration::MIN_TTL_MILLIS => {
+            errors.spanned(
+                &lit,
+                format!(
+                    "`ttl` must be at least {}ms: a lease's local deadline is its ttl minus a \
+                     clock-drift margin (ttl/100 + 2 ms), so a shorter lease would be lost at once",
+                    duration::MIN_TTL_MILLIS
+                ),
+            );
+            None
+        }
         Ok(millis) => Some(DurationArg { millis, lit }),
         Err(error) => {
             errors.spanned(&lit, format!("invalid `{option}`: {error}"));

@@ -11,6 +11,10 @@
 /// the attribute accepts is never refused at run time. No lease is meant to last a year.
 pub(crate) const MAX_MILLIS: u64 = 365 * 24 * 60 * 60 * 1000;
 
+/// The shortest `ttl`, in milliseconds: the runtime's own minimum. A lease's local deadline is
+/// its ttl minus a drift margin of ttl/100 + 2 ms, so a shorter lease would be lost at once.
+pub(crate) const MIN_TTL_MILLIS: u64 = 10;
+
 /// The units a duration accepts, with their length in milliseconds.
 const UNITS: &[(&str, u64)] = &[("ms", 1), ("s", 1_000), ("m", 60_000), ("h", 3_600_000)];
 

@@ -132,7 +132,8 @@ use proc_macro::TokenStream;
 /// ## `ttl`
 ///
 /// How long the lock outlives a holder that crashed. With renewal on (the default) it does not
-/// bound how long the body may run: the lease is renewed every `ttl / 3`.
+/// bound how long the body may run: the lease is renewed every `ttl / 3`. At least `"10ms"`:
+/// the lease's local deadline is its ttl minus a drift margin of ttl/100 + 2 ms.
 ///
 /// ```
 /// # use lock_runtime::{distributed_lock, LockError, Registry};

@@ -45,6 +45,10 @@ impl Default for LockOptions {
 /// Redis takes `PX` as a signed 64-bit count of milliseconds; leases beyond a year are a bug.
 pub(crate) const MAX_TTL: Duration = Duration::from_secs(365 * 24 * 3600);
 
+/// The shortest lease: the local deadline is ttl minus drift (ttl/100 + 2 ms), which must leave
+/// room for a round trip and a renewal at ttl/3. At 10 ms that is 7.9 ms of validity.
+pub(crate) const MIN_TTL: Duration = Duration::from_millis(10);
+
 impl LockOptions {
     /// ttl 30 s, no waiting, renewal on, cancel on loss, no hold bounds, no fencing.
     #[must_use]
@@ -61,6 +65,9 @@ impl LockOptions {
     }
 
     /// Lease length: how long the lock outlives a holder that crashed without releasing.
+    /// From 10 ms (the lease's local deadline is ttl minus a drift margin of ttl/100 + 2 ms, so
+    /// a shorter one would be lost at once) to 365 days; anything else is
+    /// [`LockError::InvalidOptions`] when the lock is requested.
     #[must_use]
     pub const fn ttl(mut self, ttl: Duration) -> Self {
         self.ttl = ttl;
@@ -136,8 +143,14 @@ impl LockOptions {
                 reason,
             })
         };
-        if self.ttl < Duration::from_millis(1) {
-            return bad("`ttl` must be at least 1 ms".into());
+        if self.ttl < MIN_TTL {
+            return bad(format!(
+                "`ttl` of {:?} is below the minimum of {} ms: a lease's local deadline is its ttl \
+                 minus a clock-drift margin (ttl/100 + 2 ms), so a shorter lease would be lost \
+                 at birth or before its first renewal; use a `ttl` of 10 ms or more",
+                self.ttl,
+                MIN_TTL.as_millis()
+            ));
         }
         if self.ttl > MAX_TTL {
             return bad(format!(

@@ -280,6 +280,39 @@ async fn a_zero_ttl_is_refused_and_so_is_one_beyond_what_redis_takes() {
 }
 
 #[tokio::test]
+async fn a_ttl_too_short_to_outlast_its_drift_margin_is_refused_with_the_minimum() {
+    let server = RedisServer::start();
+    let reg = registry(&server.url());
+    let before = commands_run(&server);
+    // The local deadline is ttl minus drift (ttl/100 + 2 ms): these leases would be lost at birth.
+    for ms in [1, 2, 9] {
+        let err = reg
+            .lock("k")
+            .ttl(Duration::from_millis(ms))
+            .acquire()
+            .await
+            .unwrap_err();
+        let message = err.to_string();
+        assert!(
+            matches!(err, LockError::InvalidOptions { .. })
+                && message.contains("`ttl`")
+                && message.contains("10 ms")
+                && message.contains("drift"),
+            "{ms} ms: says the minimum and why: {message}"
+        );
+    }
+    assert_eq!(commands_run(&server), before, "nothing was sent");
+    let guard = reg
+        .lock("k")
+        .ttl(Duration::from_millis(10))
+        .renew(false)
+        .acquire()
+        .await
+        .expect("the minimum itself is accepted");
+    drop(guard);
+}
+
+#[tokio::test]
 async fn a_wait_beyond_the_clock_range_is_an_error_or_waits_but_never_panics() {
     let server = RedisServer::start();
     let reg = registry(&server.url());

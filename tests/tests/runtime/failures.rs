@@ -92,7 +92,7 @@ async fn invalid_keys_and_options_are_refused_before_any_command() {
         .await
         .unwrap_err();
     assert!(
-        err.to_string().contains("`ttl` must be at least 1 ms"),
+        err.to_string().contains("below the minimum of 10 ms"),
         "{err}"
     );
     let err = reg
