@@ -127,7 +127,8 @@ impl RegistryBuilder {
         self
     }
 
-    /// A Redis Cluster, found through these seed nodes (any reachable master or replica).
+    /// A Redis Cluster, found through these seed nodes (any reachable master or replica). An
+    /// empty entry is refused by [`build`](Self::build), naming its position.
     pub fn cluster<S: Into<String>>(mut self, seeds: impl IntoIterator<Item = S>) -> Self {
         self.mode = Mode::Cluster(seeds.into_iter().map(Into::into).collect());
         self
@@ -135,6 +136,10 @@ impl RegistryBuilder {
 
     /// Redlock over these independent masters (use 3 or 5): a lock is held when a majority
     /// granted it. No fencing tokens in this mode.
+    ///
+    /// [`build`](Self::build) refuses fewer than 3 nodes (a majority of 1 or 2 is every node,
+    /// so any failure stops locking: use [`url`](Self::url) for one server), a server listed
+    /// twice (also under another database: it would vote twice), and an empty entry.
     pub fn redlock<S: Into<String>>(mut self, nodes: impl IntoIterator<Item = S>) -> Self {
         self.mode = Mode::Redlock(nodes.into_iter().map(Into::into).collect());
         self
@@ -232,7 +237,8 @@ impl RegistryBuilder {
     ///
     /// # Errors
     /// [`LockError::NotConfigured`] when no backend was chosen; [`LockError::Backend`] when a
-    /// URL cannot be parsed (the message never repeats the URL, which may hold a password);
+    /// URL cannot be parsed (the message never repeats the URL, which may hold a password), a
+    /// node list has an empty entry, or a Redlock has fewer than 3 distinct servers;
     /// [`LockError::InvalidKey`] for a prefix that could collide with fencing counters;
     /// [`LockError::Backend`] (command `configure`) for a zero timeout.
     pub fn build(self) -> Result<Registry, LockError> {
@@ -270,10 +276,11 @@ impl RegistryBuilder {
                 )))
             }
             Mode::Redlock(nodes) => {
-                let clients = non_empty(nodes, "Redlock node")?
+                let clients: Vec<_> = non_empty(nodes, "Redlock node")?
                     .iter()
                     .map(|url| client(url))
                     .collect::<Result<_, _>>()?;
+                redlock_nodes(&clients)?;
                 Backend::Redlock(Box::new(Redlock::new(clients, timeouts)))
             }
             Mode::Sentinel { master, sentinels } => {
@@ -388,12 +395,51 @@ fn sentinel_master(master: &str) -> Result<(String, redis::RedisConnectionInfo),
     }
 }
 
+/// A list with an empty entry is refused rather than filtered: a stray comma once turned one
+/// server's URL into a Redlock of one node.
 fn non_empty(urls: Vec<String>, what: &str) -> Result<Vec<String>, LockError> {
-    let urls: Vec<String> = urls.into_iter().filter(|u| !u.trim().is_empty()).collect();
     if urls.is_empty() {
         return Err(configure_error(format!("no {what} URL given")));
     }
+    if let Some(position) = urls.iter().position(|u| u.trim().is_empty()) {
+        return Err(configure_error(format!(
+            "the {what} list has an empty entry {} of {} (a stray comma?); remove it (a single \
+             server's URL takes no comma at all)",
+            position + 1,
+            urls.len()
+        )));
+    }
     Ok(urls)
+}
+
+/// Redlock's quorum of N/2 + 1 tolerates no failure below 3 nodes, and a server listed twice
+/// (under any database) would count twice towards it.
+fn redlock_nodes(clients: &[redis::Client]) -> Result<(), LockError> {
+    let servers: Vec<String> = clients
+        .iter()
+        .map(|c| c.get_connection_info().addr().to_string().to_lowercase())
+        .collect();
+    for (i, server) in servers.iter().enumerate() {
+        if let Some(j) = servers[..i].iter().position(|s| s == server) {
+            return Err(configure_error(format!(
+                "Redlock entries {} and {} are the same server {server} (another database on \
+                 it is not an independent node): Redlock needs independent masters, so list \
+                 each server once",
+                j + 1,
+                i + 1
+            )));
+        }
+    }
+    if clients.len() < 3 {
+        return Err(configure_error(format!(
+            "a Redlock of {} node{} tolerates no node failure (a majority of 1 or 2 is every \
+             node) and gives no fencing tokens; use a single server URL for one Redis, or 3 or \
+             5 independent masters",
+            clients.len(),
+            if clients.len() == 1 { "" } else { "s" }
+        )));
+    }
+    Ok(())
 }
 
 /// A configuration that names no usable node.
@@ -442,6 +488,9 @@ impl Registry {
     /// | `LOCK_REDIS_CLUSTER=redis://a:7000,redis://b:7001` | Redis Cluster through these seeds |
     /// | `LOCK_REDIS_URL=redis://a:6379,redis://b:6379,redis://c:6379` | Redlock over these masters |
     /// | `LOCK_REDIS_URL=redis://a:6379` (else `REDIS_URL`) | one Redis server |
+    ///
+    /// An empty entry in a comma list (`redis://a:6379,`) is an error naming its position, never
+    /// skipped: a stray comma must not turn one server into a Redlock.
     ///
     /// # Errors
     /// [`LockError::NotConfigured`] when none is set; see [`RegistryBuilder::build`].

@@ -613,3 +613,82 @@ async fn timeouts_beyond_a_day_are_clamped_so_waiting_never_overflows() {
         .expect("woken by the release");
     next.release().await.unwrap();
 }
+
+fn configure_message(result: Result<Registry, LockError>) -> String {
+    match result {
+        Err(err @ LockError::Backend { .. }) => err.to_string(),
+        Err(other) => panic!("expected a configuration error, got {other:?}"),
+        Ok(registry) => panic!("expected a configuration error, got {registry:?}"),
+    }
+}
+
+#[test]
+fn an_empty_entry_in_a_node_list_is_refused_naming_its_position() {
+    let a = "redis://10.0.0.1:6379/";
+    let b = "redis://10.0.0.2:6379/";
+    let c = "redis://10.0.0.3:6379/";
+    let cases = [
+        (
+            "Redlock node",
+            Registry::builder().redlock([a, b, c, ""]),
+            4,
+        ),
+        (
+            "Redlock node",
+            Registry::builder().redlock([a, " ", b, c]),
+            2,
+        ),
+        ("cluster seed", Registry::builder().cluster([a, "", b]), 2),
+        (
+            "sentinel",
+            Registry::builder().sentinel("mymaster", ["", a]),
+            1,
+        ),
+    ];
+    for (what, builder, position) in cases {
+        let message = configure_message(builder.build());
+        assert!(
+            message.contains(what) && message.contains(&format!("entry {position} ")),
+            "names the list and the empty entry's position: {message}"
+        );
+    }
+}
+
+#[test]
+fn a_redlock_of_fewer_than_three_nodes_is_refused_with_advice() {
+    for nodes in [
+        vec!["redis://u:pw@10.0.0.1:6379/"],
+        vec!["redis://u:pw@10.0.0.1:6379/", "redis://u:pw@10.0.0.2:6379/"],
+    ] {
+        let message = configure_message(Registry::builder().redlock(nodes.clone()).build());
+        assert!(
+            message.contains(&format!("{} node", nodes.len()))
+                && message.contains("single server")
+                && message.contains("3 or 5"),
+            "says why and what to use instead: {message}"
+        );
+        assert!(!message.contains("pw"), "{message}");
+    }
+}
+
+#[test]
+fn duplicate_redlock_nodes_are_refused_naming_the_duplicate_without_its_password() {
+    for (first, again) in [
+        ("redis://u:pw@10.0.0.1:6379/", "redis://u:pw@10.0.0.1:6379/"),
+        // Another database on the same server fails with it: not an independent node.
+        (
+            "redis://u:pw@10.0.0.1:6379/0",
+            "redis://u:other-pw@10.0.0.1:6379/2",
+        ),
+    ] {
+        let nodes = [first, "redis://u:pw@10.0.0.2:6379/", again];
+        let message = configure_message(Registry::builder().redlock(nodes).build());
+        assert!(
+            message.contains("10.0.0.1:6379")
+                && message.contains("entries 1 and 3")
+                && message.contains("independent"),
+            "names the duplicate: {message}"
+        );
+        assert!(!message.contains("pw"), "{message}");
+    }
+}

@@ -38,6 +38,14 @@ fn the_environment_selects_single_node_redlock_cluster_or_sentinel() {
         "redlock(10.0.0.1:6379,10.0.0.2:6379,10.0.0.3:6379)"
     );
 
+    // A trailing comma once made a one-node Redlock out of a single server's URL.
+    std::env::set_var("LOCK_REDIS_URL", "redis://10.0.0.1:6379,");
+    let err = Registry::from_env().unwrap_err();
+    assert!(
+        err.to_string().contains("entry 2 "),
+        "names the empty entry: {err}"
+    );
+
     std::env::set_var(
         "LOCK_REDIS_CLUSTER",
         "redis://10.0.1.1:7000/,redis://10.0.1.2:7000/",
