@@ -79,6 +79,17 @@ pub enum LockError {
         /// What is wrong and how to fix it.
         reason: String,
     },
+    /// The registry was shut down ([`Registry::shutdown`](crate::Registry::shutdown)): it, and
+    /// every clone of it, takes no new locks.
+    #[error(
+        "lock `{}` was not taken: its registry was shut down and takes no new locks; build a new \
+         registry (and install it) if this process must keep locking",
+        shown(key)
+    )]
+    ShutDown {
+        /// The key as given.
+        key: String,
+    },
     /// The options of a lock request contradict each other or are out of range.
     #[error("invalid options for lock `{}`: {reason}", shown(key))]
     InvalidOptions {
@@ -134,6 +145,7 @@ impl LockError {
             Self::Busy { key, .. }
             | Self::Lost { key, .. }
             | Self::NotOwner { key }
+            | Self::ShutDown { key }
             | Self::InvalidKey { key, .. }
             | Self::InvalidOptions { key, .. } => Some(key),
             Self::Backend { key, .. } => key.as_deref(),

@@ -222,6 +222,7 @@ async fn acquire_lease(
 ) -> Result<Arc<Lease>, LockError> {
     let inner = &inner;
     options.validate(&key)?;
+    inner.ensure_open(&key)?;
     let key = inner.lock_key(key)?;
     let token = token::new_token();
     let started = Instant::now();
@@ -245,7 +246,7 @@ async fn acquire_lease(
         let wake_at = match attempt {
             Ok(Attempt::Acquired { fence }) => {
                 let lease = Lease::new(inner.next_lease_id(), key, token, fence, options, sent_at);
-                inner.leases.insert(lease.clone(), inner);
+                inner.admit(&lease).await?;
                 tracing::debug!(
                     key = %crate::error::shown(&lease.key.key),
                     fence = lease.fence,

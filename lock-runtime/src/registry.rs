@@ -1,9 +1,11 @@
 //! Registries: where locks are taken, and the process-wide default and named ones.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
+
+use futures_util::future::join_all;
 
 use crate::backend::redis::{ClusterSeeds, RedisBackend, Topology};
 use crate::backend::redlock::Redlock;
@@ -11,6 +13,7 @@ use crate::backend::sentinel::SentinelSetup;
 use crate::backend::{Backend, LockInfo, MemoryStore};
 use crate::keeper::Leases;
 use crate::key::{self, LockKey};
+use crate::lease::Lease;
 use crate::lock::LockRequest;
 use crate::{LockError, LostReason};
 
@@ -37,6 +40,8 @@ pub(crate) struct RegistryInner {
     pub(crate) prefix: String,
     pub(crate) leases: Leases,
     next_id: AtomicU64,
+    timeouts: Timeouts,
+    shut_down: AtomicBool,
 }
 
 impl RegistryInner {
@@ -62,6 +67,35 @@ impl RegistryInner {
         } else {
             crate::io::spawn(task);
         }
+    }
+
+    /// Refuses a new acquisition once [`Registry::shutdown`] has begun.
+    pub(crate) fn ensure_open(&self, key: &str) -> Result<(), LockError> {
+        if self.shut_down.load(Ordering::SeqCst) {
+            return Err(LockError::ShutDown {
+                key: key.to_owned(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Hands a freshly acquired lease to the keeper, unless a shutdown began meanwhile: then the
+    /// lock is given back and the acquisition refused.
+    pub(crate) async fn admit(self: &Arc<Self>, lease: &Arc<Lease>) -> Result<(), LockError> {
+        self.leases.insert(lease.clone(), self);
+        // Inserted before reading the flag, and `shutdown` sets the flag before collecting the
+        // leases: either the shutdown sees this lease, or this reads the flag set.
+        if !self.shut_down.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        self.leases.begin_release(lease.id);
+        let bound = self.timeouts.connect + self.timeouts.command;
+        // A failed release leaves the lock to its ttl, as a shutdown does.
+        let _ = tokio::time::timeout(bound, self.backend.release(&lease.key, &lease.token)).await;
+        self.leases.remove(lease.id);
+        Err(LockError::ShutDown {
+            key: lease.key.key.clone(),
+        })
     }
 }
 
@@ -305,6 +339,8 @@ impl RegistryBuilder {
                 prefix,
                 leases: Leases::default(),
                 next_id: AtomicU64::new(1),
+                timeouts,
+                shut_down: AtomicBool::new(false),
             }),
         })
     }
@@ -638,16 +674,24 @@ impl Registry {
     }
 
     /// Graceful shutdown: marks every held lease lost (guarded bodies with `on_lost = "cancel"`
-    /// stop) and releases every lock on the server. Returns how many held locks are no longer
-    /// held on the server afterwards (released here, or by their own body as it stopped); a lock
-    /// whose release failed is left to expire by its ttl and not counted.
+    /// stop) and releases every lock on the server, all at once, waiting at most the connect
+    /// timeout plus the command timeout for the whole (enough for one reconnection and one
+    /// round of releases). Returns how many held locks are no longer held on the server
+    /// afterwards (released here, or by their own body as it stopped); a lock whose release
+    /// failed or did not finish in time is left to expire by its ttl and not counted.
+    ///
+    /// Afterwards this registry and all its clones take no new locks: acquisitions fail with
+    /// [`LockError::ShutDown`] (one already waiting for a busy lock fails when it would have
+    /// taken it, and gives it back). [`inspect`](Self::inspect) and the force-unlocks still
+    /// work. A process that must keep locking builds a new registry.
     pub async fn shutdown(&self) -> usize {
+        self.inner.shut_down.store(true, Ordering::SeqCst);
         let leases = self.inner.leases.stop_all();
         for lease in &leases {
             lease.mark_lost(LostReason::Shutdown);
         }
-        let mut given_up = 0;
-        for lease in leases {
+        let released = AtomicUsize::new(0);
+        let releases = leases.iter().map(|lease| async {
             // `Ok(false)`: not ours any more, which is what shutdown wants too.
             if self
                 .inner
@@ -656,11 +700,25 @@ impl Registry {
                 .await
                 .is_ok()
             {
-                given_up += 1;
+                released.fetch_add(1, Ordering::Relaxed);
             }
+        });
+        let bound = self.inner.timeouts.connect + self.inner.timeouts.command;
+        if tokio::time::timeout(bound, join_all(releases))
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                node = %self.node(),
+                locks = leases.len(),
+                released = released.load(Ordering::Relaxed),
+                "shutdown gave up waiting for releases after {bound:?}; the rest expire by their ttl"
+            );
+        }
+        for lease in &leases {
             self.inner.leases.remove(lease.id);
         }
-        given_up
+        released.into_inner()
     }
 }
 

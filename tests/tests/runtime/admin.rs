@@ -1,9 +1,10 @@
 use std::time::Duration;
 
-use lock_runtime::LostReason;
+use lock_runtime::{LockError, LockGuard, LostReason};
 use lock_tests::RedisServer;
+use redis::AsyncCommands;
 
-use super::support::{assert_lost, registry, spawn_hung_body};
+use super::support::{assert_lost, raw, registry, spawn_hung_body};
 
 #[tokio::test]
 async fn inspect_shows_owner_remaining_lease_and_fence() {
@@ -89,6 +90,76 @@ async fn shutdown_releases_every_held_lock_and_stops_guarded_bodies() {
         );
     }
     assert!(a.is_lost() && b.is_lost());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_releases_many_locks_and_the_registry_and_its_clones_take_no_new_ones() {
+    let server = RedisServer::start();
+    let reg = registry(&server);
+    let clone = reg.clone();
+    let mut guards = Vec::new();
+    for i in 0..200 {
+        guards.push(reg.lock(format!("many:{i}")).acquire().await.unwrap());
+    }
+    assert_eq!(reg.shutdown().await, 200);
+    assert!(reg.held().is_empty());
+    let mut con = raw(&server).await;
+    let left: Vec<String> = con.keys("lock:many:*").await.unwrap();
+    assert!(left.is_empty(), "still on the server: {left:?}");
+    assert!(guards.iter().all(LockGuard::is_lost));
+
+    for registry in [&reg, &clone] {
+        let err = registry.lock("after").acquire().await.unwrap_err();
+        assert_shut_down(&err);
+        let err = registry
+            .lock("after")
+            .run(async { Ok::<_, LockError>(()) })
+            .await
+            .unwrap_err();
+        assert_shut_down(&err);
+    }
+    let exists: bool = con.exists("lock:after").await.unwrap();
+    assert!(!exists, "nothing was taken on the server");
+    // Reading stays possible, and shutting down again has nothing left to do.
+    assert_eq!(reg.inspect("after").await.unwrap().owner, None);
+    assert_eq!(clone.shutdown().await, 0);
+}
+
+fn assert_shut_down(err: &LockError) {
+    let message = err.to_string();
+    assert!(
+        matches!(err, LockError::ShutDown { key } if key == "after")
+            && message.contains("`after`")
+            && message.contains("shut down")
+            && message.contains("new registry"),
+        "says the registry was shut down and what to do: {message}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_returns_within_its_bound_while_redis_does_not_answer() {
+    let server = RedisServer::start();
+    // 1 s to connect and per command: one release after another would take 200 s here.
+    let reg = registry(&server);
+    let mut guards = Vec::new();
+    for i in 0..200 {
+        guards.push(
+            reg.lock(format!("silent:{i}"))
+                .ttl(Duration::from_secs(60))
+                .acquire()
+                .await
+                .unwrap(),
+        );
+    }
+    server.pause();
+    // A liveness guard, not a speed assertion: the bound is the registry's timeouts (2 s).
+    let released = tokio::time::timeout(Duration::from_secs(60), reg.shutdown())
+        .await
+        .expect("shutdown returned");
+    server.resume();
+    assert_eq!(released, 0, "Redis answered nothing");
+    assert!(reg.held().is_empty(), "the process no longer lists them");
+    assert!(guards.iter().all(LockGuard::is_lost));
 }
 
 #[tokio::test]
