@@ -114,10 +114,10 @@ async fn main() {
     // Stable, by time only: each replica's events keep the order it printed them in.
     events.sort_by_key(|e| e.0);
 
-    println!("\n   time  replica  lock       fence  event");
+    println!("\n   time  replica  lock                  fence  event");
     for (at, replica, id, what, fence, detail) in &events {
         println!(
-            "{:>6.2}s  {replica:>7}  deploy:{id}  {fence:>5}  {what} {detail}",
+            "{:>6.2}s  {replica:>7}  deploy:{id}  {fence:>16}  {what} {detail}",
             (at - started) as f64 / 1e6
         );
     }

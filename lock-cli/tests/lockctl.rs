@@ -360,7 +360,8 @@ async fn watch_prints_each_holder_coming_and_going() {
     let guard = hold(&registry, "deploy:5", true).await;
     let taken = next_line_with("taken by").await;
     assert!(taken.contains(guard.token()), "{taken}");
-    assert!(taken.contains("fence 1"), "{taken}");
+    let fence = format!("fence {}", guard.fence().unwrap());
+    assert!(taken.contains(&fence), "{taken}");
     guard.release_now().await.unwrap();
     next_line_with("released").await;
 

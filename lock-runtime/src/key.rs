@@ -20,16 +20,19 @@ pub(crate) struct LockKey {
 }
 
 impl LockKey {
-    /// `cluster`: the fencing counter must share the lock's hash slot. A key with a hash tag
-    /// keeps it (`fence:lock:{tenant}:job`); one without gets its whole name as the counter's
-    /// tag (`fence:{lock:deploy:1}`), which hashes exactly like the untagged lock key. The lock
-    /// key itself is never rewritten, so other clients see the same name in every mode.
+    /// The fencing counter has one name in every deployment, so tokens carry on when a service
+    /// moves between a single server and a Cluster: it shares the lock's hash slot. A key with
+    /// a hash tag keeps it (`fence:lock:{tenant}:job`); one without gets its whole name as the
+    /// counter's tag (`fence:{lock:deploy:1}`), which hashes exactly like the untagged lock key.
+    /// The lock key itself is never rewritten, so other clients see the same name everywhere.
+    ///
+    /// `cluster`: a stray brace, which would put the counter in another slot, is refused.
     pub(crate) fn new(prefix: &str, key: String, cluster: bool) -> Result<Self, LockError> {
         validate(&key)?;
         let redis_key = format!("{prefix}{key}");
-        let fence_key = if !cluster || hash_tag(&redis_key).is_some() {
+        let fence_key = if hash_tag(&redis_key).is_some() {
             format!("{FENCE_NAMESPACE}{redis_key}")
-        } else if redis_key.contains(['{', '}']) {
+        } else if cluster && redis_key.contains(['{', '}']) {
             return Err(LockError::InvalidKey {
                 key,
                 reason: "in Redis Cluster a key's braces must form a hash tag like `{tenant}` \
@@ -70,8 +73,9 @@ pub(crate) fn hash_tag(key: &str) -> Option<&str> {
     (len > 0).then(|| &key[open + 1..open + 1 + len])
 }
 
-/// Fencing counters live at `fence:<prefix><key>`. The registry builder rejects prefixes that
-/// would let a lock key and a counter share a name.
+/// Fencing counters live at `fence:{<prefix><key>}` (`fence:<prefix><key>` when the key has a
+/// hash tag). The registry builder rejects prefixes that would let a lock key and a counter
+/// share a name.
 pub(crate) const FENCE_NAMESPACE: &str = "fence:";
 
 pub(crate) fn validate_prefix(prefix: &str) -> Result<(), LockError> {
@@ -215,7 +219,7 @@ mod tests {
     fn fence_counters_live_apart_from_lock_keys() {
         let k = LockKey::new("lock:", "deploy:1".into(), false).unwrap();
         assert_eq!(k.redis_key, "lock:deploy:1");
-        assert_eq!(k.fence_key, "fence:lock:deploy:1");
+        assert_eq!(k.fence_key, "fence:{lock:deploy:1}");
         assert!(validate_prefix("lock:").is_ok());
         assert!(validate_prefix("").is_err());
         assert!(validate_prefix("fence:").is_err());
@@ -237,5 +241,18 @@ mod tests {
         assert!(LockKey::new("lock:", "a}b".into(), true).is_err());
         assert!(LockKey::new("lock:", "{}b".into(), true).is_err());
         assert_eq!(hash_tag("a{}b{c}"), None, "an empty first tag means no tag");
+    }
+
+    #[test]
+    fn a_single_server_and_a_cluster_name_the_fence_counter_alike() {
+        // Moving a service between them must not restart its tokens under another name.
+        for key in ["deploy:1", "{tenant:7}:job", "job:%7Btag%7D"] {
+            let single = LockKey::new("lock:", key.into(), false).unwrap();
+            let cluster = LockKey::new("lock:", key.into(), true).unwrap();
+            assert_eq!(single.fence_key, cluster.fence_key, "{key}");
+        }
+        // A single server also takes keys whose braces form no tag; the counter stays unique.
+        let stray = LockKey::new("lock:", "a}b".into(), false).unwrap();
+        assert_eq!(stray.fence_key, "fence:{lock:a}b}");
     }
 }

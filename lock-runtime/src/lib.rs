@@ -54,9 +54,10 @@
 //! - **Cancel safety.** Dropping a guard or a guarded future releases the lock in the
 //!   background; the process keeps listing it as held until Redis confirmed the release.
 //! - **Fencing.** With `fencing`, each acquisition takes a number that strictly increases per
-//!   key, incremented in the same script as the `SET`. Give it to the storage you write to,
-//!   which rejects writes older than the newest it has seen: that is what makes a lock safe
-//!   against a holder that paused past its lease (Kleppmann, "How to do distributed locking").
+//!   key (see [Fencing](#fencing-what-makes-a-lock-safe) for the exact promise), incremented in
+//!   the same script as the `SET`. Give it to the storage you write to, which rejects writes
+//!   older than the newest it has seen: that is what makes a lock safe against a holder that
+//!   paused past its lease (Kleppmann, "How to do distributed locking").
 //!
 //! # Choosing the options
 //!
@@ -122,6 +123,25 @@
 //! ```
 //!
 //! In SQL the same check is `UPDATE .. SET .., fence = $token WHERE id = $id AND fence <= $token`.
+//!
+//! **The counter.** It lives at `fence:{lock:<key>}` (`fence:lock:<key>` when the key has a
+//! `{hash tag}`), one name on a single server, Sentinel and Cluster, so moving between them
+//! keeps tokens increasing. It expires a day after the last fenced acquisition of its key, so
+//! per-entity keys (`invoice:<id>`) do not pile up in Redis. A missing counter (new, expired,
+//! deleted, or lost with the server's data) starts at the server's clock (`TIME`) in
+//! microseconds since 1970, which is above every token an earlier counter handed out: that one
+//! started at its own clock reading and grew by one per fenced acquisition, far slower than one
+//! per microsecond. Tokens are therefore large (about 1.7 × 10^15, exact in a JSON number) and
+//! consecutive only while one counter lives. Compare them; never count on their values.
+//!
+//! **The promise.** Per key, each token is greater than every token handed out before it,
+//! unless a counter is lost and re-created by a server whose clock is behind the clock that
+//! last incremented it by more than the time in between. That time is at least a day when the
+//! counter expired; it can be short when the counter was lost in a restart without persistence
+//! or a failover to a replica that had not received it (which also lose the lock itself). A
+//! counter that survives, replicated or persisted, never consults a clock. In memory
+//! ([`MemoryStore`]) the same rules hold on Tokio's clock, and a new counter starts above every
+//! token the store handed out.
 //!
 //! # Single node, Sentinel, Cluster or Redlock
 //!

@@ -110,7 +110,11 @@ impl LockOptions {
         self
     }
 
-    /// Take a fencing token: a number that strictly increases per key across holders.
+    /// Take a fencing token: a number that strictly increases per key across holders, also
+    /// after its counter expired (a day after the key's last fenced acquisition) or was lost,
+    /// provided the clock of the Redis server that re-creates the counter is not behind by more
+    /// than the time since it was last used. The crate docs' "Fencing" section states where the
+    /// counter lives and the exact promise. Refused on Redlock, where no counter is monotonic.
     #[must_use]
     pub const fn fencing(mut self, fencing: bool) -> Self {
         self.fencing = fencing;

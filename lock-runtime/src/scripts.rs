@@ -16,6 +16,14 @@ use redis::Script;
 /// reply finds its own token and takes the lock again instead of waiting for itself. The counter
 /// is incremented in the same script as the `SET`, so no holder can ever see an older token than
 /// a previous holder.
+///
+/// The counter expires [`FENCE_EXPIRY_MS`] after the last fenced acquisition, so per-entity keys
+/// do not pile up. A missing counter (new, expired, deleted or lost with the server's data)
+/// starts at the server's clock in microseconds (`TIME`): an old counter started at its own
+/// clock reading and grew by one per fenced acquisition, far less than one per microsecond, so
+/// the restarted one begins above every token it handed out, as long as this server's clock is
+/// not behind the old one's by more than the time since the old counter was last used. Lua
+/// numbers are doubles, exact to 2^53: microseconds since 1970 stay below that until 2255.
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_LUA));
 const ACQUIRE_LUA: &str = r"
 local ok = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])
@@ -28,11 +36,24 @@ if not ok then
   end
 end
 if ok then
-  if ARGV[3] == '1' then return {1, redis.call('INCR', KEYS[2])} end
-  return {1, 0}
+  if ARGV[3] ~= '1' then return {1, 0} end
+  local fence = redis.call('INCR', KEYS[2])
+  if fence == 1 then
+    local now = redis.call('TIME')
+    fence = tonumber(now[1]) * 1000000 + tonumber(now[2])
+    redis.call('SET', KEYS[2], string.format('%d', fence))
+  end
+  redis.call('PEXPIRE', KEYS[2], '86400000')
+  return {1, fence}
 end
 return {0, redis.call('PTTL', KEYS[1])}
 ";
+
+/// How long a fencing counter outlives the last fenced acquisition of its key: one day, so a
+/// server re-creating an expired counter may have a clock up to a day behind (see [`ACQUIRE`]).
+/// Clock errors are seconds, not days; a longer expiry would only keep more counters around.
+/// `ACQUIRE_LUA` spells the same number.
+pub(crate) const FENCE_EXPIRY_MS: u64 = 24 * 3600 * 1000;
 
 /// `KEYS[1]` lock; `ARGV[1]` token, `ARGV[2]` `PUBLISH` (or `SPUBLISH` in a cluster). Deletes only
 /// the owner's lock and tells waiters on the lock's channel. `pcall` so a key of another type
@@ -93,3 +114,13 @@ pub(crate) const ALL: [&str; 5] = [
     INSPECT_LUA,
     FORCE_UNLOCK_LUA,
 ];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_acquire_script_expires_counters_after_fence_expiry_ms() {
+        assert!(ACQUIRE_LUA.contains(&format!("'PEXPIRE', KEYS[2], '{FENCE_EXPIRY_MS}'")));
+    }
+}

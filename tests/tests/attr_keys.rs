@@ -112,6 +112,47 @@ impl Tenant {
     }
 }
 
+/// The fencing counter's Redis name, found by its value: the token this lock was given.
+impl Probe {
+    async fn fence_counter(&self, candidates: &[&str]) -> Result<String, LockError> {
+        let fence = current()
+            .expect("inside a guarded body")
+            .fence()
+            .expect("fencing = true");
+        let mut con = self
+            .client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("raw connection");
+        for name in candidates {
+            let value: Option<u64> = con.get(*name).await.expect("GET");
+            if value == Some(fence) {
+                return Ok((*name).to_owned());
+            }
+        }
+        Ok(format!("none of {candidates:?} holds the token {fence}"))
+    }
+}
+
+#[distributed_lock(key = "deploy:<id>", fencing = true, registry = "attr_keys_fence")]
+async fn fenced_plain(id: u32, probe: &Probe, names: &[&str]) -> Result<String, LockError> {
+    probe.fence_counter(names).await
+}
+
+#[distributed_lock(
+    key = "{tenant:<tenant>}:invoice:<id>",
+    fencing = true,
+    registry = "attr_keys_fence"
+)]
+async fn fenced_tagged(
+    tenant: &str,
+    id: u32,
+    probe: &Probe,
+    names: &[&str],
+) -> Result<String, LockError> {
+    probe.fence_counter(names).await
+}
+
 /// A server, installed as the registry `name` (one per test: tests run in parallel).
 async fn server(name: &str) -> (RedisServer, Probe) {
     let server = RedisServer::start();
@@ -209,4 +250,26 @@ async fn different_arguments_never_share_a_key() {
         }
     }
     assert_eq!(seen.len(), values.len() * values.len());
+}
+
+/// The counter's name is the same on a single server and in a Cluster (where it must share the
+/// lock's hash slot), so moving between them keeps tokens increasing. Changing a row here
+/// changes which counter existing deployments read.
+#[tokio::test]
+async fn fencing_counter_names_are_pinned() {
+    let (_server, p) = server("attr_keys_fence").await;
+    let p = &p;
+    let plain = ["fence:{lock:deploy:42}", "fence:lock:deploy:42"];
+    assert_eq!(
+        fenced_plain(42, p, &plain).await.unwrap(),
+        "fence:{lock:deploy:42}"
+    );
+    let tagged = [
+        "fence:lock:{tenant:acme}:invoice:9",
+        "fence:{lock:{tenant:acme}:invoice:9}",
+    ];
+    assert_eq!(
+        fenced_tagged("acme", 9, p, &tagged).await.unwrap(),
+        "fence:lock:{tenant:acme}:invoice:9"
+    );
 }

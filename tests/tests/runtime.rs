@@ -4,6 +4,7 @@ mod runtime {
     mod admin;
     mod exclusion;
     mod failures;
+    mod fencing;
     mod leases;
     mod memory;
     mod reentrancy;

@@ -8,6 +8,7 @@ use tokio::time::Instant;
 
 use super::{Attempt, LockInfo, Renewal, Renewed};
 use crate::key::LockKey;
+use crate::scripts::FENCE_EXPIRY_MS;
 use crate::waiting::WaitHub;
 
 /// Locks kept in this process's memory.
@@ -59,7 +60,18 @@ impl Default for Inner {
 #[derive(Default)]
 struct Data {
     locks: HashMap<String, Entry>,
-    fences: HashMap<String, u64>,
+    fences: HashMap<String, Fence>,
+    /// The highest token this store ever handed out: a counter that expired restarts above it,
+    /// as a Redis counter restarts above its predecessor from the server's clock.
+    highest_fence: u64,
+    /// Expired counters are swept when the map reaches this size (then twice the live count),
+    /// so memory stays bounded at an amortised constant cost per acquisition.
+    sweep_at: usize,
+}
+
+struct Fence {
+    last: u64,
+    expires_at: Instant,
 }
 
 struct Entry {
@@ -85,6 +97,33 @@ impl Data {
             self.locks.remove(key);
         }
         self.locks.get_mut(key)
+    }
+}
+
+impl Data {
+    /// The next token for `fence_key`, with the same rules as Redis: the counter expires a day
+    /// after its last use, and a new one starts above every earlier token.
+    fn next_fence(&mut self, fence_key: &str, now: Instant) -> u64 {
+        let expires_at = now + Duration::from_millis(FENCE_EXPIRY_MS);
+        let fence = match self.fences.get_mut(fence_key) {
+            Some(f) if f.expires_at > now => {
+                f.last += 1;
+                f.expires_at = expires_at;
+                f.last
+            }
+            _ => {
+                if self.fences.len() >= self.sweep_at {
+                    self.fences.retain(|_, f| f.expires_at > now);
+                    self.sweep_at = (2 * self.fences.len()).max(64);
+                }
+                let last = self.highest_fence + 1;
+                self.fences
+                    .insert(fence_key.to_owned(), Fence { last, expires_at });
+                last
+            }
+        };
+        self.highest_fence = self.highest_fence.max(fence);
+        fence
     }
 }
 
@@ -134,11 +173,7 @@ impl MemoryStore {
                 expires_at: Some(now + ttl),
             },
         );
-        let fence = fencing.then(|| {
-            let counter = data.fences.entry(key.fence_key.clone()).or_default();
-            *counter += 1;
-            *counter
-        });
+        let fence = fencing.then(|| data.next_fence(&key.fence_key, now));
         Attempt::Acquired { fence }
     }
 
@@ -175,7 +210,11 @@ impl MemoryStore {
     pub(crate) fn inspect(&self, key: &LockKey) -> LockInfo {
         let now = Instant::now();
         let mut data = self.inner.data();
-        let fence = data.fences.get(&key.fence_key).copied();
+        let fence = data
+            .fences
+            .get(&key.fence_key)
+            .filter(|f| f.expires_at > now)
+            .map(|f| f.last);
         match data.live(&key.redis_key, now) {
             Some(entry) => LockInfo {
                 owner: Some(entry.token.clone()),

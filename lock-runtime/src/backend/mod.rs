@@ -69,7 +69,8 @@ pub struct LockInfo {
     pub owner: Option<String>,
     /// The remaining lease, `None` when free or without expiry.
     pub remaining: Option<Duration>,
-    /// The last fencing token handed out for this key, if fencing was ever used.
+    /// The last fencing token handed out for this key, while its counter lives (it expires a
+    /// day after the key's last fenced acquisition).
     pub fence: Option<u64>,
 }
 

@@ -27,15 +27,16 @@ async fn locks_spread_over_many_slots_exclude_fence_and_release() {
             format!("job:{i}")
         };
         let guard = a.lock(key.clone()).fencing(true).acquire().await.unwrap();
-        assert_eq!(guard.fence(), Some(1), "{key}: counter in the lock's slot");
+        assert!(guard.fence().is_some(), "{key}: counter in the lock's slot");
         assert!(b.lock(key).acquire().await.unwrap_err().is_busy());
         held.push(guard);
     }
     for guard in held {
         let key = guard.key().to_owned();
+        let first_fence = guard.fence();
         guard.release().await.unwrap();
         let again = b.lock(key.clone()).fencing(true).acquire().await.unwrap();
-        assert_eq!(again.fence(), Some(2), "{key}");
+        assert_eq!(again.fence(), first_fence.map(|f| f + 1), "{key}");
         again.release().await.unwrap();
     }
 }

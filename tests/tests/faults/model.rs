@@ -372,10 +372,10 @@ mod tests {
         let history = rebuild(
             &events(&[
                 // A acquires through the script, B is refused (TYPE follows its SET).
-                r#"10.000000 [0 127.0.0.1:1] "evalsha" "s" "2" "lock:k" "fence:lock:k" "A" "1000" "1""#,
+                r#"10.000000 [0 127.0.0.1:1] "evalsha" "s" "2" "lock:k" "fence:{lock:k}" "A" "1000" "1""#,
                 r#"10.000010 [0 lua] "SET" "lock:k" "A" "NX" "PX" "1000""#,
-                r#"10.000020 [0 lua] "INCR" "fence:lock:k""#,
-                r#"10.100000 [0 127.0.0.1:2] "evalsha" "s" "2" "lock:k" "fence:lock:k" "B" "1000" "1""#,
+                r#"10.000020 [0 lua] "INCR" "fence:{lock:k}""#,
+                r#"10.100000 [0 127.0.0.1:2] "evalsha" "s" "2" "lock:k" "fence:{lock:k}" "B" "1000" "1""#,
                 r#"10.100010 [0 lua] "SET" "lock:k" "B" "NX" "PX" "1000""#,
                 r#"10.100020 [0 lua] "TYPE" "lock:k""#,
                 r#"10.100030 [0 lua] "GET" "lock:k""#,

@@ -215,6 +215,12 @@ async fn exercise(url: &str, observe: &str) -> Vec<String> {
     let build = || lock_tests::fast_registry(url);
     let (a, b) = (build(), build());
     let mut failed = Vec::new();
+    // A fresh fencing counter every run, so the run also creates one (which reads the clock).
+    let _: () = lock_tests::raw(observe)
+        .await
+        .del("fence:{lock:fenced}")
+        .await
+        .unwrap();
     let ttl = Duration::from_millis(150);
     // Plain acquisition, renewal, release.
     match a.lock("plain").ttl(ttl).acquire().await {
@@ -283,7 +289,7 @@ async fn exercise(url: &str, observe: &str) -> Vec<String> {
 
 /// The commands (and subcommands) a lock user needs, found by `the_minimal_acl_..`: the
 /// library sends `SET`, `EVALSHA` and `SCRIPT LOAD` itself, waiters `SUBSCRIBE` and
-/// `UNSUBSCRIBE`, and the scripts call the rest.
+/// `UNSUBSCRIBE`, and the scripts call the rest (`TIME` when a fencing counter is created).
 const MINIMAL_COMMANDS: &[&str] = &[
     "set",
     "evalsha",
@@ -296,6 +302,7 @@ const MINIMAL_COMMANDS: &[&str] = &[
     "pttl",
     "type",
     "incr",
+    "time",
     "publish",
 ];
 
@@ -308,6 +315,7 @@ fn acl_setuser(con: &mut redis::Connection, commands: &[&str]) {
         .arg(">s3cret-pw");
     cmd.arg("~lock:*")
         .arg("~fence:lock:*")
+        .arg("~fence:{lock:*")
         .arg("&lock:*")
         .arg("-@all");
     for c in commands {
@@ -454,6 +462,7 @@ async fn passwords_never_reach_logs_errors_or_debug_output() {
         .arg(format!(">{SECRET}"))
         .arg("~lock:*")
         .arg("~fence:lock:*")
+        .arg("~fence:{lock:*")
         .arg("&lock:*")
         .arg("+@all")
         .query(&mut admin)

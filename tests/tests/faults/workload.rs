@@ -887,12 +887,12 @@ fn the_checks_catch_overlaps_lost_increments_slow_hand_overs_late_cancels_and_bl
         line(1, "drop w=1 at=14000000 kind=guard took_us=200000"),
     ];
     let events: Vec<super::monitor::Event> = [
-        r#"+10.000000 [0 127.0.0.1:1] "evalsha" "s" "2" "lock:register" "fence:lock:register" "h:1:a" "1000" "1""#,
+        r#"+10.000000 [0 127.0.0.1:1] "evalsha" "s" "2" "lock:register" "fence:{lock:register}" "h:1:a" "1000" "1""#,
         r#"+10.000010 [0 lua] "SET" "lock:register" "h:1:a" "NX" "PX" "1000""#,
-        r#"+10.000020 [0 lua] "INCR" "fence:lock:register""#,
-        r#"+12.000000 [0 127.0.0.1:1] "evalsha" "s" "2" "lock:register" "fence:lock:register" "h:2:c" "1000" "1""#,
+        r#"+10.000020 [0 lua] "INCR" "fence:{lock:register}""#,
+        r#"+12.000000 [0 127.0.0.1:1] "evalsha" "s" "2" "lock:register" "fence:{lock:register}" "h:2:c" "1000" "1""#,
         r#"+12.000010 [0 lua] "SET" "lock:register" "h:2:c" "NX" "PX" "1000""#,
-        r#"+12.000020 [0 lua] "INCR" "fence:lock:register""#,
+        r#"+12.000020 [0 lua] "INCR" "fence:{lock:register}""#,
     ]
     .iter()
     .map(|l| {

@@ -21,13 +21,14 @@ async fn inspect_shows_owner_remaining_lease_and_fence() {
         .unwrap();
     let info = reg.inspect("job").await.unwrap();
     assert_eq!(info.owner.as_deref(), Some(guard.token()));
-    assert_eq!(info.fence, Some(1));
+    assert!(info.fence.is_some());
+    assert_eq!(info.fence, guard.fence());
     assert!(info.remaining.unwrap() > Duration::from_secs(30));
     let held = reg.held();
     assert_eq!(held.len(), 1);
     assert_eq!(
         (held[0].key.as_str(), held[0].fence, held[0].lost),
-        ("job", Some(1), false)
+        ("job", guard.fence(), false)
     );
     guard.release().await.unwrap();
     assert!(reg.held().is_empty());

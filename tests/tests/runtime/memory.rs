@@ -18,6 +18,8 @@ fn replicas(n: usize) -> (MemoryStore, Vec<Registry>) {
 async fn registries_sharing_a_store_exclude_each_other_and_hand_over_on_release() {
     let (_, regs) = replicas(2);
     let held = regs[0].lock("job").fencing(true).acquire().await.unwrap();
+    let held_fence = held.fence();
+    assert!(held_fence.is_some());
     assert!(regs[1].lock("job").acquire().await.unwrap_err().is_busy());
     let waiter = {
         let reg = regs[1].clone();
@@ -32,7 +34,7 @@ async fn registries_sharing_a_store_exclude_each_other_and_hand_over_on_release(
     tokio::task::yield_now().await;
     held.release().await.unwrap();
     let next = waiter.await.unwrap().unwrap();
-    assert_eq!(next.fence(), Some(2));
+    assert!(next.fence() > held_fence);
 }
 
 #[tokio::test(start_paused = true)]
@@ -76,4 +78,34 @@ async fn renewal_and_theft_detection_work_without_redis() {
     store.overwrite("lock:job", "intruder");
     let err = guard.lost().await;
     assert_lost(&err, LostReason::Stolen);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unused_fencing_counter_expires_after_a_day_and_tokens_still_increase() {
+    let (_, regs) = replicas(2);
+    let first = regs[0]
+        .lock("invoice:1")
+        .fencing(true)
+        .acquire()
+        .await
+        .unwrap();
+    let token = first.fence().unwrap();
+    first.release().await.unwrap();
+    assert_eq!(
+        regs[1].inspect("invoice:1").await.unwrap().fence,
+        Some(token)
+    );
+    tokio::time::advance(Duration::from_secs(24 * 3600 + 1)).await;
+    assert_eq!(
+        regs[1].inspect("invoice:1").await.unwrap().fence,
+        None,
+        "the counter is gone: memory stays bounded"
+    );
+    let next = regs[1]
+        .lock("invoice:1")
+        .fencing(true)
+        .acquire()
+        .await
+        .unwrap();
+    assert!(next.fence().unwrap() > token);
 }

@@ -1,0 +1,87 @@
+//! Fencing counters: bounded by an expiry, and still strictly increasing per key when a counter
+//! disappears (expired, deleted, or lost with the server's data).
+
+use std::time::Duration;
+
+use lock_tests::RedisServer;
+use redis::AsyncCommands;
+
+use super::support::{raw, registry};
+
+const DAY_MS: i64 = 24 * 3600 * 1000;
+
+#[tokio::test]
+async fn a_fenced_acquisition_leaves_its_counter_with_an_expiry_of_a_day() {
+    let server = RedisServer::start();
+    let reg = registry(&server);
+    let mut con = raw(&server).await;
+    for _ in 0..2 {
+        let guard = reg.lock("invoice:7").fencing(true).acquire().await.unwrap();
+        let counter: Option<u64> = con.get("fence:{lock:invoice:7}").await.unwrap();
+        assert_eq!(counter, guard.fence(), "the counter holds the last token");
+        // Refreshed by every fenced acquisition, so only an unused counter goes away.
+        let pttl: i64 = con.pttl("fence:{lock:invoice:7}").await.unwrap();
+        assert!(pttl > DAY_MS - 60_000 && pttl <= DAY_MS, "{pttl}");
+        guard.release().await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_counter_deleted_behind_the_librarys_back_still_yields_a_greater_token() {
+    let server = RedisServer::start();
+    let reg = registry(&server);
+    let mut con = raw(&server).await;
+    let mut last = 0;
+    for round in 0..3 {
+        for _ in 0..5 {
+            let guard = reg.lock("invoice:8").fencing(true).acquire().await.unwrap();
+            let fence = guard.fence().expect("fencing was asked for");
+            assert!(fence > last, "round {round}: {fence} after {last}");
+            last = fence;
+            guard.release().await.unwrap();
+        }
+        // As if the counter had expired, or been lost with the server's data.
+        let deleted: u32 = con.del("fence:{lock:invoice:8}").await.unwrap();
+        assert_eq!(
+            deleted, 1,
+            "round {round}: the counter was where it is documented"
+        );
+    }
+    let guard = reg.lock("invoice:8").fencing(true).acquire().await.unwrap();
+    assert!(guard.fence().unwrap() > last);
+    guard.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_holder_that_outlives_its_counter_still_sees_the_next_holder_with_a_greater_token() {
+    let server = RedisServer::start();
+    let (a, b) = (registry(&server), registry(&server));
+    let mut con = raw(&server).await;
+    let first = a
+        .lock("invoice:9")
+        .fencing(true)
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    // The counter expires while the lock is renewed (a hold longer than the counter's expiry),
+    // then the lock is taken away from a holder that still believes in its token.
+    let expiring: bool = con.pexpire("fence:{lock:invoice:9}", 1).await.unwrap();
+    assert!(expiring, "the counter was where it is documented");
+    lock_tests::eventually(Duration::from_secs(10), "the counter expired", || {
+        let mut con = con.clone();
+        async move {
+            !con.exists::<_, bool>("fence:{lock:invoice:9}")
+                .await
+                .unwrap()
+        }
+    })
+    .await;
+    assert!(b.force_unlock("invoice:9").await.unwrap());
+    let second = b.lock("invoice:9").fencing(true).acquire().await.unwrap();
+    assert!(
+        second.fence().unwrap() > first.fence().unwrap(),
+        "a fenced store must refuse the stale holder's writes"
+    );
+    second.release().await.unwrap();
+}
