@@ -58,54 +58,40 @@ fn the_default_registry_serves_a_second_runtime_after_the_first_is_gone() {
     });
 }
 
+/// A holder with a `ttl` lease and a waiter with a `wait` budget on `job`: the waiter gets the
+/// lock once the holder releases.
+async fn hand_over(registry: &Registry, url: &str, ttl: Duration, wait: Duration) {
+    let held = registry.lock("job").ttl(ttl).acquire().await.unwrap();
+    let waiter = registry.clone();
+    let waiting = tokio::spawn(async move { waiter.lock("job").wait(wait).acquire().await });
+    lock_tests::eventually(Duration::from_secs(10), "waiter subscribed", || async {
+        lock_tests::subscribers(url, "lock:job").await == 1
+    })
+    .await;
+    held.release().await.unwrap();
+    let got = waiting.await.unwrap().expect("woken by the release");
+    got.release().await.unwrap();
+}
+
 #[test]
 fn a_waiter_in_a_second_runtime_is_woken_by_a_release_notification() {
     let server = RedisServer::start();
     let registry = Registry::from_url(&server.url()).expect("registry");
     // Runtime A starts the subscriber by waiting once.
-    runtime().block_on(async {
-        let held = registry.lock("job").acquire().await.unwrap();
-        let waiter = registry.clone();
-        let waiting = tokio::spawn(async move {
-            waiter
-                .lock("job")
-                .wait(Duration::from_secs(10))
-                .acquire()
-                .await
-        });
-        lock_tests::eventually(Duration::from_secs(10), "waiter subscribed", || async {
-            lock_tests::subscribers(&server.url(), "lock:job").await == 1
-        })
-        .await;
-        held.release().await.unwrap();
-        waiting.await.unwrap().unwrap().release().await.unwrap();
-    });
-
+    runtime().block_on(hand_over(
+        &registry,
+        &server.url(),
+        Duration::from_secs(30),
+        Duration::from_secs(10),
+    ));
     // Runtime B: the holder's lease (60 s) outlives the waiter's budget (20 s), so the waiter
     // gets the lock only if the release notification reaches it.
-    runtime().block_on(async {
-        let held = registry
-            .lock("job")
-            .ttl(Duration::from_secs(60))
-            .acquire()
-            .await
-            .unwrap();
-        let waiter = registry.clone();
-        let waiting = tokio::spawn(async move {
-            waiter
-                .lock("job")
-                .wait(Duration::from_secs(20))
-                .acquire()
-                .await
-        });
-        lock_tests::eventually(Duration::from_secs(10), "waiter subscribed", || async {
-            lock_tests::subscribers(&server.url(), "lock:job").await == 1
-        })
-        .await;
-        held.release().await.unwrap();
-        let got = waiting.await.unwrap().expect("woken by the release");
-        got.release().await.unwrap();
-    });
+    runtime().block_on(hand_over(
+        &registry,
+        &server.url(),
+        Duration::from_secs(60),
+        Duration::from_secs(20),
+    ));
 }
 
 #[test]

@@ -255,12 +255,7 @@ async fn a_holder_process_killed_without_releasing_frees_the_lock_within_its_ttl
 async fn a_release_cancelled_in_flight_is_finished_in_the_background() {
     let server = RedisServer::start();
     let proxy = lock_tests::proxy::Proxy::start(server.port());
-    let reg = lock_runtime::Registry::builder()
-        .url(proxy.url())
-        .connect_timeout(Duration::from_secs(10))
-        .command_timeout(Duration::from_secs(10))
-        .build()
-        .unwrap();
+    let reg = super::support::patient_registry(&proxy.url());
     lock_tests::warm_up(&reg).await;
     let guard = reg
         .lock("k")

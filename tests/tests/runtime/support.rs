@@ -13,6 +13,16 @@ pub fn registry(server: &RedisServer) -> Registry {
         .expect("registry")
 }
 
+/// A registry on `url` (a fault proxy, say) whose timeouts outlast any latency a test injects.
+pub fn patient_registry(url: &str) -> Registry {
+    Registry::builder()
+        .url(url)
+        .connect_timeout(Duration::from_secs(10))
+        .command_timeout(Duration::from_secs(10))
+        .build()
+        .expect("registry")
+}
+
 /// A raw async connection for interfering behind the library's back.
 pub async fn raw(server: &RedisServer) -> redis::aio::MultiplexedConnection {
     lock_tests::raw(&server.url()).await

@@ -148,12 +148,7 @@ async fn waiters_cancelled_while_subscribing_leave_no_subscription_behind() {
     const KEYS: usize = 1000;
     let server = RedisServer::start();
     let proxy = lock_tests::proxy::Proxy::start(server.port());
-    let reg = lock_runtime::Registry::builder()
-        .url(proxy.url())
-        .connect_timeout(Duration::from_secs(10))
-        .command_timeout(Duration::from_secs(10))
-        .build()
-        .unwrap();
+    let reg = super::support::patient_registry(&proxy.url());
     // Connection and subscriber made before the latency, so each step below costs round trips
     // only: a refused attempt is two (`SET NX`, then the script that reads the holder's
     // lease), the subscription one more.
