@@ -105,16 +105,7 @@ fn a_registry_serves_a_runtime_while_the_one_that_first_used_it_is_idle() {
     // Runtime A makes the connection, then stays alive but is never driven again (a
     // current-thread runtime runs its tasks only inside `block_on`).
     let a = runtime();
-    a.block_on(async {
-        registry
-            .lock("k")
-            .acquire()
-            .await
-            .unwrap()
-            .release()
-            .await
-            .unwrap();
-    });
+    a.block_on(lock_tests::warm_up(&registry));
 
     runtime().block_on(async {
         let guard = registry
