@@ -246,8 +246,12 @@ async fn renew(inner: &RegistryInner, leases: &[Arc<Lease>], sent_at: Instant) {
                             .leases
                             .reschedule(lease.id, Some(sent_at + lease.options.ttl / 3));
                     }
-                    Some(lost) => {
-                        lease.mark_lost(lost.lost_reason().unwrap_or(LostReason::Stolen));
+                    Some(Renewed::Gone) => {
+                        lease.mark_lost(LostReason::Gone);
+                        inner.leases.reschedule(lease.id, None);
+                    }
+                    Some(Renewed::Taken) => {
+                        lease.mark_lost(LostReason::Stolen);
                         inner.leases.reschedule(lease.id, None);
                     }
                     None => inner

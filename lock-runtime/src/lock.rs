@@ -98,8 +98,7 @@ impl LockRequest {
                 done: true,
             });
         }
-        let lease = if matches!(inner.backend, crate::backend::Backend::Memory(_)) {
-            // In memory: on the caller's runtime, whose clock the leases follow.
+        let lease = if inner.on_caller_runtime() {
             acquire_lease(inner.clone(), self.key, self.options).await?
         } else {
             // The whole acquisition (attempts, subscribing, waiting) runs on the I/O runtime,

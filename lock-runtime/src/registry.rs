@@ -54,6 +54,12 @@ impl RegistryInner {
         self.next_id.fetch_add(1, Ordering::Relaxed)
     }
 
+    /// Whether this registry's work runs on its callers' runtime: only in memory, where leases
+    /// follow that runtime's clock (which a test may pause). Redis work runs on the I/O runtime.
+    pub(crate) fn on_caller_runtime(&self) -> bool {
+        matches!(self.backend, Backend::Memory(_))
+    }
+
     /// Runs background work (the keeper, renewal batches, a dropped guard's release) where it
     /// cannot die with a caller's runtime: on the I/O runtime for Redis. An in-memory registry
     /// keeps it on the calling runtime instead, because its leases follow that runtime's clock
@@ -62,7 +68,7 @@ impl RegistryInner {
     where
         F: std::future::Future<Output = ()> + Send + 'static,
     {
-        if matches!(self.backend, Backend::Memory(_)) {
+        if self.on_caller_runtime() {
             tokio::spawn(tracing::instrument::WithSubscriber::with_current_subscriber(task));
         } else {
             crate::io::spawn(task);

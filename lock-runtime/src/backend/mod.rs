@@ -44,15 +44,6 @@ impl Renewed {
             _ => Self::Taken,
         }
     }
-
-    /// Why a lease that was not renewed is lost.
-    pub(crate) fn lost_reason(self) -> Option<crate::LostReason> {
-        match self {
-            Self::Yes => None,
-            Self::Gone => Some(crate::LostReason::Gone),
-            Self::Taken => Some(crate::LostReason::Stolen),
-        }
-    }
 }
 
 /// One lock in a renewal batch.

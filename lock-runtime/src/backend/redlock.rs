@@ -15,7 +15,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::future::join_all;
+use futures_util::future::{join_all, BoxFuture};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::time::{timeout, Instant};
 
@@ -202,20 +202,16 @@ impl Redlock {
         Ok(Attempt::Busy { retry_after })
     }
 
+    /// Sends the release to every node; `fan_out` has started each node's task already, so
+    /// dropping the replies leaves them to finish on the I/O runtime.
     fn release_in_background(&self, key: &LockKey, token: &str) {
-        for node in &self.nodes {
-            let (node, key, token) = (node.clone(), key.clone_names(), token.to_owned());
-            io::spawn(async move { node.release(&key, &token).await });
-        }
+        drop(self.fan_out(self.timeouts.command, release_on(key, token)));
     }
 
     /// `Ok` once a quorum answered (whether any of them still held our token); an error when
     /// fewer did, so the caller retries: the lock may still stand on a majority.
     pub(crate) async fn release(&self, key: &LockKey, token: &str) -> Result<bool, LockError> {
-        let mut replies = self.fan_out(self.timeouts.command, |node| {
-            let (key, token) = (key.clone_names(), token.to_owned());
-            async move { node.release(&key, &token).await }
-        });
+        let mut replies = self.fan_out(self.timeouts.command, release_on(key, token));
         let (mut answered, mut released, mut errors) = (0, false, Vec::new());
         while answered < self.quorum {
             match replies.next().await {
@@ -361,5 +357,17 @@ impl Redlock {
             .flatten()
             .flatten()
             .any(|deleted| deleted))
+    }
+}
+
+/// One node's owner-checked release of `key`, for [`Redlock::fan_out`].
+fn release_on(
+    key: &LockKey,
+    token: &str,
+) -> impl Fn(Arc<RedisBackend>) -> BoxFuture<'static, Result<bool, LockError>> {
+    let (key, token) = (key.clone_names(), token.to_owned());
+    move |node| {
+        let (key, token) = (key.clone_names(), token.clone());
+        Box::pin(async move { node.release(&key, &token).await })
     }
 }
