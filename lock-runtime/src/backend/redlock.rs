@@ -132,7 +132,7 @@ impl Redlock {
         token: &str,
         ttl: Duration,
         fencing: bool,
-        first: bool,
+        _first: bool,
     ) -> Result<Attempt, LockError> {
         if fencing {
             return Err(LockError::InvalidOptions {
@@ -146,9 +146,13 @@ impl Redlock {
         }
         let per_node = self.node_timeout(ttl);
         let started = Instant::now();
+        // Each node gets its attempt as one script call (never the plain `SET NX` first):
+        // the undo below goes out at once, and as a single command the attempt is always ahead
+        // of it on the node's connection, where a second command could fall behind it and take
+        // the lock after the undo.
         let mut replies = self.fan_out(per_node, |node| {
             let (key, token) = (key.clone_names(), token.to_owned());
-            async move { node.acquire(&key, &token, ttl, false, first).await }
+            async move { node.acquire(&key, &token, ttl, false, false).await }
         });
         let n = self.nodes.len();
         let (mut won, mut busy, mut errors, mut refused) =
