@@ -189,6 +189,7 @@ mod key;
 mod lease;
 mod lock;
 mod options;
+pub mod protocol;
 mod registry;
 mod scripts;
 mod token;

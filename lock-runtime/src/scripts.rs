@@ -17,15 +17,14 @@ use redis::Script;
 /// is incremented in the same script as the `SET`, so no holder can ever see an older token than
 /// a previous holder.
 ///
-/// The counter expires [`FENCE_EXPIRY_MS`] after the last fenced acquisition, so per-entity keys
+/// The counter expires a day after the last fenced acquisition, so per-entity keys
 /// do not pile up. A missing counter (new, expired, deleted or lost with the server's data)
 /// starts at the server's clock in microseconds (`TIME`): an old counter started at its own
 /// clock reading and grew by one per fenced acquisition, far less than one per microsecond, so
 /// the restarted one begins above every token it handed out, as long as this server's clock is
 /// not behind the old one's by more than the time since the old counter was last used. Lua
 /// numbers are doubles, exact to 2^53: microseconds since 1970 stay below that until 2255.
-pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_LUA));
-const ACQUIRE_LUA: &str = r"
+pub const ACQUIRE_LUA: &str = r"
 local ok = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])
 if not ok then
   local kind = redis.call('TYPE', KEYS[1]).ok
@@ -49,6 +48,9 @@ end
 return {0, redis.call('PTTL', KEYS[1])}
 ";
 
+/// [`ACQUIRE_LUA`], ready to invoke (by SHA, loading it on `NOSCRIPT`).
+pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_LUA));
+
 /// How long a fencing counter outlives the last fenced acquisition of its key: one day, so a
 /// server re-creating an expired counter may have a clock up to a day behind (see [`ACQUIRE`]).
 /// Clock errors are seconds, not days; a longer expiry would only keep more counters around.
@@ -58,8 +60,7 @@ pub(crate) const FENCE_EXPIRY_MS: u64 = 24 * 3600 * 1000;
 /// `KEYS[1]` lock; `ARGV[1]` token, `ARGV[2]` `PUBLISH` (or `SPUBLISH` in a cluster). Deletes only
 /// the owner's lock and tells waiters on the lock's channel. `pcall` so a key of another type
 /// reads as "not ours" instead of an error.
-pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_LUA));
-const RELEASE_LUA: &str = r"
+pub const RELEASE_LUA: &str = r"
 if redis.pcall('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
   redis.call(ARGV[2], KEYS[1], 'released')
@@ -68,12 +69,14 @@ end
 return 0
 ";
 
+/// [`RELEASE_LUA`], ready to invoke (by SHA, loading it on `NOSCRIPT`).
+pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_LUA));
+
 /// `KEYS` locks; `ARGV` token and ttl ms for each key in turn. One script call renews a whole
 /// batch: the keeper sends one command per batch instead of one per lock. Returns per key 1
 /// (renewed), 0 (no such key: expired or deleted) or -1 (someone else's value); a lock that is
 /// no longer ours is never touched.
-pub(crate) static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(RENEW_LUA));
-const RENEW_LUA: &str = r"
+pub const RENEW_LUA: &str = r"
 local out = {}
 for i, key in ipairs(KEYS) do
   local value = redis.pcall('GET', key)
@@ -88,23 +91,30 @@ end
 return out
 ";
 
+/// [`RENEW_LUA`], ready to invoke (by SHA, loading it on `NOSCRIPT`).
+pub(crate) static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(RENEW_LUA));
+
 /// `KEYS[1]` lock, `KEYS[2]` fencing counter. Returns `{token or false, pttl, fence or false}`.
-pub(crate) static INSPECT: LazyLock<Script> = LazyLock::new(|| Script::new(INSPECT_LUA));
-const INSPECT_LUA: &str = r"
+pub const INSPECT_LUA: &str = r"
 local token = redis.pcall('GET', KEYS[1])
 if type(token) ~= 'string' then token = false end
 return {token, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2])}
 ";
 
+/// [`INSPECT_LUA`], ready to invoke (by SHA, loading it on `NOSCRIPT`).
+pub(crate) static INSPECT: LazyLock<Script> = LazyLock::new(|| Script::new(INSPECT_LUA));
+
 /// `KEYS[1]` lock; `ARGV[1]` the publish command. Deletes whatever lock is there (an operator's
 /// decision) and wakes waiters.
-pub(crate) static FORCE_UNLOCK: LazyLock<Script> = LazyLock::new(|| Script::new(FORCE_UNLOCK_LUA));
-const FORCE_UNLOCK_LUA: &str = r"
+pub const FORCE_UNLOCK_LUA: &str = r"
 if redis.call('TYPE', KEYS[1]).ok ~= 'string' then return 0 end
 local n = redis.call('DEL', KEYS[1])
 if n == 1 then redis.call(ARGV[1], KEYS[1], 'released') end
 return n
 ";
+
+/// [`FORCE_UNLOCK_LUA`], ready to invoke (by SHA, loading it on `NOSCRIPT`).
+pub(crate) static FORCE_UNLOCK: LazyLock<Script> = LazyLock::new(|| Script::new(FORCE_UNLOCK_LUA));
 
 /// Every script, for loading them all when a connection opens.
 pub(crate) const ALL: [&str; 5] = [
