@@ -165,6 +165,17 @@ impl LockError {
         matches!(self, Self::Lost { .. })
     }
 
+    /// A configuration that names no usable node.
+    pub(crate) fn configure(message: String) -> Self {
+        Self::Backend {
+            node: "(none)".into(),
+            command: "configure",
+            key: None,
+            message,
+            source: None,
+        }
+    }
+
     pub(crate) fn backend(
         node: &str,
         command: &'static str,

@@ -1,5 +1,6 @@
 //! The library's own I/O runtime: one thread that runs every Redis connection, subscriber and
-//! Redis lease keeper, whichever runtime the callers use.
+//! Redis lease keeper, whichever runtime the callers use; and where each registry's background
+//! work runs.
 //!
 //! redis-rs spawns each connection's driver (and each reconnection) with `tokio::spawn` on the
 //! runtime that happens to be current. A registry is process-wide while runtimes come and go
@@ -11,8 +12,6 @@ use std::cell::Cell;
 use std::future::Future;
 use std::sync::OnceLock;
 
-use redis::aio::ConnectionLike;
-use redis::{Cmd, Pipeline, RedisFuture, Value};
 use tokio::runtime::Handle;
 use tokio::task::JoinHandle;
 use tracing::instrument::WithSubscriber;
@@ -76,32 +75,25 @@ where
     }
 }
 
-/// A connection whose every request runs on the I/O runtime.
-#[derive(Clone)]
-pub(crate) struct OnIo<C>(pub C);
+/// Where a registry's background work (its keeper, renewal batches, a dropped guard's release)
+/// runs, so that it cannot die with a caller's runtime.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Home {
+    /// The I/O runtime: everything that talks to Redis.
+    Io,
+    /// The calling runtime: the in-memory store, whose leases follow that runtime's clock
+    /// (which a test may pause). Its keeper restarts on the next runtime if that one is gone.
+    Caller,
+}
 
-impl<C> ConnectionLike for OnIo<C>
-where
-    C: ConnectionLike + Clone + Send + Sync + 'static,
-{
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        let (mut con, cmd) = (self.0.clone(), cmd.clone());
-        Box::pin(run(async move { con.req_packed_command(&cmd).await }))
-    }
-
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        pipeline: &'a Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> RedisFuture<'a, Vec<Value>> {
-        let (mut con, pipeline) = (self.0.clone(), pipeline.clone());
-        Box::pin(run(async move {
-            con.req_packed_commands(&pipeline, offset, count).await
-        }))
-    }
-
-    fn get_db(&self) -> i64 {
-        self.0.get_db()
+impl Home {
+    pub(crate) fn spawn<F>(self, task: F)
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        match self {
+            Self::Io => drop(spawn(task)),
+            Self::Caller => drop(tokio::spawn(task.with_current_subscriber())),
+        }
     }
 }

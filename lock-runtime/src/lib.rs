@@ -181,6 +181,7 @@
 #![warn(missing_docs)]
 
 mod backend;
+mod backoff;
 mod current;
 mod error;
 mod io;
@@ -191,7 +192,7 @@ mod lock;
 mod options;
 pub mod protocol;
 mod registry;
-mod scripts;
+mod timeouts;
 mod token;
 mod waiting;
 
@@ -206,5 +207,3 @@ pub use lock::{LockGuard, LockRequest};
 pub use lock_macros::distributed_lock;
 pub use options::{LockOptions, OnLost};
 pub use registry::{named, registry, HeldLock, Registry, RegistryBuilder};
-
-pub(crate) use registry::Timeouts;

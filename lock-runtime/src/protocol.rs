@@ -18,4 +18,6 @@
 //! assert!(lock_runtime::protocol::RELEASE_LUA.contains("redis.pcall('GET', KEYS[1]) == ARGV[1]"));
 //! ```
 
-pub use crate::scripts::{ACQUIRE_LUA, FORCE_UNLOCK_LUA, INSPECT_LUA, RELEASE_LUA, RENEW_LUA};
+pub use crate::backend::redis::scripts::{
+    ACQUIRE_LUA, FORCE_UNLOCK_LUA, INSPECT_LUA, RELEASE_LUA, RENEW_LUA,
+};

@@ -7,22 +7,13 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 
-use crate::backend::redis::{ClusterSeeds, RedisBackend, Topology};
-use crate::backend::redlock::Redlock;
-use crate::backend::sentinel::SentinelSetup;
-use crate::backend::{Backend, LockInfo, MemoryStore};
+use crate::backend::{Backend, LockInfo, MemoryStore, Tls};
 use crate::keeper::Leases;
 use crate::key::{self, LockKey};
 use crate::lease::Lease;
 use crate::lock::LockRequest;
+use crate::timeouts::Timeouts;
 use crate::{LockError, LostReason};
-
-/// How long to wait for Redis: connecting, and each command.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Timeouts {
-    pub connect: Duration,
-    pub command: Duration,
-}
 
 /// A place to take locks: one backend (a Redis server, or memory), a key prefix, and the lease
 /// keeper that renews what this process holds there. Cheap to clone; clones share everything.
@@ -57,7 +48,7 @@ impl RegistryInner {
     /// Whether this registry's work runs on its callers' runtime: only in memory, where leases
     /// follow that runtime's clock (which a test may pause). Redis work runs on the I/O runtime.
     pub(crate) fn on_caller_runtime(&self) -> bool {
-        matches!(self.backend, Backend::Memory(_))
+        self.backend.home() == crate::io::Home::Caller
     }
 
     /// Runs background work (the keeper, renewal batches, a dropped guard's release) where it
@@ -68,11 +59,7 @@ impl RegistryInner {
     where
         F: std::future::Future<Output = ()> + Send + 'static,
     {
-        if self.on_caller_runtime() {
-            tokio::spawn(tracing::instrument::WithSubscriber::with_current_subscriber(task));
-        } else {
-            crate::io::spawn(task);
-        }
+        self.backend.home().spawn(task);
     }
 
     /// Refuses a new acquisition once [`Registry::shutdown`] has begun.
@@ -138,8 +125,7 @@ impl std::fmt::Debug for Registry {
 #[must_use]
 pub struct RegistryBuilder {
     mode: Mode,
-    #[cfg(feature = "tls")]
-    tls: Option<redis::TlsCertificates>,
+    tls: Tls,
     prefix: Option<String>,
     connect_timeout: Option<Duration>,
     command_timeout: Option<Duration>,
@@ -221,7 +207,7 @@ impl RegistryBuilder {
     /// Trust this CA (PEM) for `rediss://` connections instead of the system's roots.
     #[cfg(feature = "tls")]
     pub fn tls_root_cert(mut self, pem: impl Into<Vec<u8>>) -> Self {
-        self.certificates().root_cert = Some(pem.into());
+        self.tls.root_cert(pem.into());
         self
     }
 
@@ -232,19 +218,8 @@ impl RegistryBuilder {
         cert_pem: impl Into<Vec<u8>>,
         key_pem: impl Into<Vec<u8>>,
     ) -> Self {
-        self.certificates().client_tls = Some(redis::ClientTlsConfig {
-            client_cert: cert_pem.into(),
-            client_key: key_pem.into(),
-        });
+        self.tls.client_cert(cert_pem.into(), key_pem.into());
         self
-    }
-
-    #[cfg(feature = "tls")]
-    fn certificates(&mut self) -> &mut redis::TlsCertificates {
-        self.tls.get_or_insert(redis::TlsCertificates {
-            client_tls: None,
-            root_cert: None,
-        })
     }
 
     /// The prefix of every lock key (default `lock:`), which keeps locks apart from application
@@ -284,59 +259,15 @@ impl RegistryBuilder {
     pub fn build(self) -> Result<Registry, LockError> {
         let prefix = self.prefix.unwrap_or_else(|| "lock:".to_owned());
         key::validate_prefix(&prefix)?;
-        let timeouts = Timeouts {
-            connect: timeout(self.connect_timeout, "connect_timeout")?,
-            command: timeout(self.command_timeout, "command_timeout")?,
-        };
-        #[cfg(feature = "tls")]
-        let tls = self.tls;
-        #[cfg(not(feature = "tls"))]
-        let tls = ();
-        let client = |url: &str| client(url, &tls);
+        let timeouts = Timeouts::new(self.connect_timeout, self.command_timeout)?;
         let backend = match self.mode {
             Mode::Unset => return Err(LockError::NotConfigured { registry: None }),
             Mode::Memory(store) => Backend::Memory(store),
-            Mode::Server(url) => Backend::Redis(Box::new(RedisBackend::new(
-                Topology::Server(Box::new(client(&url)?)),
-                timeouts,
-            ))),
-            Mode::Cluster(seeds) => {
-                let nodes = non_empty(seeds, "cluster seed")?
-                    .iter()
-                    .map(|url| client(url).map(|c| c.get_connection_info().clone()))
-                    .collect::<Result<_, _>>()?;
-                let seeds = ClusterSeeds {
-                    nodes,
-                    #[cfg(feature = "tls")]
-                    certs: tls.clone(),
-                };
-                Backend::Redis(Box::new(RedisBackend::new(
-                    Topology::Cluster(seeds),
-                    timeouts,
-                )))
-            }
-            Mode::Redlock(nodes) => {
-                let clients: Vec<_> = non_empty(nodes, "Redlock node")?
-                    .iter()
-                    .map(|url| client(url))
-                    .collect::<Result<_, _>>()?;
-                redlock_nodes(&clients)?;
-                Backend::Redlock(Box::new(Redlock::new(clients, timeouts)))
-            }
+            Mode::Server(url) => Backend::server(&url, &self.tls, timeouts)?,
+            Mode::Cluster(seeds) => Backend::cluster(seeds, &self.tls, timeouts)?,
+            Mode::Redlock(nodes) => Backend::redlock(nodes, &self.tls, timeouts)?,
             Mode::Sentinel { master, sentinels } => {
-                let sentinels = non_empty(sentinels, "sentinel")?
-                    .iter()
-                    .map(|url| plain(url, "sentinel").map(|c| c.get_connection_info().clone()))
-                    .collect::<Result<_, _>>()?;
-                let (service, master) = sentinel_master(&master)?;
-                Backend::Redis(Box::new(RedisBackend::new(
-                    Topology::Sentinel(Arc::new(SentinelSetup {
-                        sentinels,
-                        service,
-                        master,
-                    })),
-                    timeouts,
-                )))
+                Backend::sentinel(&master, sentinels, timeouts)?
             }
         };
         Ok(Registry {
@@ -349,149 +280,6 @@ impl RegistryBuilder {
                 shut_down: AtomicBool::new(false),
             }),
         })
-    }
-}
-
-/// The longest timeout taken as given. The runtime adds and doubles timeouts to bound its
-/// background work; a day keeps that arithmetic far from overflowing, and no Redis command is
-/// worth waiting longer for.
-const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
-
-/// A builder timeout: 2 s when unset, refused when zero, clamped to [`MAX_TIMEOUT`].
-fn timeout(given: Option<Duration>, option: &str) -> Result<Duration, LockError> {
-    match given {
-        None => Ok(Duration::from_secs(2)),
-        Some(d) if d.is_zero() => Err(configure_error(format!(
-            "`{option}` is zero, so every operation would time out at once; give it at least \
-             1 ms (the default is 2 s, and anything beyond a day counts as a day)"
-        ))),
-        Some(d) => Ok(d.min(MAX_TIMEOUT)),
-    }
-}
-
-#[cfg(feature = "tls")]
-type Tls = Option<redis::TlsCertificates>;
-#[cfg(not(feature = "tls"))]
-type Tls = ();
-
-fn client(url: &str, tls: &Tls) -> Result<redis::Client, LockError> {
-    #[cfg(feature = "tls")]
-    let opened = match tls {
-        Some(certs) => redis::Client::build_with_tls(url.trim(), certs.clone()),
-        None => redis::Client::open(url.trim()),
-    };
-    #[cfg(not(feature = "tls"))]
-    let opened = {
-        let () = tls;
-        redis::Client::open(url.trim())
-    };
-    opened.map_err(|e| LockError::Backend {
-        // The URL may hold a password: name only what kind of error it was.
-        node: "(unparsed URL)".into(),
-        command: "parse URL",
-        key: None,
-        message: format!(
-            "not a valid Redis URL ({:?}); expected redis://[user:password@]host:port[/db]",
-            e.kind()
-        ),
-        source: None,
-    })
-}
-
-/// A plain-TCP client (Sentinel mode offers no TLS): a `rediss://` URL is refused by name.
-fn plain(url: &str, what: &str) -> Result<redis::Client, LockError> {
-    if url.trim().starts_with("rediss://") {
-        return Err(configure_error(format!(
-            "a {what} URL uses rediss://, but Sentinel mode offers no TLS; use redis:// \
-             or a single server, cluster or Redlock registry"
-        )));
-    }
-    client(url, &Tls::default())
-}
-
-/// The service name and the master's login: `mymaster`, or `redis://user:pass@mymaster/db`.
-fn sentinel_master(master: &str) -> Result<(String, redis::RedisConnectionInfo), LockError> {
-    let master = master.trim();
-    if !master.contains("://") {
-        if master.is_empty() || master.contains(['/', '@', ':', ' ']) {
-            return Err(configure_error(
-                "the Sentinel master name is empty or not a plain name; give the service name \
-                 the sentinels monitor (`mymaster`), or redis://user:password@mymaster/db"
-                    .into(),
-            ));
-        }
-        return Ok((master.to_owned(), redis::RedisConnectionInfo::default()));
-    }
-    let info = plain(master, "Sentinel master")?
-        .get_connection_info()
-        .clone();
-    match info.addr() {
-        redis::ConnectionAddr::Tcp(service, _) => {
-            Ok((service.clone(), info.redis_settings().clone()))
-        }
-        _ => Err(configure_error(
-            "the Sentinel master URL must name the service as its host: \
-             redis://user:password@mymaster/db"
-                .into(),
-        )),
-    }
-}
-
-/// A list with an empty entry is refused rather than filtered: a stray comma once turned one
-/// server's URL into a Redlock of one node.
-fn non_empty(urls: Vec<String>, what: &str) -> Result<Vec<String>, LockError> {
-    if urls.is_empty() {
-        return Err(configure_error(format!("no {what} URL given")));
-    }
-    if let Some(position) = urls.iter().position(|u| u.trim().is_empty()) {
-        return Err(configure_error(format!(
-            "the {what} list has an empty entry {} of {} (a stray comma?); remove it (a single \
-             server's URL takes no comma at all)",
-            position + 1,
-            urls.len()
-        )));
-    }
-    Ok(urls)
-}
-
-/// Redlock's quorum of N/2 + 1 tolerates no failure below 3 nodes, and a server listed twice
-/// (under any database) would count twice towards it.
-fn redlock_nodes(clients: &[redis::Client]) -> Result<(), LockError> {
-    let servers: Vec<String> = clients
-        .iter()
-        .map(|c| c.get_connection_info().addr().to_string().to_lowercase())
-        .collect();
-    for (i, server) in servers.iter().enumerate() {
-        if let Some(j) = servers[..i].iter().position(|s| s == server) {
-            return Err(configure_error(format!(
-                "Redlock entries {} and {} are the same server {server} (another database on \
-                 it is not an independent node): Redlock needs independent masters, so list \
-                 each server once",
-                j + 1,
-                i + 1
-            )));
-        }
-    }
-    if clients.len() < 3 {
-        return Err(configure_error(format!(
-            "a Redlock of {} node{} tolerates no node failure (a majority of 1 or 2 is every \
-             node) and gives no fencing tokens; use a single server URL for one Redis, or 3 or \
-             5 independent masters",
-            clients.len(),
-            if clients.len() == 1 { "" } else { "s" }
-        )));
-    }
-    Ok(())
-}
-
-/// A configuration that names no usable node.
-fn configure_error(message: String) -> LockError {
-    LockError::Backend {
-        node: "(none)".into(),
-        command: "configure",
-        key: None,
-        message,
-        source: None,
     }
 }
 
@@ -545,7 +333,7 @@ impl Registry {
         let list = |v: String| v.split(',').map(str::to_owned).collect::<Vec<_>>();
         if let Some(sentinels) = var("LOCK_REDIS_SENTINEL") {
             let master = var("LOCK_REDIS_SENTINEL_MASTER").ok_or_else(|| {
-                configure_error(
+                LockError::configure(
                     "LOCK_REDIS_SENTINEL is set but LOCK_REDIS_SENTINEL_MASTER is not; set it \
                      to the service name the sentinels monitor (`mymaster`)"
                         .into(),

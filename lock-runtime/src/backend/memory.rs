@@ -6,9 +6,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Attempt, LockInfo, Renewal, Renewed};
+use super::{Attempt, LockInfo, Renewal, Renewed, FENCE_EXPIRY_MS};
 use crate::key::LockKey;
-use crate::scripts::FENCE_EXPIRY_MS;
 use crate::waiting::WaitHub;
 
 /// Locks kept in this process's memory.

@@ -2,18 +2,24 @@
 
 use std::time::Duration;
 
+use crate::io::Home;
 use crate::key::LockKey;
+use crate::timeouts::Timeouts;
 use crate::waiting::WaitHub;
 use crate::LockError;
 
-pub(crate) mod cluster_nodes;
 pub(crate) mod memory;
 pub(crate) mod redis;
 pub(crate) mod redlock;
-pub(crate) mod sentinel;
-pub(crate) mod stall;
 
 pub use memory::MemoryStore;
+pub(crate) use redis::config::Tls;
+
+/// How long a fencing counter outlives the last fenced acquisition of its key: one day, so a
+/// server re-creating an expired counter may have a clock up to a day behind (see
+/// `ACQUIRE_LUA`, which spells the same number). Clock errors are seconds, not days; a longer
+/// expiry would only keep more counters around.
+pub(crate) const FENCE_EXPIRY_MS: u64 = 24 * 3600 * 1000;
 
 /// The outcome of one acquisition attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,17 +39,6 @@ pub(crate) enum Renewed {
     Gone,
     /// Someone else's token (or another kind of value) is under the key.
     Taken,
-}
-
-impl Renewed {
-    /// The script's answer for one lock: 1 renewed, 0 gone, -1 taken.
-    pub(crate) fn from_flag(flag: i64) -> Self {
-        match flag {
-            1 => Self::Yes,
-            0 => Self::Gone,
-            _ => Self::Taken,
-        }
-    }
 }
 
 /// One lock in a renewal batch.
@@ -79,6 +74,60 @@ pub(crate) fn ttl_ms(ttl: Duration) -> u64 {
 }
 
 impl Backend {
+    /// One Redis server.
+    pub(crate) fn server(url: &str, tls: &Tls, timeouts: Timeouts) -> Result<Self, LockError> {
+        let topology = redis::config::Topology::Server(Box::new(tls.client(url)?));
+        Ok(Self::Redis(Box::new(redis::RedisBackend::new(
+            topology, timeouts,
+        ))))
+    }
+
+    /// A Redis Cluster, found through these seeds.
+    pub(crate) fn cluster(
+        seeds: Vec<String>,
+        tls: &Tls,
+        timeouts: Timeouts,
+    ) -> Result<Self, LockError> {
+        let seeds = redis::config::ClusterSeeds::parse(seeds, tls)?;
+        let topology = redis::config::Topology::Cluster(seeds);
+        Ok(Self::Redis(Box::new(redis::RedisBackend::new(
+            topology, timeouts,
+        ))))
+    }
+
+    /// The master these sentinels name for the service `master`.
+    pub(crate) fn sentinel(
+        master: &str,
+        sentinels: Vec<String>,
+        timeouts: Timeouts,
+    ) -> Result<Self, LockError> {
+        let topology =
+            redis::config::Topology::Sentinel(redis::config::sentinel_setup(master, sentinels)?);
+        Ok(Self::Redis(Box::new(redis::RedisBackend::new(
+            topology, timeouts,
+        ))))
+    }
+
+    /// Redlock over these independent masters.
+    pub(crate) fn redlock(
+        nodes: Vec<String>,
+        tls: &Tls,
+        timeouts: Timeouts,
+    ) -> Result<Self, LockError> {
+        let clients = redis::config::redlock_nodes(nodes, tls)?;
+        Ok(Self::Redlock(Box::new(redlock::Redlock::new(
+            clients, timeouts,
+        ))))
+    }
+
+    /// Where this backend's background work runs.
+    pub(crate) fn home(&self) -> Home {
+        match self {
+            Self::Memory(_) => Home::Caller,
+            Self::Redis(_) | Self::Redlock(_) => Home::Io,
+        }
+    }
+
     /// `host:port` (never credentials), for errors and traces.
     pub(crate) fn node(&self) -> &str {
         match self {

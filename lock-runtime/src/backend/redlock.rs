@@ -19,11 +19,12 @@ use futures_util::future::{join_all, BoxFuture};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::time::{timeout, Instant};
 
-use super::redis::{RedisBackend, Topology};
+use super::redis::RedisBackend;
 use super::{Attempt, LockInfo, Renewal, Renewed};
 use crate::key::LockKey;
+use crate::timeouts::Timeouts;
 use crate::waiting::WaitHub;
-use crate::{io, LockError, Timeouts};
+use crate::{io, LockError};
 
 pub(crate) struct Redlock {
     nodes: Vec<Arc<RedisBackend>>,
@@ -40,10 +41,10 @@ impl Redlock {
     pub(crate) fn new(clients: Vec<redis::Client>, timeouts: Timeouts) -> Self {
         let nodes: Vec<Arc<RedisBackend>> = clients
             .into_iter()
-            .map(|c| Arc::new(RedisBackend::new(Topology::Server(Box::new(c)), timeouts)))
+            .map(|c| Arc::new(RedisBackend::redlock_node(c, timeouts)))
             .collect();
         // A release on any node wakes the waiters; each node's subscription is its own.
-        let hub = WaitHub::redis(nodes.iter().filter_map(|n| n.source()).collect(), timeouts);
+        let hub = RedisBackend::shared_hub(&nodes, timeouts);
         let name = format!(
             "redlock({})",
             nodes.iter().map(|n| n.node()).collect::<Vec<_>>().join(",")

@@ -17,11 +17,15 @@ use futures_util::future::{join_all, select_ok};
 use redis::aio::ConnectionManager;
 use redis::{ConnectionAddr, ConnectionInfo, Value};
 
-use super::redis::{renew_chunk, timed_out, ClusterSeeds, Round, RENEW_CHUNK};
-use super::Renewal;
-use crate::io::{self, OnIo};
+use super::config::ClusterSeeds;
+use super::connection::OnIo;
+use super::errors::timed_out;
+use super::manager::manager_config;
+use super::renewal::{renew_chunk, Round, RENEW_CHUNK};
+use crate::backend::Renewal;
+use crate::io;
 use crate::key::hash_tag;
-use crate::Timeouts;
+use crate::timeouts::Timeouts;
 
 /// Redis Cluster's slot count.
 const SLOTS: u16 = 16384;
@@ -206,7 +210,7 @@ impl ClusterNodes {
             return Ok(con);
         }
         let client = self.client(self.info(master))?;
-        let config = super::redis::manager_config(self.timeouts);
+        let config = manager_config(self.timeouts);
         let con = OnIo(io::run(ConnectionManager::new_with_config(client, config)).await?);
         self.connections
             .lock()

@@ -20,7 +20,9 @@ use redis::{Cmd, ConnectionAddr, ConnectionInfo, ErrorKind, Pipeline, RedisFutur
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use crate::Timeouts;
+use super::errors::unanswered;
+use super::manager::manager;
+use crate::timeouts::Timeouts;
 
 /// Where Sentinel mode finds its master: the sentinels, the service's name, and how to log in
 /// to the master once found.
@@ -95,7 +97,7 @@ impl SentinelConnection {
     ) -> redis::RedisResult<Self> {
         let client = setup.master().await?;
         let addr = client.get_connection_info().addr().clone();
-        let manager = super::redis::manager(client, timeouts).await?;
+        let manager = manager(client, timeouts).await?;
         Ok(Self {
             shared: Arc::new(Shared {
                 setup,
@@ -130,7 +132,7 @@ impl SentinelConnection {
     /// A failure that says the master may have moved starts a rediscovery.
     fn check<T>(&self, result: &redis::RedisResult<T>) {
         let Err(e) = result else { return };
-        let moved = super::redis::unanswered(e)
+        let moved = unanswered(e)
             || e.is_connection_refusal()
             || e.kind() == ErrorKind::Server(redis::ServerErrorKind::ReadOnly);
         if moved && !self.shared.rediscovering.swap(true, Ordering::AcqRel) {
@@ -169,7 +171,7 @@ impl Shared {
             // Same master: its connection manager reconnects on its own.
             return;
         }
-        match tokio::time::timeout(bound, super::redis::manager(client, self.timeouts)).await {
+        match tokio::time::timeout(bound, manager(client, self.timeouts)).await {
             Ok(Ok(manager)) => {
                 tracing::warn!(node = %self.setup.node_name(), from = %old, to = %addr, "the master moved");
                 *self.current.lock().unwrap_or_else(PoisonError::into_inner) = (manager, addr);

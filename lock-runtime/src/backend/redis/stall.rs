@@ -16,7 +16,7 @@
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::redis::unanswered;
+use super::errors::unanswered;
 
 #[derive(Debug)]
 pub(crate) struct Stall {

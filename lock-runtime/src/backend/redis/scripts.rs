@@ -51,12 +51,6 @@ return {0, redis.call('PTTL', KEYS[1])}
 /// [`ACQUIRE_LUA`], ready to invoke (by SHA, loading it on `NOSCRIPT`).
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_LUA));
 
-/// How long a fencing counter outlives the last fenced acquisition of its key: one day, so a
-/// server re-creating an expired counter may have a clock up to a day behind (see [`ACQUIRE`]).
-/// Clock errors are seconds, not days; a longer expiry would only keep more counters around.
-/// `ACQUIRE_LUA` spells the same number.
-pub(crate) const FENCE_EXPIRY_MS: u64 = 24 * 3600 * 1000;
-
 /// `KEYS[1]` lock; `ARGV[1]` token, `ARGV[2]` `PUBLISH` (or `SPUBLISH` in a cluster). Deletes only
 /// the owner's lock and tells waiters on the lock's channel. `pcall` so a key of another type
 /// reads as "not ours" instead of an error.
@@ -128,6 +122,7 @@ pub(crate) const ALL: [&str; 5] = [
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::FENCE_EXPIRY_MS;
 
     #[test]
     fn the_acquire_script_expires_counters_after_fence_expiry_ms() {

@@ -1,0 +1,261 @@
+//! One Redis deployment reached through one shared connection: a standalone server, a Redis
+//! Cluster, or the master a set of Sentinels names. The façade of the Redis backend: the files
+//! beside it hold its parts.
+//!
+//! All three run the same scripts. In a cluster every script touches one hash slot only (the
+//! lock, its fencing counter and its sharded notification channel share the key's hash tag),
+//! MOVED/ASK and failover are the cluster client's job; renewals go straight to each master
+//! (see `cluster_nodes`), one script call per slot group.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use redis::Value;
+
+use crate::backend::{ttl_ms, Attempt, LockInfo, Renewal, Renewed};
+use crate::key::{hash_tag, LockKey};
+use crate::timeouts::Timeouts;
+use crate::waiting::WaitHub;
+use crate::LockError;
+
+mod cluster_nodes;
+pub(crate) mod config;
+mod connection;
+mod errors;
+mod manager;
+mod renewal;
+pub(crate) mod scripts;
+mod sentinel;
+mod stall;
+mod subscriber;
+
+use cluster_nodes::ClusterNodes;
+use config::Topology;
+use connection::SharedConnection;
+use renewal::{renew_chunk, Round, RENEW_CHUNK};
+use subscriber::Source;
+
+pub(crate) struct RedisBackend {
+    topology: Topology,
+    node: String,
+    connection: SharedConnection,
+    /// In a cluster: renewals straight to each master.
+    nodes: Option<ClusterNodes>,
+    hub: WaitHub,
+}
+
+impl RedisBackend {
+    /// A backend for `topology` whose waiters are fed by its own subscriber.
+    pub(crate) fn new(topology: Topology, timeouts: Timeouts) -> Self {
+        let hub = subscriber::hub(Self::source(&topology).into_iter().collect(), timeouts);
+        Self::with_hub(topology, timeouts, hub)
+    }
+
+    /// A Redlock node: its waiters are the Redlock's, fed by every node (see [`Self::source`]).
+    pub(crate) fn redlock_node(client: redis::Client, timeouts: Timeouts) -> Self {
+        Self::with_hub(
+            Topology::Server(Box::new(client)),
+            timeouts,
+            WaitHub::local(),
+        )
+    }
+
+    fn with_hub(topology: Topology, timeouts: Timeouts, hub: WaitHub) -> Self {
+        let node = topology.node_name();
+        let nodes = match &topology {
+            Topology::Cluster(seeds) => Some(ClusterNodes::new(seeds.clone(), timeouts)),
+            _ => None,
+        };
+        Self {
+            connection: SharedConnection::new(topology.clone(), node.clone(), timeouts),
+            topology,
+            node,
+            nodes,
+            hub,
+        }
+    }
+
+    /// A hub fed by the subscribers of these nodes (a release on any of them wakes waiters).
+    pub(crate) fn shared_hub(nodes: &[std::sync::Arc<Self>], timeouts: Timeouts) -> WaitHub {
+        let sources = nodes
+            .iter()
+            .filter_map(|n| Self::source(&n.topology))
+            .collect();
+        subscriber::hub(sources, timeouts)
+    }
+
+    /// Where to subscribe for this deployment's release notifications.
+    fn source(topology: &Topology) -> Option<Source> {
+        match topology {
+            Topology::Server(client) => Source::server(client),
+            Topology::Cluster(seeds) => Some(Source::Cluster(seeds.clone())),
+            Topology::Sentinel(setup) => Some(Source::Sentinel(setup.clone())),
+        }
+    }
+
+    pub(crate) fn node(&self) -> &str {
+        &self.node
+    }
+
+    pub(crate) fn hub(&self) -> &WaitHub {
+        &self.hub
+    }
+
+    pub(crate) fn is_cluster(&self) -> bool {
+        matches!(self.topology, Topology::Cluster(_))
+    }
+
+    /// `SPUBLISH` keeps a cluster's notification on the shard that owns the lock.
+    fn publish_command(&self) -> &'static str {
+        if self.is_cluster() {
+            "SPUBLISH"
+        } else {
+            "PUBLISH"
+        }
+    }
+
+    fn error(&self, command: &'static str, key: Option<&str>, e: redis::RedisError) -> LockError {
+        if self.is_cluster()
+            && (e.is_cluster_error() || e.kind() == redis::ErrorKind::ClusterConnectionNotFound)
+        {
+            // The client's slot map is wrong (a cluster still forming, a failover, a migrated
+            // slot) and it runs without retries of its own: the next operation builds a client
+            // that reads the map afresh.
+            tracing::debug!(node = %self.node, error = %e, "replacing the cluster client");
+            self.connection.reset();
+        }
+        LockError::backend(&self.node, command, key, e)
+    }
+
+    pub(crate) async fn acquire(
+        &self,
+        key: &LockKey,
+        token: &str,
+        ttl: Duration,
+        fencing: bool,
+        first: bool,
+    ) -> Result<Attempt, LockError> {
+        let mut con = self.connection.get("acquire", Some(&key.key)).await?;
+        if !fencing && first {
+            // The uncontended case is the plain protocol command: a script call costs Redis
+            // measurably more than `SET` (see the benchmark), and most acquisitions find the
+            // lock free. Only a refusal needs the script's answers (whose token? how long?).
+            let set: Option<String> = redis::cmd("SET")
+                .arg(&key.redis_key)
+                .arg(token)
+                .arg("NX")
+                .arg("PX")
+                .arg(ttl_ms(ttl))
+                .query_async(&mut con)
+                .await
+                .map_err(|e| self.error("acquire", Some(&key.key), e))?;
+            if set.is_some() {
+                return Ok(Attempt::Acquired { fence: None });
+            }
+        }
+        let reply: (i64, Value) = scripts::ACQUIRE
+            .key(&key.redis_key)
+            .key(&key.fence_key)
+            .arg(token)
+            .arg(ttl_ms(ttl))
+            .arg(u8::from(fencing))
+            .invoke_async(&mut con)
+            .await
+            .map_err(|e| self.error("acquire", Some(&key.key), e))?;
+        match reply {
+            (1, Value::Int(fence)) => Ok(Attempt::Acquired {
+                fence: fencing.then_some(u64::try_from(fence).unwrap_or(0)),
+            }),
+            (0, Value::Int(pttl)) => Ok(Attempt::Busy {
+                retry_after: u64::try_from(pttl).ok().map(Duration::from_millis),
+            }),
+            (_, other) => {
+                let kind = redis::from_redis_value::<String>(other).unwrap_or_default();
+                Err(LockError::InvalidKey {
+                    key: key.key.clone(),
+                    reason: format!(
+                        "Redis key `{}` on {} holds a {kind}, not a lock; it was left untouched. \
+                         Pick a registry prefix or key that no application data uses",
+                        crate::error::shown(&key.redis_key),
+                        self.node
+                    ),
+                })
+            }
+        }
+    }
+
+    pub(crate) async fn release(&self, key: &LockKey, token: &str) -> Result<bool, LockError> {
+        let mut con = self.connection.get("release", Some(&key.key)).await?;
+        let deleted: i64 = scripts::RELEASE
+            .key(&key.redis_key)
+            .arg(token)
+            .arg(self.publish_command())
+            .invoke_async(&mut con)
+            .await
+            .map_err(|e| self.error("release", Some(&key.key), e))?;
+        Ok(deleted == 1)
+    }
+
+    /// One flag per lock: renewed, not ours, or unknown (`None`: that call failed).
+    pub(crate) async fn renew(
+        &self,
+        batch: &[Renewal<'_>],
+        budget: Duration,
+    ) -> Result<Vec<Option<Renewed>>, LockError> {
+        if let Some(nodes) = &self.nodes {
+            if let Some(round) = nodes.renew(batch, budget).await {
+                return round.finish().map_err(|e| self.error("renew", None, e));
+            }
+        }
+        let con = self.connection.get("renew", None).await?;
+        // Scripts touch one slot each in a cluster; a standalone server takes any batch.
+        let mut groups: HashMap<&str, Vec<usize>> = HashMap::new();
+        for (i, r) in batch.iter().enumerate() {
+            let group = if self.is_cluster() {
+                hash_tag(r.redis_key).unwrap_or(r.redis_key)
+            } else {
+                ""
+            };
+            groups.entry(group).or_default().push(i);
+        }
+        let calls = groups
+            .values()
+            .flat_map(|members| members.chunks(RENEW_CHUNK))
+            .map(|chunk| {
+                let mut con = con.clone();
+                async move { (chunk, renew_chunk(&mut con, batch, chunk, budget).await) }
+            });
+        let mut round = Round::new(batch.len());
+        for (chunk, flags) in join_all(calls).await {
+            round.record(chunk, flags);
+        }
+        round.finish().map_err(|e| self.error("renew", None, e))
+    }
+
+    pub(crate) async fn inspect(&self, key: &LockKey) -> Result<LockInfo, LockError> {
+        let mut con = self.connection.get("inspect", Some(&key.key)).await?;
+        let (owner, pttl, fence): (Option<String>, i64, Option<u64>) = scripts::INSPECT
+            .key(&key.redis_key)
+            .key(&key.fence_key)
+            .invoke_async(&mut con)
+            .await
+            .map_err(|e| self.error("inspect", Some(&key.key), e))?;
+        Ok(LockInfo {
+            owner,
+            remaining: u64::try_from(pttl).ok().map(Duration::from_millis),
+            fence,
+        })
+    }
+
+    pub(crate) async fn force_unlock(&self, key: &LockKey) -> Result<bool, LockError> {
+        let mut con = self.connection.get("force_unlock", Some(&key.key)).await?;
+        let deleted: i64 = scripts::FORCE_UNLOCK
+            .key(&key.redis_key)
+            .arg(self.publish_command())
+            .invoke_async(&mut con)
+            .await
+            .map_err(|e| self.error("force_unlock", Some(&key.key), e))?;
+        Ok(deleted == 1)
+    }
+}
