@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use crate::lease::Lease;
-use crate::registry::RegistryInner;
+use crate::state::RegistryInner;
 use crate::LockError;
 
 tokio::task_local! {

@@ -7,9 +7,11 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::backend::Attempt;
+use crate::backoff::Backoff;
+use crate::guard::LockGuard;
 use crate::key::LockKey;
 use crate::lease::Lease;
-use crate::registry::{Registry, RegistryInner};
+use crate::state::RegistryInner;
 use crate::{current, token, LockError, LockOptions, OnLost};
 
 /// A lock request: built by [`Registry::lock`], finished by [`acquire`](Self::acquire) or
@@ -17,13 +19,13 @@ use crate::{current, token, LockError, LockOptions, OnLost};
 #[must_use = "a lock request does nothing until `.acquire()` or `.run(..)` is awaited"]
 #[derive(Debug)]
 pub struct LockRequest {
-    registry: Registry,
+    registry: Arc<RegistryInner>,
     key: String,
     options: LockOptions,
 }
 
 impl LockRequest {
-    pub(crate) fn new(registry: Registry, key: String) -> Self {
+    pub(crate) fn new(registry: Arc<RegistryInner>, key: String) -> Self {
         Self {
             registry,
             key,
@@ -89,14 +91,9 @@ impl LockRequest {
     /// [`LockError::Backend`] when Redis failed (the last error, if it kept failing for the whole
     /// `wait`); [`LockError::InvalidKey`] / [`LockError::InvalidOptions`] for bad input.
     pub async fn acquire(self) -> Result<LockGuard, LockError> {
-        let inner = self.registry.inner;
+        let inner = self.registry;
         if let Some(lease) = current::held(&inner, &self.key) {
-            return Ok(LockGuard {
-                inner,
-                lease,
-                reentrant: true,
-                done: true,
-            });
+            return Ok(LockGuard::reentered(inner, lease));
         }
         let lease = if inner.on_caller_runtime() {
             acquire_lease(inner.clone(), self.key, self.options).await?
@@ -107,12 +104,7 @@ impl LockRequest {
             // outcome crosses over to the caller.
             acquire_on_io(inner.clone(), self.key, self.options).await?
         };
-        Ok(LockGuard {
-            inner,
-            lease,
-            reentrant: false,
-            done: false,
-        })
+        Ok(LockGuard::new(inner, lease))
     }
 
     /// Runs `body` while holding the lock, and releases it afterwards.
@@ -204,7 +196,7 @@ async fn acquire_on_io(
     let task = crate::io::spawn(async move {
         let outcome = acquire_lease(inner.clone(), key, options).await;
         if let Err(Ok(lease)) = deliver.send(outcome) {
-            inner.leases.release_in_background(lease.id);
+            inner.keeper.release_in_background(lease.id);
         }
     });
     let _cancel_with_the_caller = AbortOnDrop(task.abort_handle());
@@ -233,6 +225,7 @@ async fn acquire_lease(
     let hub = inner.backend.hub();
     let mut interest = None;
     let mut attempts = 0u32;
+    let mut backoff = Backoff::new();
     let mut failed_attempt = false;
     loop {
         attempts += 1;
@@ -277,7 +270,7 @@ async fn acquire_lease(
                     None => now + Duration::from_secs(1),
                 };
                 if !current.notified_by_server {
-                    at = at.min(now + backoff(attempts));
+                    at = at.min(now + backoff.next_pause());
                 }
                 at.min(give_up_at)
             }
@@ -288,7 +281,7 @@ async fn acquire_lease(
                     return Err(error);
                 }
                 tracing::debug!(%error, "lock attempt failed; retrying within `wait`");
-                (now + backoff(attempts)).min(give_up_at)
+                (now + backoff.next_pause()).min(give_up_at)
             }
         };
         match &interest {
@@ -303,14 +296,6 @@ async fn acquire_lease(
     }
 }
 
-/// Jittered exponential back-off, 10 ms doubling to 1 s, for retries that no notification
-/// can shorten (errors, or waiting where pub/sub is unavailable).
-fn backoff(attempt: u32) -> Duration {
-    let cap = Duration::from_millis(10 << attempt.min(7)).min(Duration::from_secs(1));
-    let jitter = getrandom::u32().unwrap_or(0) % 1000;
-    cap / 2 + cap * jitter / 2000
-}
-
 /// After a failed attempt the lock may exist with our token (the reply, not the command, was
 /// lost). Nobody will ever release it, so try once; it would expire by its ttl anyway.
 fn forget_token_in_background(inner: Arc<RegistryInner>, key: LockKey, token: String) {
@@ -318,202 +303,4 @@ fn forget_token_in_background(inner: Arc<RegistryInner>, key: LockKey, token: St
     inner.spawn_background(async move {
         let _ = task.backend.release(&key, &token).await;
     });
-}
-
-/// A held lock. Release it with [`release`](Self::release) (honours `min_hold`) or
-/// [`release_now`](Self::release_now); dropping it releases at once in the background.
-///
-/// While the guard lives, the registry's lease keeper renews the lock (unless `renew` is off).
-#[must_use = "dropping a guard releases the lock at once"]
-pub struct LockGuard {
-    inner: Arc<RegistryInner>,
-    lease: Arc<Lease>,
-    /// Shares a lease the task already held; releasing it is the outer holder's job.
-    reentrant: bool,
-    done: bool,
-}
-
-impl std::fmt::Debug for LockGuard {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LockGuard")
-            .field("key", &self.key())
-            .field("fence", &self.fence())
-            .field("reentrant", &self.reentrant)
-            .finish_non_exhaustive()
-    }
-}
-
-impl LockGuard {
-    /// The key as given (without the registry prefix).
-    #[must_use]
-    pub fn key(&self) -> &str {
-        &self.lease.key.key
-    }
-
-    /// The Redis key that holds the lock.
-    #[must_use]
-    pub fn redis_key(&self) -> &str {
-        &self.lease.key.redis_key
-    }
-
-    /// The fencing token, when the lock was taken with `fencing`.
-    #[must_use]
-    pub fn fence(&self) -> Option<u64> {
-        self.lease.fence
-    }
-
-    /// This owner's token, as stored in Redis.
-    #[must_use]
-    pub fn token(&self) -> &str {
-        &self.lease.token
-    }
-
-    /// Whether this guard re-entered a lock the task already held.
-    #[must_use]
-    pub fn is_reentrant(&self) -> bool {
-        self.reentrant
-    }
-
-    /// Whether the lease is lost (or past its deadline without a confirmed renewal).
-    #[must_use]
-    pub fn is_lost(&self) -> bool {
-        self.lease.lost_reason().is_some()
-    }
-
-    /// Why the lease is lost, if it is (or `Expired` once past its deadline unconfirmed).
-    #[must_use]
-    pub fn lost_reason(&self) -> Option<crate::LostReason> {
-        self.lease.lost_reason()
-    }
-
-    /// Resolves when the lease is lost, with the error that says why.
-    pub async fn lost(&self) -> LockError {
-        let reason = self.lease.wait_lost().await;
-        self.lease.lost_error(reason)
-    }
-
-    /// Releases the lock, but if `min_hold` was set and has not passed yet, keeps the key until
-    /// it has (without renewing): the run-once-per-period pattern.
-    ///
-    /// # Errors
-    /// [`LockError::NotOwner`] if the lock was no longer ours (nothing was touched);
-    /// [`LockError::Backend`] if Redis failed, in which case the release is retried in the
-    /// background until it succeeds or the lock has expired.
-    pub async fn release(self) -> Result<(), LockError> {
-        let keep = self.lease.min_hold_left();
-        self.finish(keep).await
-    }
-
-    /// Releases the lock at once, whatever `min_hold` says.
-    ///
-    /// # Errors
-    /// As [`release`](Self::release).
-    pub async fn release_now(self) -> Result<(), LockError> {
-        self.finish(None).await
-    }
-
-    async fn finish(mut self, keep: Option<Duration>) -> Result<(), LockError> {
-        if self.reentrant {
-            return Ok(());
-        }
-        self.done = true;
-        let leases = &self.inner.leases;
-        let lease = &self.lease;
-        leases.begin_release(lease.id);
-        let mut unfinished = Unfinished {
-            leases,
-            id: lease.id,
-            keeping: keep.is_some(),
-            armed: true,
-        };
-        let outcome = match keep {
-            Some(left) => {
-                let renewal = [crate::backend::Renewal {
-                    redis_key: &lease.key.redis_key,
-                    token: &lease.token,
-                    ttl_ms: crate::backend::ttl_ms(left),
-                }];
-                match self
-                    .inner
-                    .backend
-                    .renew(&renewal, lease.options.ttl / 3)
-                    .await
-                {
-                    Ok(kept) => match kept.first().copied().flatten() {
-                        Some(kept) => Ok(kept == crate::backend::Renewed::Yes),
-                        // Unconfirmed: deleting in the background would undo `min_hold`, so the
-                        // key is left to its current expiry instead.
-                        None => {
-                            unfinished.armed = false;
-                            leases.remove(lease.id);
-                            return Err(LockError::Backend {
-                                node: self.inner.backend.node().to_owned(),
-                                command: "release (min_hold)",
-                                key: Some(lease.key.key.clone()),
-                                message: "the nodes did not confirm keeping the key".to_owned(),
-                                source: None,
-                            });
-                        }
-                    },
-                    Err(e) => Err(e),
-                }
-            }
-            None => self.inner.backend.release(&lease.key, &lease.token).await,
-        };
-        unfinished.armed = false;
-        match outcome {
-            Ok(true) => {
-                leases.remove(lease.id);
-                tracing::debug!(
-                    key = %crate::error::shown(&lease.key.key),
-                    fence = lease.fence,
-                    kept_ms = keep.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
-                    "lock released"
-                );
-                Ok(())
-            }
-            Ok(false) => {
-                leases.remove(lease.id);
-                Err(LockError::NotOwner {
-                    key: lease.key.key.clone(),
-                })
-            }
-            Err(error) => {
-                leases.release_in_background(lease.id);
-                Err(error)
-            }
-        }
-    }
-}
-
-/// A release whose future is dropped before the server answered: the keeper finishes it, so the
-/// lease is never left "releasing" forever. A `min_hold` keep is only forgotten (the key keeps
-/// its expiry): deleting it would undo `min_hold`.
-struct Unfinished<'a> {
-    leases: &'a crate::keeper::Leases,
-    id: u64,
-    keeping: bool,
-    armed: bool,
-}
-
-impl Drop for Unfinished<'_> {
-    fn drop(&mut self) {
-        if !self.armed {
-            return;
-        }
-        if self.keeping {
-            self.leases.remove(self.id);
-        } else {
-            self.leases.release_in_background(self.id);
-        }
-    }
-}
-
-impl Drop for LockGuard {
-    fn drop(&mut self) {
-        if !self.done {
-            // No runtime is needed here: the keeper task performs the release.
-            self.inner.leases.release_in_background(self.lease.id);
-        }
-    }
 }

@@ -10,7 +10,6 @@
 //! turned into a delete); a lease whose deadline passes without a confirmed renewal, or whose
 //! token Redis no longer holds, is marked lost.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
@@ -18,17 +17,21 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::backend::{ttl_ms, Renewal, Renewed};
+use crate::backend::{ttl_ms, Backend, Renewal, Renewed};
+use crate::backoff::Backoff;
 use crate::lease::Lease;
-use crate::registry::RegistryInner;
 use crate::LostReason;
 
-/// Every lease this registry holds, and the keeper's schedule for each.
-#[derive(Default)]
-pub(crate) struct Leases {
-    map: Mutex<HashMap<u64, Entry>>,
-    /// Shared with the keeper task so it can sleep without keeping the registry alive.
-    pub(crate) wake: Arc<Notify>,
+mod leases;
+
+use leases::Leases;
+
+/// A registry's lease keeper: the leases it holds, and the task that keeps them.
+pub(crate) struct Keeper {
+    backend: Arc<Backend>,
+    leases: Leases,
+    /// Shared with the keeper task so it can sleep without keeping the keeper alive.
+    wake: Arc<Notify>,
     /// What the keeper sleeps towards; a new lease due earlier wakes it.
     next_wake: Mutex<Option<Instant>>,
     /// Whether a keeper task runs; cleared when it ends, also when the runtime it ran on is
@@ -36,50 +39,25 @@ pub(crate) struct Leases {
     started: Arc<AtomicBool>,
 }
 
-struct Entry {
-    lease: Arc<Lease>,
-    next_renew: Option<Instant>,
-    release: Release,
-}
-
-#[derive(PartialEq, Eq)]
-enum Release {
-    /// Held; renewed if the lease asks for it.
-    No,
-    /// Its owner is releasing it (or the keeper has handed it to a release task).
-    InProgress,
-    /// Dropped without a release: the keeper must release it.
-    Requested,
-}
-
-struct Plan {
-    renewals: Vec<Arc<Lease>>,
-    releases: Vec<Arc<Lease>>,
-    next: Option<Instant>,
-}
-
-impl Leases {
-    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Entry>> {
-        // Entries are replaced whole; a panic elsewhere cannot leave one half-written.
-        self.map.lock().unwrap_or_else(PoisonError::into_inner)
+impl Keeper {
+    pub(crate) fn new(backend: Arc<Backend>) -> Self {
+        Self {
+            backend,
+            leases: Leases::default(),
+            wake: Arc::default(),
+            next_wake: Mutex::new(None),
+            started: Arc::default(),
+        }
     }
 
-    pub(crate) fn insert(&self, lease: Arc<Lease>, registry: &Arc<RegistryInner>) {
-        let next_renew = lease
-            .options
-            .renew
-            .then(|| lease.confirmed_at + lease.options.ttl / 3);
-        self.map().insert(
-            lease.id,
-            Entry {
-                lease,
-                next_renew,
-                release: Release::No,
-            },
-        );
+    /// Takes a freshly acquired lease into keeping, starting the keeper task if none runs.
+    pub(crate) fn hold(self: &Arc<Self>, lease: Arc<Lease>) {
+        let next_renew = self.leases.insert(lease);
         if !self.started.swap(true, Ordering::AcqRel) {
             let running = Running(self.started.clone());
-            registry.spawn_background(keep(Arc::downgrade(registry), running));
+            self.backend
+                .home()
+                .spawn(keep(Arc::downgrade(self), self.wake.clone(), running));
         }
         if let Some(at) = next_renew {
             // Wake the keeper only if it would sleep past this lease's first renewal, and record
@@ -96,80 +74,37 @@ impl Leases {
         }
     }
 
-    /// The owner is releasing: stop renewing, keep the entry until the server confirmed.
+    /// The owner is releasing: stop renewing, keep the lease until the server confirmed.
     pub(crate) fn begin_release(&self, id: u64) {
-        if let Some(e) = self.map().get_mut(&id) {
-            e.release = Release::InProgress;
-        }
+        self.leases.begin_release(id);
     }
 
     /// A guard was dropped or its release failed: the keeper releases it in the background.
     pub(crate) fn release_in_background(&self, id: u64) {
-        if let Some(e) = self.map().get_mut(&id) {
-            e.release = Release::Requested;
-        }
+        self.leases.request_release(id);
         self.wake.notify_one();
     }
 
+    /// Forgets a lease that is no longer held.
     pub(crate) fn remove(&self, id: u64) {
-        self.map().remove(&id);
+        self.leases.remove(id);
     }
 
+    /// Every lease held now.
     pub(crate) fn snapshot(&self) -> Vec<Arc<Lease>> {
-        self.map().values().map(|e| e.lease.clone()).collect()
+        self.leases.snapshot()
     }
 
     /// Takes every lease out of renewal for a shutdown.
     pub(crate) fn stop_all(&self) -> Vec<Arc<Lease>> {
-        let mut map = self.map();
-        map.values_mut()
-            .map(|e| {
-                e.release = Release::InProgress;
-                e.lease.clone()
-            })
-            .collect()
+        self.leases.stop_all()
     }
+}
 
-    fn reschedule(&self, id: u64, next_renew: Option<Instant>) {
-        if let Some(e) = self.map().get_mut(&id) {
-            if e.release == Release::No {
-                e.next_renew = next_renew;
-            }
-        }
-    }
-
-    fn plan(&self, now: Instant) -> Plan {
-        let mut plan = Plan {
-            renewals: Vec::new(),
-            releases: Vec::new(),
-            next: None,
-        };
-        for entry in self.map().values_mut() {
-            if entry.release == Release::Requested {
-                entry.release = Release::InProgress;
-                plan.releases.push(entry.lease.clone());
-                continue;
-            }
-            if entry.release != Release::No {
-                continue;
-            }
-            let Some(at) = entry.next_renew else { continue };
-            let lease = &entry.lease;
-            if let Some(reason) = lease.lost_reason() {
-                lease.mark_lost(reason);
-                entry.next_renew = None;
-            } else if lease.max_hold_reached(now) {
-                // The lease runs out on its own; its watchers report MaxHold at the deadline.
-                entry.next_renew = None;
-            } else if at <= now + lease.options.ttl / 6 {
-                plan.renewals.push(lease.clone());
-                // In flight: its batch reschedules it when it ends.
-                entry.next_renew = None;
-            } else {
-                plan.next = Some(plan.next.map_or(at, |n| n.min(at)));
-            }
-        }
-        plan
+impl Drop for Keeper {
+    fn drop(&mut self) {
+        // Lets a sleeping keeper task notice at once that its registry is gone.
+        self.wake.notify_one();
     }
 }
 
@@ -182,29 +117,26 @@ impl Drop for Running {
     }
 }
 
-async fn keep(registry: Weak<RegistryInner>, _running: Running) {
-    let Some(wake) = registry.upgrade().map(|r| r.leases.wake.clone()) else {
-        return;
-    };
+async fn keep(keeper: Weak<Keeper>, wake: Arc<Notify>, _running: Running) {
     loop {
         let until = {
-            let Some(inner) = registry.upgrade() else {
+            let Some(keeper) = keeper.upgrade() else {
                 return;
             };
             let now = Instant::now();
-            let plan = inner.leases.plan(now);
+            let plan = keeper.leases.plan(now);
+            let home = keeper.backend.home();
             for lease in plan.releases {
-                inner.spawn_background(release_dropped(inner.clone(), lease));
+                home.spawn(release_dropped(keeper.clone(), lease));
             }
             if !plan.renewals.is_empty() {
-                let batch = inner.clone();
-                inner.spawn_background(async move {
+                let batch = keeper.clone();
+                home.spawn(async move {
                     renew(&batch, &plan.renewals, now).await;
-                    batch.leases.wake.notify_one();
+                    batch.wake.notify_one();
                 });
             }
-            *inner
-                .leases
+            *keeper
                 .next_wake
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner) = plan.next;
@@ -217,7 +149,7 @@ async fn keep(registry: Weak<RegistryInner>, _running: Running) {
     }
 }
 
-async fn renew(inner: &RegistryInner, leases: &[Arc<Lease>], sent_at: Instant) {
+async fn renew(keeper: &Keeper, leases: &[Arc<Lease>], sent_at: Instant) {
     let batch: Vec<Renewal<'_>> = leases
         .iter()
         .map(|l| Renewal {
@@ -234,7 +166,7 @@ async fn renew(inner: &RegistryInner, leases: &[Arc<Lease>], sent_at: Instant) {
         .unwrap_or(Duration::from_secs(1));
     // The backend bounds each node's part by `budget`; the outer bound only catches a stuck
     // connect.
-    let outcome = tokio::time::timeout(budget * 2, inner.backend.renew(&batch, budget)).await;
+    let outcome = tokio::time::timeout(budget * 2, keeper.backend.renew(&batch, budget)).await;
     match outcome {
         Ok(Ok(renewed)) => {
             let now = Instant::now();
@@ -242,19 +174,19 @@ async fn renew(inner: &RegistryInner, leases: &[Arc<Lease>], sent_at: Instant) {
                 match outcome {
                     Some(Renewed::Yes) => {
                         lease.confirm_renewal(sent_at);
-                        inner
+                        keeper
                             .leases
                             .reschedule(lease.id, Some(sent_at + lease.options.ttl / 3));
                     }
                     Some(Renewed::Gone) => {
                         lease.mark_lost(LostReason::Gone);
-                        inner.leases.reschedule(lease.id, None);
+                        keeper.leases.reschedule(lease.id, None);
                     }
                     Some(Renewed::Taken) => {
                         lease.mark_lost(LostReason::Stolen);
-                        inner.leases.reschedule(lease.id, None);
+                        keeper.leases.reschedule(lease.id, None);
                     }
-                    None => inner
+                    None => keeper
                         .leases
                         .reschedule(lease.id, Some(now + retry_delay(lease))),
                 }
@@ -271,14 +203,14 @@ async fn renew(inner: &RegistryInner, leases: &[Arc<Lease>], sent_at: Instant) {
                 _ => format!("no answer within {budget:?}"),
             };
             tracing::warn!(
-                node = inner.backend.node(),
+                node = keeper.backend.node(),
                 locks = leases.len(),
                 %error,
                 "lock renewal failed; retrying before the leases' deadlines"
             );
             let now = Instant::now();
             for lease in leases {
-                inner
+                keeper
                     .leases
                     .reschedule(lease.id, Some(now + retry_delay(lease)));
             }
@@ -293,11 +225,11 @@ fn retry_delay(lease: &Lease) -> Duration {
 
 /// Releases a lock whose guard was dropped, retrying until the server confirms or the lock
 /// has certainly expired on its own.
-async fn release_dropped(inner: Arc<RegistryInner>, lease: Arc<Lease>) {
+async fn release_dropped(keeper: Arc<Keeper>, lease: Arc<Lease>) {
     let give_up = lease.state().deadline + lease.options.ttl;
-    let mut delay = Duration::from_millis(10);
+    let mut backoff = Backoff::new();
     loop {
-        match inner.backend.release(&lease.key, &lease.token).await {
+        match keeper.backend.release(&lease.key, &lease.token).await {
             Ok(released) => {
                 tracing::debug!(
                     key = %crate::error::shown(&lease.key.key),
@@ -307,14 +239,14 @@ async fn release_dropped(inner: Arc<RegistryInner>, lease: Arc<Lease>) {
                 break;
             }
             Err(error) => {
-                if Instant::now() + delay >= give_up {
+                let pause = backoff.next_pause();
+                if Instant::now() + pause >= give_up {
                     tracing::warn!(%error, "giving up releasing a dropped lock; it expires by its ttl");
                     break;
                 }
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(1));
+                tokio::time::sleep(pause).await;
             }
         }
     }
-    inner.leases.remove(lease.id);
+    keeper.leases.remove(lease.id);
 }

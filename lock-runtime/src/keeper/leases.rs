@@ -1,0 +1,136 @@
+//! The table of leases a registry holds, and the keeper's schedule for each.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use tokio::time::Instant;
+
+use crate::lease::Lease;
+
+/// Every lease this registry holds, and the keeper's schedule for each.
+#[derive(Default)]
+pub(super) struct Leases {
+    map: Mutex<HashMap<u64, Entry>>,
+}
+
+struct Entry {
+    lease: Arc<Lease>,
+    next_renew: Option<Instant>,
+    release: Release,
+}
+
+#[derive(PartialEq, Eq)]
+enum Release {
+    /// Held; renewed if the lease asks for it.
+    No,
+    /// Its owner is releasing it (or the keeper has handed it to a release task).
+    InProgress,
+    /// Dropped without a release: the keeper must release it.
+    Requested,
+}
+
+/// What the keeper does next: renew these, release those, then sleep until `next`.
+pub(super) struct Plan {
+    pub renewals: Vec<Arc<Lease>>,
+    pub releases: Vec<Arc<Lease>>,
+    pub next: Option<Instant>,
+}
+
+impl Leases {
+    fn map(&self) -> MutexGuard<'_, HashMap<u64, Entry>> {
+        // Entries are replaced whole; a panic elsewhere cannot leave one half-written.
+        self.map.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Adds a lease; returns when it is first due for renewal (`None`: never).
+    pub(super) fn insert(&self, lease: Arc<Lease>) -> Option<Instant> {
+        let next_renew = lease
+            .options
+            .renew
+            .then(|| lease.confirmed_at + lease.options.ttl / 3);
+        self.map().insert(
+            lease.id,
+            Entry {
+                lease,
+                next_renew,
+                release: Release::No,
+            },
+        );
+        next_renew
+    }
+
+    /// The owner is releasing: stop renewing, keep the entry until the server confirmed.
+    pub(super) fn begin_release(&self, id: u64) {
+        if let Some(e) = self.map().get_mut(&id) {
+            e.release = Release::InProgress;
+        }
+    }
+
+    /// A guard was dropped or its release failed: the keeper releases it in the background.
+    pub(super) fn request_release(&self, id: u64) {
+        if let Some(e) = self.map().get_mut(&id) {
+            e.release = Release::Requested;
+        }
+    }
+
+    pub(super) fn remove(&self, id: u64) {
+        self.map().remove(&id);
+    }
+
+    pub(super) fn snapshot(&self) -> Vec<Arc<Lease>> {
+        self.map().values().map(|e| e.lease.clone()).collect()
+    }
+
+    /// Takes every lease out of renewal for a shutdown.
+    pub(super) fn stop_all(&self) -> Vec<Arc<Lease>> {
+        let mut map = self.map();
+        map.values_mut()
+            .map(|e| {
+                e.release = Release::InProgress;
+                e.lease.clone()
+            })
+            .collect()
+    }
+
+    pub(super) fn reschedule(&self, id: u64, next_renew: Option<Instant>) {
+        if let Some(e) = self.map().get_mut(&id) {
+            if e.release == Release::No {
+                e.next_renew = next_renew;
+            }
+        }
+    }
+
+    pub(super) fn plan(&self, now: Instant) -> Plan {
+        let mut plan = Plan {
+            renewals: Vec::new(),
+            releases: Vec::new(),
+            next: None,
+        };
+        for entry in self.map().values_mut() {
+            if entry.release == Release::Requested {
+                entry.release = Release::InProgress;
+                plan.releases.push(entry.lease.clone());
+                continue;
+            }
+            if entry.release != Release::No {
+                continue;
+            }
+            let Some(at) = entry.next_renew else { continue };
+            let lease = &entry.lease;
+            if let Some(reason) = lease.lost_reason() {
+                lease.mark_lost(reason);
+                entry.next_renew = None;
+            } else if lease.max_hold_reached(now) {
+                // The lease runs out on its own; its watchers report MaxHold at the deadline.
+                entry.next_renew = None;
+            } else if at <= now + lease.options.ttl / 6 {
+                plan.renewals.push(lease.clone());
+                // In flight: its batch reschedules it when it ends.
+                entry.next_renew = None;
+            } else {
+                plan.next = Some(plan.next.map_or(at, |n| n.min(at)));
+            }
+        }
+        plan
+    }
+}

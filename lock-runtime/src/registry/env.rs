@@ -1,0 +1,50 @@
+//! A registry chosen by environment variables, with no code change between deployments.
+
+use super::Registry;
+use crate::LockError;
+
+impl Registry {
+    /// A registry from the environment, with no code change between deployments:
+    ///
+    /// | variable | mode |
+    /// |---|---|
+    /// | `LOCK_REDIS_SENTINEL=redis://s1:26379,redis://s2:26379` with `LOCK_REDIS_SENTINEL_MASTER=mymaster` | the master these Sentinels name (see [`RegistryBuilder::sentinel`]) |
+    /// | `LOCK_REDIS_CLUSTER=redis://a:7000,redis://b:7001` | Redis Cluster through these seeds |
+    /// | `LOCK_REDIS_URL=redis://a:6379,redis://b:6379,redis://c:6379` | Redlock over these masters |
+    /// | `LOCK_REDIS_URL=redis://a:6379` (else `REDIS_URL`) | one Redis server |
+    ///
+    /// An empty entry in a comma list (`redis://a:6379,`) is an error naming its position, never
+    /// skipped: a stray comma must not turn one server into a Redlock.
+    ///
+    /// # Errors
+    /// [`LockError::NotConfigured`] when none is set; see [`RegistryBuilder::build`].
+    pub fn from_env() -> Result<Self, LockError> {
+        let var = |name| {
+            std::env::var(name)
+                .ok()
+                .filter(|v: &String| !v.trim().is_empty())
+        };
+        let list = |v: String| v.split(',').map(str::to_owned).collect::<Vec<_>>();
+        if let Some(sentinels) = var("LOCK_REDIS_SENTINEL") {
+            let master = var("LOCK_REDIS_SENTINEL_MASTER").ok_or_else(|| {
+                LockError::configure(
+                    "LOCK_REDIS_SENTINEL is set but LOCK_REDIS_SENTINEL_MASTER is not; set it \
+                     to the service name the sentinels monitor (`mymaster`)"
+                        .into(),
+                )
+            })?;
+            return Self::builder().sentinel(master, list(sentinels)).build();
+        }
+        if let Some(seeds) = var("LOCK_REDIS_CLUSTER") {
+            return Self::builder().cluster(list(seeds)).build();
+        }
+        let url = var("LOCK_REDIS_URL")
+            .or_else(|| var("REDIS_URL"))
+            .ok_or(LockError::NotConfigured { registry: None })?;
+        if url.contains(',') {
+            Self::builder().redlock(list(url)).build()
+        } else {
+            Self::from_url(&url)
+        }
+    }
+}

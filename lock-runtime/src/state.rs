@@ -1,0 +1,105 @@
+//! What a registry's clones, its lock requests and its guards share: the backend, the key
+//! prefix, the lease keeper, and whether a shutdown began.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use crate::backend::Backend;
+use crate::io::Home;
+use crate::keeper::Keeper;
+use crate::key::LockKey;
+use crate::lease::Lease;
+use crate::timeouts::Timeouts;
+use crate::LockError;
+
+pub(crate) struct RegistryInner {
+    pub(crate) backend: Arc<Backend>,
+    pub(crate) prefix: String,
+    pub(crate) keeper: Arc<Keeper>,
+    pub(crate) timeouts: Timeouts,
+    next_id: AtomicU64,
+    shut_down: AtomicBool,
+}
+
+impl std::fmt::Debug for RegistryInner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The node is `host:port`: credentials never reach Debug output.
+        f.debug_struct("Registry")
+            .field("node", &self.backend.node())
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RegistryInner {
+    pub(crate) fn new(backend: Backend, prefix: String, timeouts: Timeouts) -> Self {
+        let backend = Arc::new(backend);
+        Self {
+            keeper: Arc::new(Keeper::new(backend.clone())),
+            backend,
+            prefix,
+            timeouts,
+            next_id: AtomicU64::new(1),
+            shut_down: AtomicBool::new(false),
+        }
+    }
+
+    /// The Redis names of `key` under this registry's prefix and deployment.
+    pub(crate) fn lock_key(&self, key: String) -> Result<LockKey, LockError> {
+        LockKey::new(&self.prefix, key, self.backend.is_cluster())
+    }
+
+    pub(crate) fn next_lease_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Whether this registry's work runs on its callers' runtime (see [`Home`]).
+    pub(crate) fn on_caller_runtime(&self) -> bool {
+        self.backend.home() == Home::Caller
+    }
+
+    /// Runs background work where it cannot die with a caller's runtime (see [`Home`]).
+    pub(crate) fn spawn_background<F>(&self, task: F)
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        self.backend.home().spawn(task);
+    }
+
+    /// Refuses every acquisition from now on; leases already admitted are the caller's to end.
+    pub(crate) fn close(&self) {
+        self.shut_down.store(true, Ordering::SeqCst);
+    }
+
+    /// Refuses a new acquisition once [`close`](Self::close) was called.
+    pub(crate) fn ensure_open(&self, key: &str) -> Result<(), LockError> {
+        if self.shut_down.load(Ordering::SeqCst) {
+            return Err(LockError::ShutDown {
+                key: key.to_owned(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Hands a freshly acquired lease to the keeper, unless a shutdown began meanwhile: then the
+    /// lock is given back and the acquisition refused.
+    pub(crate) async fn admit(&self, lease: &Arc<Lease>) -> Result<(), LockError> {
+        self.keeper.hold(lease.clone());
+        // Held before reading the flag, and a shutdown sets the flag before collecting the
+        // leases: either the shutdown sees this lease, or this reads the flag set.
+        if !self.shut_down.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        self.keeper.begin_release(lease.id);
+        // A failed release leaves the lock to its ttl, as a shutdown does.
+        let _ = tokio::time::timeout(
+            self.timeouts.round(),
+            self.backend.release(&lease.key, &lease.token),
+        )
+        .await;
+        self.keeper.remove(lease.id);
+        Err(LockError::ShutDown {
+            key: lease.key.key.clone(),
+        })
+    }
+}
