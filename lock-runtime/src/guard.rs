@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::backend::{ttl_ms, Renewal, Renewed};
+use crate::backend::{ttl_ms, Renewal, Renewed, Store};
 use crate::keeper::Keeper;
 use crate::lease::Lease;
 use crate::state::RegistryInner;

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::backend::Attempt;
+use crate::backend::{Acquire, Attempt, Store};
 use crate::backoff::Backoff;
 use crate::guard::LockGuard;
 use crate::key::LockKey;
@@ -14,7 +14,7 @@ use crate::lease::Lease;
 use crate::state::RegistryInner;
 use crate::{current, token, LockError, LockOptions, OnLost};
 
-/// A lock request: built by [`Registry::lock`], finished by [`acquire`](Self::acquire) or
+/// A lock request: built by [`Registry::lock`](crate::Registry::lock), finished by [`acquire`](Self::acquire) or
 /// [`run`](Self::run).
 #[must_use = "a lock request does nothing until `.acquire()` or `.run(..)` is awaited"]
 #[derive(Debug)]
@@ -232,7 +232,13 @@ async fn acquire_lease(
         let sent_at = Instant::now();
         let attempt = inner
             .backend
-            .acquire(&key, &token, options.ttl, options.fencing, attempts == 1)
+            .acquire(&Acquire {
+                key: &key,
+                token: &token,
+                ttl: options.ttl,
+                fencing: options.fencing,
+                first: attempts == 1,
+            })
             .await;
         let now = Instant::now();
         let wake_at = match attempt {

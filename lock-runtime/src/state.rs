@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use crate::backend::Backend;
+use crate::backend::{Backend, Store};
 use crate::io::Home;
 use crate::keeper::Keeper;
 use crate::key::LockKey;

@@ -6,9 +6,10 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Attempt, LockInfo, Renewal, Renewed, FENCE_EXPIRY_MS};
+use super::{Acquire, Attempt, LockInfo, Renewal, Renewed, Store, FENCE_EXPIRY_MS};
 use crate::key::LockKey;
 use crate::waiting::WaitHub;
+use crate::LockError;
 
 /// Locks kept in this process's memory.
 ///
@@ -144,25 +145,32 @@ impl MemoryStore {
             },
         );
     }
+}
 
-    pub(crate) fn hub(&self) -> &WaitHub {
+impl Store for MemoryStore {
+    fn node(&self) -> &str {
+        "memory"
+    }
+
+    fn hub(&self) -> &WaitHub {
         &self.inner.hub
     }
 
-    pub(crate) fn acquire(
-        &self,
-        key: &LockKey,
-        token: &str,
-        ttl: Duration,
-        fencing: bool,
-    ) -> Attempt {
+    async fn acquire(&self, attempt: &Acquire<'_>) -> Result<Attempt, LockError> {
+        let Acquire {
+            key,
+            token,
+            ttl,
+            fencing,
+            ..
+        } = *attempt;
         let now = Instant::now();
         let mut data = self.inner.data();
         if let Some(entry) = data.live(&key.redis_key, now) {
             if entry.token != token {
-                return Attempt::Busy {
+                return Ok(Attempt::Busy {
                     retry_after: entry.expires_at.map(|t| t - now),
-                };
+                });
             }
         }
         data.locks.insert(
@@ -173,10 +181,10 @@ impl MemoryStore {
             },
         );
         let fence = fencing.then(|| data.next_fence(&key.fence_key, now));
-        Attempt::Acquired { fence }
+        Ok(Attempt::Acquired { fence })
     }
 
-    pub(crate) fn release(&self, key: &LockKey, token: &str) -> bool {
+    async fn release(&self, key: &LockKey, token: &str) -> Result<bool, LockError> {
         let now = Instant::now();
         let mut data = self.inner.data();
         let ours = data
@@ -187,13 +195,17 @@ impl MemoryStore {
             drop(data);
             self.inner.hub.notify(key.channel());
         }
-        ours
+        Ok(ours)
     }
 
-    pub(crate) fn renew(&self, batch: &[Renewal<'_>]) -> Vec<Renewed> {
+    async fn renew(
+        &self,
+        batch: &[Renewal<'_>],
+        _budget: Duration,
+    ) -> Result<Vec<Option<Renewed>>, LockError> {
         let now = Instant::now();
         let mut data = self.inner.data();
-        batch
+        Ok(batch
             .iter()
             .map(|r| match data.live(r.redis_key, now) {
                 Some(entry) if entry.token == r.token => {
@@ -203,10 +215,11 @@ impl MemoryStore {
                 Some(_) => Renewed::Taken,
                 None => Renewed::Gone,
             })
-            .collect()
+            .map(Some)
+            .collect())
     }
 
-    pub(crate) fn inspect(&self, key: &LockKey) -> LockInfo {
+    async fn inspect(&self, key: &LockKey) -> Result<LockInfo, LockError> {
         let now = Instant::now();
         let mut data = self.inner.data();
         let fence = data
@@ -214,7 +227,7 @@ impl MemoryStore {
             .get(&key.fence_key)
             .filter(|f| f.expires_at > now)
             .map(|f| f.last);
-        match data.live(&key.redis_key, now) {
+        Ok(match data.live(&key.redis_key, now) {
             Some(entry) => LockInfo {
                 owner: Some(entry.token.clone()),
                 remaining: entry.expires_at.map(|t| t - now),
@@ -225,10 +238,10 @@ impl MemoryStore {
                 remaining: None,
                 fence,
             },
-        }
+        })
     }
 
-    pub(crate) fn force_unlock(&self, key: &LockKey) -> bool {
+    async fn force_unlock(&self, key: &LockKey) -> Result<bool, LockError> {
         let now = Instant::now();
         let mut data = self.inner.data();
         let existed = data.live(&key.redis_key, now).is_some();
@@ -237,6 +250,6 @@ impl MemoryStore {
         if existed {
             self.inner.hub.notify(key.channel());
         }
-        existed
+        Ok(existed)
     }
 }

@@ -1,5 +1,7 @@
-//! Where locks live. The registry talks to one of these; each speaks the same operations.
+//! Where locks live: the contract every store keeps ([`Store`]), and the stores behind it.
+//! The registry, the keeper and the guards talk to a [`Backend`], whichever it is.
 
+use std::future::Future;
 use std::time::Duration;
 
 use crate::io::Home;
@@ -14,6 +16,7 @@ pub(crate) mod redlock;
 
 pub use memory::MemoryStore;
 pub(crate) use redis::config::Tls;
+use redis::config::{ClusterSeeds, Topology};
 
 /// How long a fencing counter outlives the last fenced acquisition of its key: one day, so a
 /// server re-creating an expired counter may have a clock up to a day behind (see
@@ -41,6 +44,20 @@ pub(crate) enum Renewed {
     Taken,
 }
 
+/// One acquisition attempt.
+pub(crate) struct Acquire<'a> {
+    pub key: &'a LockKey,
+    /// This acquisition's owner token, the same for all its attempts: a retry after a lost
+    /// reply finds its own token and takes the lock rather than waiting for itself.
+    pub token: &'a str,
+    pub ttl: Duration,
+    /// Take a fencing token with the lock.
+    pub fencing: bool,
+    /// The first attempt of an acquisition, which usually finds the lock free; later attempts
+    /// (while waiting) go straight to the script that also reports the holder's lease.
+    pub first: bool,
+}
+
 /// One lock in a renewal batch.
 pub(crate) struct Renewal<'a> {
     pub redis_key: &'a str,
@@ -60,8 +77,48 @@ pub struct LockInfo {
     pub fence: Option<u64>,
 }
 
+/// What every store does: Redis (one deployment), Redlock (several) and memory.
+///
+/// Every operation is owner-checked except [`force_unlock`](Self::force_unlock): a lock is
+/// never released or extended by anyone but the holder of its token.
+pub(crate) trait Store: Send + Sync {
+    /// `host:port` (never credentials), for errors and traces.
+    fn node(&self) -> &str;
+
+    /// Where the waiters for this store's locks are woken.
+    fn hub(&self) -> &WaitHub;
+
+    /// Takes the lock if it is free (or already held with this token).
+    fn acquire(
+        &self,
+        attempt: &Acquire<'_>,
+    ) -> impl Future<Output = Result<Attempt, LockError>> + Send;
+
+    /// Deletes the lock if it is still ours and wakes waiters; `Ok(false)` if it was not ours.
+    fn release(
+        &self,
+        key: &LockKey,
+        token: &str,
+    ) -> impl Future<Output = Result<bool, LockError>> + Send;
+
+    /// Sets the expiry of each lock that is still ours. Per lock: what the store found, or
+    /// `None` when unknown (that part of the batch failed; retry). Each call to a node is
+    /// bounded by `budget`, so one dead node cannot hold back what live nodes confirm.
+    fn renew(
+        &self,
+        batch: &[Renewal<'_>],
+        budget: Duration,
+    ) -> impl Future<Output = Result<Vec<Option<Renewed>>, LockError>> + Send;
+
+    /// Who holds `key`, for how much longer, and its last fencing token.
+    fn inspect(&self, key: &LockKey) -> impl Future<Output = Result<LockInfo, LockError>> + Send;
+
+    /// Deletes whatever lock is under `key` (an operator's decision) and wakes its waiters.
+    fn force_unlock(&self, key: &LockKey) -> impl Future<Output = Result<bool, LockError>> + Send;
+}
+
 pub(crate) enum Backend {
-    /// A standalone server or a Redis Cluster.
+    /// A standalone server, a Redis Cluster, or the master Sentinels name.
     Redis(Box<redis::RedisBackend>),
     /// Independent masters.
     Redlock(Box<redlock::Redlock>),
@@ -76,10 +133,8 @@ pub(crate) fn ttl_ms(ttl: Duration) -> u64 {
 impl Backend {
     /// One Redis server.
     pub(crate) fn server(url: &str, tls: &Tls, timeouts: Timeouts) -> Result<Self, LockError> {
-        let topology = redis::config::Topology::Server(Box::new(tls.client(url)?));
-        Ok(Self::Redis(Box::new(redis::RedisBackend::new(
-            topology, timeouts,
-        ))))
+        let client = tls.client(url)?;
+        Ok(Self::redis(Topology::Server(Box::new(client)), timeouts))
     }
 
     /// A Redis Cluster, found through these seeds.
@@ -88,11 +143,8 @@ impl Backend {
         tls: &Tls,
         timeouts: Timeouts,
     ) -> Result<Self, LockError> {
-        let seeds = redis::config::ClusterSeeds::parse(seeds, tls)?;
-        let topology = redis::config::Topology::Cluster(seeds);
-        Ok(Self::Redis(Box::new(redis::RedisBackend::new(
-            topology, timeouts,
-        ))))
+        let seeds = ClusterSeeds::parse(seeds, tls)?;
+        Ok(Self::redis(Topology::Cluster(seeds), timeouts))
     }
 
     /// The master these sentinels name for the service `master`.
@@ -101,11 +153,8 @@ impl Backend {
         sentinels: Vec<String>,
         timeouts: Timeouts,
     ) -> Result<Self, LockError> {
-        let topology =
-            redis::config::Topology::Sentinel(redis::config::sentinel_setup(master, sentinels)?);
-        Ok(Self::Redis(Box::new(redis::RedisBackend::new(
-            topology, timeouts,
-        ))))
+        let setup = redis::config::sentinel_setup(master, sentinels)?;
+        Ok(Self::redis(Topology::Sentinel(setup), timeouts))
     }
 
     /// Redlock over these independent masters.
@@ -120,6 +169,10 @@ impl Backend {
         ))))
     }
 
+    fn redis(topology: Topology, timeouts: Timeouts) -> Self {
+        Self::Redis(Box::new(redis::RedisBackend::new(topology, timeouts)))
+    }
+
     /// Where this backend's background work runs.
     pub(crate) fn home(&self) -> Home {
         match self {
@@ -128,84 +181,53 @@ impl Backend {
         }
     }
 
-    /// `host:port` (never credentials), for errors and traces.
-    pub(crate) fn node(&self) -> &str {
-        match self {
-            Self::Redis(n) => n.node(),
-            Self::Redlock(r) => r.node(),
-            Self::Memory(_) => "memory",
-        }
-    }
-
     /// Whether keys must keep the lock, its counter and its channel in one hash slot.
     pub(crate) fn is_cluster(&self) -> bool {
         matches!(self, Self::Redis(n) if n.is_cluster())
     }
+}
 
-    pub(crate) fn hub(&self) -> &WaitHub {
-        match self {
-            Self::Redis(n) => n.hub(),
-            Self::Redlock(r) => r.hub(),
-            Self::Memory(m) => m.hub(),
+/// Runs `$call` on whichever store `$backend` is.
+macro_rules! each {
+    ($backend:expr, $store:ident => $call:expr) => {
+        match $backend {
+            Backend::Redis($store) => $call,
+            Backend::Redlock($store) => $call,
+            Backend::Memory($store) => $call,
         }
+    };
+}
+
+impl Store for Backend {
+    fn node(&self) -> &str {
+        each!(self, s => s.node())
     }
 
-    /// `first`: the first attempt of an acquisition, which is usually uncontended; later
-    /// attempts (while waiting) go straight to the script that also reports the holder's lease.
-    pub(crate) async fn acquire(
-        &self,
-        key: &LockKey,
-        token: &str,
-        ttl: Duration,
-        fencing: bool,
-        first: bool,
-    ) -> Result<Attempt, LockError> {
-        match self {
-            Self::Redis(n) => n.acquire(key, token, ttl, fencing, first).await,
-            Self::Redlock(r) => r.acquire(key, token, ttl, fencing, first).await,
-            Self::Memory(m) => Ok(m.acquire(key, token, ttl, fencing)),
-        }
+    fn hub(&self) -> &WaitHub {
+        each!(self, s => s.hub())
     }
 
-    /// Deletes the lock if it is still ours and wakes waiters; `Ok(false)` if it was not ours.
-    pub(crate) async fn release(&self, key: &LockKey, token: &str) -> Result<bool, LockError> {
-        match self {
-            Self::Redis(n) => n.release(key, token).await,
-            Self::Redlock(r) => r.release(key, token).await,
-            Self::Memory(m) => Ok(m.release(key, token)),
-        }
+    async fn acquire(&self, attempt: &Acquire<'_>) -> Result<Attempt, LockError> {
+        each!(self, s => s.acquire(attempt).await)
     }
 
-    /// Sets the expiry of each lock that is still ours. Per lock: what the server found, or
-    /// `None` when unknown (that part of the batch failed; retry).
-    ///
-    /// Each call to a node is bounded by `budget`, so one dead node cannot hold back the
-    /// renewals that live nodes confirm.
-    pub(crate) async fn renew(
+    async fn release(&self, key: &LockKey, token: &str) -> Result<bool, LockError> {
+        each!(self, s => s.release(key, token).await)
+    }
+
+    async fn renew(
         &self,
         batch: &[Renewal<'_>],
         budget: Duration,
     ) -> Result<Vec<Option<Renewed>>, LockError> {
-        match self {
-            Self::Redis(n) => n.renew(batch, budget).await,
-            Self::Redlock(r) => r.renew(batch, budget).await,
-            Self::Memory(m) => Ok(m.renew(batch).into_iter().map(Some).collect()),
-        }
+        each!(self, s => s.renew(batch, budget).await)
     }
 
-    pub(crate) async fn inspect(&self, key: &LockKey) -> Result<LockInfo, LockError> {
-        match self {
-            Self::Redis(n) => n.inspect(key).await,
-            Self::Redlock(r) => r.inspect(key).await,
-            Self::Memory(m) => Ok(m.inspect(key)),
-        }
+    async fn inspect(&self, key: &LockKey) -> Result<LockInfo, LockError> {
+        each!(self, s => s.inspect(key).await)
     }
 
-    pub(crate) async fn force_unlock(&self, key: &LockKey) -> Result<bool, LockError> {
-        match self {
-            Self::Redis(n) => n.force_unlock(key).await,
-            Self::Redlock(r) => r.force_unlock(key).await,
-            Self::Memory(m) => Ok(m.force_unlock(key)),
-        }
+    async fn force_unlock(&self, key: &LockKey) -> Result<bool, LockError> {
+        each!(self, s => s.force_unlock(key).await)
     }
 }

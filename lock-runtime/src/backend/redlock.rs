@@ -20,7 +20,7 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::time::{timeout, Instant};
 
 use super::redis::RedisBackend;
-use super::{Attempt, LockInfo, Renewal, Renewed};
+use super::{Acquire, Attempt, LockInfo, Renewal, Renewed, Store};
 use crate::key::LockKey;
 use crate::timeouts::Timeouts;
 use crate::waiting::WaitHub;
@@ -56,14 +56,6 @@ impl Redlock {
             timeouts,
             hub,
         }
-    }
-
-    pub(crate) fn node(&self) -> &str {
-        &self.name
-    }
-
-    pub(crate) fn hub(&self) -> &WaitHub {
-        &self.hub
     }
 
     /// Small against the ttl, so one slow node cannot eat the lease's validity.
@@ -127,14 +119,30 @@ impl Redlock {
         }
     }
 
-    pub(crate) async fn acquire(
-        &self,
-        key: &LockKey,
-        token: &str,
-        ttl: Duration,
-        fencing: bool,
-        _first: bool,
-    ) -> Result<Attempt, LockError> {
+    /// Sends the release to every node; `fan_out` has started each node's task already, so
+    /// dropping the replies leaves them to finish on the I/O runtime.
+    fn release_in_background(&self, key: &LockKey, token: &str) {
+        drop(self.fan_out(self.timeouts.command, release_on(key, token)));
+    }
+}
+
+impl Store for Redlock {
+    fn node(&self) -> &str {
+        &self.name
+    }
+
+    fn hub(&self) -> &WaitHub {
+        &self.hub
+    }
+
+    async fn acquire(&self, attempt: &Acquire<'_>) -> Result<Attempt, LockError> {
+        let Acquire {
+            key,
+            token,
+            ttl,
+            fencing,
+            ..
+        } = *attempt;
         if fencing {
             return Err(LockError::InvalidOptions {
                 key: key.key.clone(),
@@ -153,7 +161,16 @@ impl Redlock {
         // the lock after the undo.
         let mut replies = self.fan_out(per_node, |node| {
             let (key, token) = (key.clone_names(), token.to_owned());
-            async move { node.acquire(&key, &token, ttl, false, false).await }
+            async move {
+                let attempt = Acquire {
+                    key: &key,
+                    token: &token,
+                    ttl,
+                    fencing: false,
+                    first: false,
+                };
+                node.acquire(&attempt).await
+            }
         });
         let n = self.nodes.len();
         let (mut won, mut busy, mut errors, mut refused) =
@@ -207,15 +224,9 @@ impl Redlock {
         Ok(Attempt::Busy { retry_after })
     }
 
-    /// Sends the release to every node; `fan_out` has started each node's task already, so
-    /// dropping the replies leaves them to finish on the I/O runtime.
-    fn release_in_background(&self, key: &LockKey, token: &str) {
-        drop(self.fan_out(self.timeouts.command, release_on(key, token)));
-    }
-
     /// `Ok` once a quorum answered (whether any of them still held our token); an error when
     /// fewer did, so the caller retries: the lock may still stand on a majority.
-    pub(crate) async fn release(&self, key: &LockKey, token: &str) -> Result<bool, LockError> {
+    async fn release(&self, key: &LockKey, token: &str) -> Result<bool, LockError> {
         let mut replies = self.fan_out(self.timeouts.command, release_on(key, token));
         let (mut answered, mut released, mut errors) = (0, false, Vec::new());
         while answered < self.quorum {
@@ -234,7 +245,7 @@ impl Redlock {
     /// Per lock: renewed on a quorum, impossible to keep (too many nodes lost our token: `Taken`
     /// if any node has another owner's token, else `Gone`), or unknown (retry). Returns as soon
     /// as every lock is decided.
-    pub(crate) async fn renew(
+    async fn renew(
         &self,
         batch: &[Renewal<'_>],
         budget: Duration,
@@ -312,7 +323,7 @@ impl Redlock {
     }
 
     /// The owner that a quorum of nodes agrees on, and its shortest remaining lease there.
-    pub(crate) async fn inspect(&self, key: &LockKey) -> Result<LockInfo, LockError> {
+    async fn inspect(&self, key: &LockKey) -> Result<LockInfo, LockError> {
         let replies = join_all(
             self.nodes
                 .iter()
@@ -350,7 +361,7 @@ impl Redlock {
         })
     }
 
-    pub(crate) async fn force_unlock(&self, key: &LockKey) -> Result<bool, LockError> {
+    async fn force_unlock(&self, key: &LockKey) -> Result<bool, LockError> {
         let replies = join_all(
             self.nodes
                 .iter()

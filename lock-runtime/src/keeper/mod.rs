@@ -17,7 +17,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::backend::{ttl_ms, Backend, Renewal, Renewed};
+use crate::backend::{ttl_ms, Backend, Renewal, Renewed, Store};
 use crate::backoff::Backoff;
 use crate::lease::Lease;
 use crate::LostReason;

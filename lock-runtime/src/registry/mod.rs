@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 
-use crate::backend::{LockInfo, MemoryStore};
+use crate::backend::{LockInfo, MemoryStore, Store};
 use crate::lock::LockRequest;
 use crate::state::RegistryInner;
 use crate::{LockError, LostReason};

@@ -13,7 +13,7 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use redis::Value;
 
-use crate::backend::{ttl_ms, Attempt, LockInfo, Renewal, Renewed};
+use crate::backend::{ttl_ms, Acquire, Attempt, LockInfo, Renewal, Renewed, Store};
 use crate::key::{hash_tag, LockKey};
 use crate::timeouts::Timeouts;
 use crate::waiting::WaitHub;
@@ -94,14 +94,6 @@ impl RedisBackend {
         }
     }
 
-    pub(crate) fn node(&self) -> &str {
-        &self.node
-    }
-
-    pub(crate) fn hub(&self) -> &WaitHub {
-        &self.hub
-    }
-
     pub(crate) fn is_cluster(&self) -> bool {
         matches!(self.topology, Topology::Cluster(_))
     }
@@ -127,15 +119,25 @@ impl RedisBackend {
         }
         LockError::backend(&self.node, command, key, e)
     }
+}
 
-    pub(crate) async fn acquire(
-        &self,
-        key: &LockKey,
-        token: &str,
-        ttl: Duration,
-        fencing: bool,
-        first: bool,
-    ) -> Result<Attempt, LockError> {
+impl Store for RedisBackend {
+    fn node(&self) -> &str {
+        &self.node
+    }
+
+    fn hub(&self) -> &WaitHub {
+        &self.hub
+    }
+
+    async fn acquire(&self, attempt: &Acquire<'_>) -> Result<Attempt, LockError> {
+        let Acquire {
+            key,
+            token,
+            ttl,
+            fencing,
+            first,
+        } = *attempt;
         let mut con = self.connection.get("acquire", Some(&key.key)).await?;
         if !fencing && first {
             // The uncontended case is the plain protocol command: a script call costs Redis
@@ -185,7 +187,7 @@ impl RedisBackend {
         }
     }
 
-    pub(crate) async fn release(&self, key: &LockKey, token: &str) -> Result<bool, LockError> {
+    async fn release(&self, key: &LockKey, token: &str) -> Result<bool, LockError> {
         let mut con = self.connection.get("release", Some(&key.key)).await?;
         let deleted: i64 = scripts::RELEASE
             .key(&key.redis_key)
@@ -198,7 +200,7 @@ impl RedisBackend {
     }
 
     /// One flag per lock: renewed, not ours, or unknown (`None`: that call failed).
-    pub(crate) async fn renew(
+    async fn renew(
         &self,
         batch: &[Renewal<'_>],
         budget: Duration,
@@ -233,7 +235,7 @@ impl RedisBackend {
         round.finish().map_err(|e| self.error("renew", None, e))
     }
 
-    pub(crate) async fn inspect(&self, key: &LockKey) -> Result<LockInfo, LockError> {
+    async fn inspect(&self, key: &LockKey) -> Result<LockInfo, LockError> {
         let mut con = self.connection.get("inspect", Some(&key.key)).await?;
         let (owner, pttl, fence): (Option<String>, i64, Option<u64>) = scripts::INSPECT
             .key(&key.redis_key)
@@ -248,7 +250,7 @@ impl RedisBackend {
         })
     }
 
-    pub(crate) async fn force_unlock(&self, key: &LockKey) -> Result<bool, LockError> {
+    async fn force_unlock(&self, key: &LockKey) -> Result<bool, LockError> {
         let mut con = self.connection.get("force_unlock", Some(&key.key)).await?;
         let deleted: i64 = scripts::FORCE_UNLOCK
             .key(&key.redis_key)
