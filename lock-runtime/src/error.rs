@@ -175,21 +175,6 @@ impl LockError {
             source: None,
         }
     }
-
-    pub(crate) fn backend(
-        node: &str,
-        command: &'static str,
-        key: Option<&str>,
-        err: redis::RedisError,
-    ) -> Self {
-        Self::Backend {
-            node: node.to_owned(),
-            command,
-            key: key.map(str::to_owned),
-            message: err.to_string(),
-            source: Some(Arc::new(err)),
-        }
-    }
 }
 
 /// Keys can be megabytes long and hold control bytes: messages show them shortened and escaped.

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Acquire, Attempt, LockInfo, Renewal, Renewed, Store, FENCE_EXPIRY_MS};
+use super::contract::{Acquire, Attempt, LockInfo, Renewal, Renewed, Store, FENCE_EXPIRY_MS};
 use crate::key::LockKey;
 use crate::waiting::WaitHub;
 use crate::LockError;

@@ -1,7 +1,6 @@
-//! Where locks live: the contract every store keeps ([`Store`]), and the stores behind it.
-//! The registry, the keeper and the guards talk to a [`Backend`], whichever it is.
+//! Where locks live: the stores behind the [`Store`] contract, and the [`Backend`] that the
+//! registry, the keeper and the guards talk to, whichever store it is.
 
-use std::future::Future;
 use std::time::Duration;
 
 use crate::io::Home;
@@ -10,112 +9,16 @@ use crate::timeouts::Timeouts;
 use crate::waiting::WaitHub;
 use crate::LockError;
 
+mod contract;
 pub(crate) mod memory;
 pub(crate) mod redis;
 pub(crate) mod redlock;
 
+pub use contract::LockInfo;
+pub(crate) use contract::{ttl_ms, Acquire, Attempt, Renewal, Renewed, Store};
 pub use memory::MemoryStore;
 pub(crate) use redis::config::Tls;
 use redis::config::{ClusterSeeds, Topology};
-
-/// How long a fencing counter outlives the last fenced acquisition of its key: one day, so a
-/// server re-creating an expired counter may have a clock up to a day behind (see
-/// `ACQUIRE_LUA`, which spells the same number). Clock errors are seconds, not days; a longer
-/// expiry would only keep more counters around.
-pub(crate) const FENCE_EXPIRY_MS: u64 = 24 * 3600 * 1000;
-
-/// The outcome of one acquisition attempt.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Attempt {
-    /// Ours; with the fencing token when one was asked for.
-    Acquired { fence: Option<u64> },
-    /// Someone else's; with the holder's remaining lease (`None`: the key has no expiry).
-    Busy { retry_after: Option<Duration> },
-}
-
-/// What a renewal found for one lock.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Renewed {
-    /// Still ours; its expiry was set again.
-    Yes,
-    /// No key at all: it expired on the server or was deleted.
-    Gone,
-    /// Someone else's token (or another kind of value) is under the key.
-    Taken,
-}
-
-/// One acquisition attempt.
-pub(crate) struct Acquire<'a> {
-    pub key: &'a LockKey,
-    /// This acquisition's owner token, the same for all its attempts: a retry after a lost
-    /// reply finds its own token and takes the lock rather than waiting for itself.
-    pub token: &'a str,
-    pub ttl: Duration,
-    /// Take a fencing token with the lock.
-    pub fencing: bool,
-    /// The first attempt of an acquisition, which usually finds the lock free; later attempts
-    /// (while waiting) go straight to the script that also reports the holder's lease.
-    pub first: bool,
-}
-
-/// One lock in a renewal batch.
-pub(crate) struct Renewal<'a> {
-    pub redis_key: &'a str,
-    pub token: &'a str,
-    pub ttl_ms: u64,
-}
-
-/// What `inspect` finds under a key.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LockInfo {
-    /// The holder's token (`host:pid:random`), `None` when the lock is free.
-    pub owner: Option<String>,
-    /// The remaining lease, `None` when free or without expiry.
-    pub remaining: Option<Duration>,
-    /// The last fencing token handed out for this key, while its counter lives (it expires a
-    /// day after the key's last fenced acquisition).
-    pub fence: Option<u64>,
-}
-
-/// What every store does: Redis (one deployment), Redlock (several) and memory.
-///
-/// Every operation is owner-checked except [`force_unlock`](Self::force_unlock): a lock is
-/// never released or extended by anyone but the holder of its token.
-pub(crate) trait Store: Send + Sync {
-    /// `host:port` (never credentials), for errors and traces.
-    fn node(&self) -> &str;
-
-    /// Where the waiters for this store's locks are woken.
-    fn hub(&self) -> &WaitHub;
-
-    /// Takes the lock if it is free (or already held with this token).
-    fn acquire(
-        &self,
-        attempt: &Acquire<'_>,
-    ) -> impl Future<Output = Result<Attempt, LockError>> + Send;
-
-    /// Deletes the lock if it is still ours and wakes waiters; `Ok(false)` if it was not ours.
-    fn release(
-        &self,
-        key: &LockKey,
-        token: &str,
-    ) -> impl Future<Output = Result<bool, LockError>> + Send;
-
-    /// Sets the expiry of each lock that is still ours. Per lock: what the store found, or
-    /// `None` when unknown (that part of the batch failed; retry). Each call to a node is
-    /// bounded by `budget`, so one dead node cannot hold back what live nodes confirm.
-    fn renew(
-        &self,
-        batch: &[Renewal<'_>],
-        budget: Duration,
-    ) -> impl Future<Output = Result<Vec<Option<Renewed>>, LockError>> + Send;
-
-    /// Who holds `key`, for how much longer, and its last fencing token.
-    fn inspect(&self, key: &LockKey) -> impl Future<Output = Result<LockInfo, LockError>> + Send;
-
-    /// Deletes whatever lock is under `key` (an operator's decision) and wakes its waiters.
-    fn force_unlock(&self, key: &LockKey) -> impl Future<Output = Result<bool, LockError>> + Send;
-}
 
 pub(crate) enum Backend {
     /// A standalone server, a Redis Cluster, or the master Sentinels name.
@@ -123,11 +26,6 @@ pub(crate) enum Backend {
     /// Independent masters.
     Redlock(Box<redlock::Redlock>),
     Memory(MemoryStore),
-}
-
-/// Milliseconds for `PX`/`PEXPIRE`, at least 1 (0 would be an error or mean "delete now").
-pub(crate) fn ttl_ms(ttl: Duration) -> u64 {
-    u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1)
 }
 
 impl Backend {

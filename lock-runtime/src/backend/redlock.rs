@@ -19,8 +19,8 @@ use futures_util::future::{join_all, BoxFuture};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::time::{timeout, Instant};
 
+use super::contract::{Acquire, Attempt, LockInfo, Renewal, Renewed, Store};
 use super::redis::RedisBackend;
-use super::{Acquire, Attempt, LockInfo, Renewal, Renewed, Store};
 use crate::key::LockKey;
 use crate::timeouts::Timeouts;
 use crate::waiting::WaitHub;

@@ -3,12 +3,36 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::Registry;
+use super::handle::Registry;
 use crate::backend::{Backend, MemoryStore, Tls};
 use crate::key;
 use crate::state::RegistryInner;
 use crate::timeouts::Timeouts;
 use crate::LockError;
+
+impl Registry {
+    /// Starts a [`RegistryBuilder`].
+    pub fn builder() -> RegistryBuilder {
+        RegistryBuilder::default()
+    }
+
+    /// A registry on one Redis server, with the default prefix and timeouts.
+    ///
+    /// # Errors
+    /// See [`RegistryBuilder::build`].
+    pub fn from_url(url: &str) -> Result<Self, LockError> {
+        Self::builder().url(url).build()
+    }
+
+    /// A registry on its own fresh [`MemoryStore`].
+    #[must_use]
+    pub fn in_memory() -> Self {
+        Self::builder()
+            .memory(MemoryStore::new())
+            .build()
+            .expect("the default prefix is valid")
+    }
+}
 
 /// Builds a [`Registry`].
 ///

@@ -1,6 +1,6 @@
 //! A registry chosen by environment variables, with no code change between deployments.
 
-use super::Registry;
+use super::handle::Registry;
 use crate::LockError;
 
 impl Registry {
@@ -8,7 +8,7 @@ impl Registry {
     ///
     /// | variable | mode |
     /// |---|---|
-    /// | `LOCK_REDIS_SENTINEL=redis://s1:26379,redis://s2:26379` with `LOCK_REDIS_SENTINEL_MASTER=mymaster` | the master these Sentinels name (see [`RegistryBuilder::sentinel`](super::RegistryBuilder::sentinel)) |
+    /// | `LOCK_REDIS_SENTINEL=redis://s1:26379,redis://s2:26379` with `LOCK_REDIS_SENTINEL_MASTER=mymaster` | the master these Sentinels name (see [`RegistryBuilder::sentinel`](super::builder::RegistryBuilder::sentinel)) |
     /// | `LOCK_REDIS_CLUSTER=redis://a:7000,redis://b:7001` | Redis Cluster through these seeds |
     /// | `LOCK_REDIS_URL=redis://a:6379,redis://b:6379,redis://c:6379` | Redlock over these masters |
     /// | `LOCK_REDIS_URL=redis://a:6379` (else `REDIS_URL`) | one Redis server |
@@ -17,7 +17,7 @@ impl Registry {
     /// skipped: a stray comma must not turn one server into a Redlock.
     ///
     /// # Errors
-    /// [`LockError::NotConfigured`] when none is set; see [`RegistryBuilder::build`](super::RegistryBuilder::build).
+    /// [`LockError::NotConfigured`] when none is set; see [`RegistryBuilder::build`](super::builder::RegistryBuilder::build).
     pub fn from_env() -> Result<Self, LockError> {
         let var = |name| {
             std::env::var(name)

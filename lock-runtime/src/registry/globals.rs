@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::sync::{PoisonError, RwLock};
 
-use super::Registry;
+use super::handle::Registry;
 use crate::LockError;
 
 impl Registry {

@@ -22,7 +22,7 @@ use super::connection::OnIo;
 use super::errors::timed_out;
 use super::manager::manager_config;
 use super::renewal::{renew_chunk, Round, RENEW_CHUNK};
-use crate::backend::Renewal;
+use crate::backend::contract::Renewal;
 use crate::io;
 use crate::key::hash_tag;
 use crate::timeouts::Timeouts;

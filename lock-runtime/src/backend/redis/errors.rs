@@ -1,6 +1,9 @@
-//! Telling a silent server from one that answered with a refusal.
+//! Redis errors: telling a silent server from one that refused, and what callers are told.
 
+use std::sync::Arc;
 use std::time::Duration;
+
+use crate::LockError;
 
 /// Whether `e` means the server gave no answer at all (a timeout, a broken or dropped
 /// connection), as opposed to an answer that refused.
@@ -15,4 +18,20 @@ pub(crate) fn timed_out(budget: Duration) -> redis::RedisError {
         format!("no answer within {budget:?}"),
     )
     .into()
+}
+
+/// The error `command` on `node` ended with, for the caller.
+pub(crate) fn lock_error(
+    node: &str,
+    command: &'static str,
+    key: Option<&str>,
+    e: redis::RedisError,
+) -> LockError {
+    LockError::Backend {
+        node: node.to_owned(),
+        command,
+        key: key.map(str::to_owned),
+        message: e.to_string(),
+        source: Some(Arc::new(e)),
+    }
 }

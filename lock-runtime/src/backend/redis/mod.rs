@@ -13,7 +13,7 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use redis::Value;
 
-use crate::backend::{ttl_ms, Acquire, Attempt, LockInfo, Renewal, Renewed, Store};
+use crate::backend::contract::{ttl_ms, Acquire, Attempt, LockInfo, Renewal, Renewed, Store};
 use crate::key::{hash_tag, LockKey};
 use crate::timeouts::Timeouts;
 use crate::waiting::WaitHub;
@@ -117,7 +117,7 @@ impl RedisBackend {
             tracing::debug!(node = %self.node, error = %e, "replacing the cluster client");
             self.connection.reset();
         }
-        LockError::backend(&self.node, command, key, e)
+        errors::lock_error(&self.node, command, key, e)
     }
 }
 

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use super::errors::timed_out;
 use super::scripts;
-use crate::backend::{Renewal, Renewed};
+use crate::backend::contract::{Renewal, Renewed};
 
 /// Renewal scripts are split so no single script call keeps Redis busy for long.
 pub(crate) const RENEW_CHUNK: usize = 512;

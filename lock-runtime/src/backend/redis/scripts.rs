@@ -122,7 +122,7 @@ pub(crate) const ALL: [&str; 5] = [
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::FENCE_EXPIRY_MS;
+    use crate::backend::contract::FENCE_EXPIRY_MS;
 
     #[test]
     fn the_acquire_script_expires_counters_after_fence_expiry_ms() {

@@ -1,0 +1,183 @@
+//! The registry handle: where locks are taken, inspected and force-unlocked, and how a
+//! process gives its locks back when it stops.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::join_all;
+
+use crate::backend::{LockInfo, Store};
+use crate::lock::LockRequest;
+use crate::state::RegistryInner;
+use crate::{LockError, LostReason};
+
+/// A place to take locks: one backend (a Redis server, or memory), a key prefix, and the lease
+/// keeper that renews what this process holds there. Cheap to clone; clones share everything.
+///
+/// The connections, the keeper and the notification subscriber are started on first use. For
+/// Redis they run on the library's own I/O thread, so one registry serves every Tokio runtime
+/// of the process, one after the other or at the same time (one per `#[tokio::test]`).
+#[derive(Clone)]
+pub struct Registry {
+    pub(crate) inner: Arc<RegistryInner>,
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The node is `host:port`: credentials never reach Debug output.
+        self.inner.fmt(f)
+    }
+}
+
+/// A lock this process holds, as listed by [`Registry::held`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldLock {
+    /// The key as given.
+    pub key: String,
+    /// The fencing token, if taken with fencing.
+    pub fence: Option<u64>,
+    /// How long it has been held.
+    pub held_for: Duration,
+    /// Whether the lease is lost.
+    pub lost: bool,
+}
+
+impl Registry {
+    /// Starts a lock request for `key` (the prefix is added for you).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lock_runtime::LockError> {
+    /// use std::time::Duration;
+    /// let registry = lock_runtime::Registry::in_memory();
+    /// let guard = registry
+    ///     .lock("deploy:42")
+    ///     .ttl(Duration::from_secs(60))
+    ///     .wait(Duration::from_secs(5))
+    ///     .acquire()
+    ///     .await?;
+    /// assert_eq!(guard.redis_key(), "lock:deploy:42");
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn lock(&self, key: impl Into<String>) -> LockRequest {
+        LockRequest::new(self.inner.clone(), key.into())
+    }
+
+    /// The Redis key that holds `key`'s lock.
+    #[must_use]
+    pub fn redis_key(&self, key: &str) -> String {
+        format!("{}{key}", self.inner.prefix)
+    }
+
+    /// The key prefix.
+    #[must_use]
+    pub fn prefix(&self) -> &str {
+        &self.inner.prefix
+    }
+
+    /// The node this registry talks to, as `host:port` (or `memory`).
+    #[must_use]
+    pub fn node(&self) -> &str {
+        self.inner.backend.node()
+    }
+
+    /// Who holds `key` now, for how much longer, and its last fencing token.
+    ///
+    /// # Errors
+    /// [`LockError::Backend`] when Redis fails; [`LockError::InvalidKey`] for a bad key.
+    pub async fn inspect(&self, key: &str) -> Result<LockInfo, LockError> {
+        let key = self.inner.lock_key(key.to_owned())?;
+        self.inner.backend.inspect(&key).await
+    }
+
+    /// Deletes `key`'s lock whoever holds it, and wakes its waiters. For operators: the holder
+    /// notices at its next renewal and, with `on_lost = "cancel"`, stops. Returns whether a lock
+    /// was there.
+    ///
+    /// # Errors
+    /// [`LockError::Backend`] when Redis fails; [`LockError::InvalidKey`] for a bad key.
+    pub async fn force_unlock(&self, key: &str) -> Result<bool, LockError> {
+        let key = self.inner.lock_key(key.to_owned())?;
+        let existed = self.inner.backend.force_unlock(&key).await?;
+        tracing::warn!(key = %crate::error::shown(&key.key), existed, "lock force-unlocked");
+        Ok(existed)
+    }
+
+    /// Deletes `key`'s lock only if `owner` (a token as shown by [`inspect`](Self::inspect))
+    /// still holds it, and wakes its waiters: an operator's force-unlock that cannot remove a
+    /// lock that changed hands after they looked. Returns whether it deleted.
+    ///
+    /// # Errors
+    /// [`LockError::Backend`] when Redis fails; [`LockError::InvalidKey`] for a bad key.
+    pub async fn force_unlock_owned_by(&self, key: &str, owner: &str) -> Result<bool, LockError> {
+        let key = self.inner.lock_key(key.to_owned())?;
+        let deleted = self.inner.backend.release(&key, owner).await?;
+        tracing::warn!(key = %crate::error::shown(&key.key), deleted, "lock force-unlocked (owner-checked)");
+        Ok(deleted)
+    }
+
+    /// The locks this process holds through this registry.
+    #[must_use]
+    pub fn held(&self) -> Vec<HeldLock> {
+        self.inner
+            .keeper
+            .snapshot()
+            .into_iter()
+            .map(|lease| HeldLock {
+                key: lease.key.key.clone(),
+                fence: lease.fence,
+                held_for: lease.confirmed_at.elapsed(),
+                lost: lease.lost_reason().is_some(),
+            })
+            .collect()
+    }
+
+    /// Graceful shutdown: marks every held lease lost (guarded bodies with `on_lost = "cancel"`
+    /// stop) and releases every lock on the server, all at once, waiting at most the connect
+    /// timeout plus the command timeout for the whole (enough for one reconnection and one
+    /// round of releases). Returns how many held locks are no longer held on the server
+    /// afterwards (released here, or by their own body as it stopped); a lock whose release
+    /// failed or did not finish in time is left to expire by its ttl and not counted.
+    ///
+    /// Afterwards this registry and all its clones take no new locks: acquisitions fail with
+    /// [`LockError::ShutDown`] (one already waiting for a busy lock fails when it would have
+    /// taken it, and gives it back). [`inspect`](Self::inspect) and the force-unlocks still
+    /// work. A process that must keep locking builds a new registry.
+    pub async fn shutdown(&self) -> usize {
+        self.inner.close();
+        let leases = self.inner.keeper.stop_all();
+        for lease in &leases {
+            lease.mark_lost(LostReason::Shutdown);
+        }
+        let released = AtomicUsize::new(0);
+        let releases = leases.iter().map(|lease| async {
+            // `Ok(false)`: not ours any more, which is what shutdown wants too.
+            if self
+                .inner
+                .backend
+                .release(&lease.key, &lease.token)
+                .await
+                .is_ok()
+            {
+                released.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+        let bound = self.inner.timeouts.round();
+        if tokio::time::timeout(bound, join_all(releases))
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                node = %self.node(),
+                locks = leases.len(),
+                released = released.load(Ordering::Relaxed),
+                "shutdown gave up waiting for releases after {bound:?}; the rest expire by their ttl"
+            );
+        }
+        for lease in &leases {
+            self.inner.keeper.remove(lease.id);
+        }
+        released.into_inner()
+    }
+}

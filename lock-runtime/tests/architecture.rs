@@ -1,0 +1,263 @@
+//! Keeps `ARCHITECTURE.md` true: every module of `lock-runtime/src` uses only modules below it
+//! in [`LAYERS`], and only `backend/` speaks Redis.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+/// Every module, bottom to top. A module may use the ones before it, never itself through its
+/// parent nor any after it.
+const LAYERS: &[&str] = &[
+    "error",
+    "options",
+    "token",
+    "key",
+    "timeouts",
+    "backoff",
+    "io",
+    "waiting",
+    "backend::contract",
+    "backend::redis::errors",
+    "backend::redis::scripts",
+    "backend::redis::manager",
+    "backend::redis::stall",
+    "backend::redis::sentinel",
+    "backend::redis::config",
+    "backend::redis::connection",
+    "backend::redis::renewal",
+    "backend::redis::cluster_nodes",
+    "backend::redis::subscriber",
+    "backend::redis",
+    "backend::memory",
+    "backend::redlock",
+    "backend",
+    "lease",
+    "keeper::leases",
+    "keeper",
+    "state",
+    "current",
+    "guard",
+    "lock",
+    "registry::handle",
+    "registry::builder",
+    "registry::env",
+    "registry::globals",
+    "registry",
+    "protocol",
+    "__private",
+];
+
+/// What the crate root re-exports, by the module that defines it.
+const ROOT_ITEMS: &[(&str, &str)] = &[
+    ("LockError", "error"),
+    ("LostReason", "error"),
+    ("LockOptions", "options"),
+    ("OnLost", "options"),
+    ("KeyBuilder", "key"),
+    ("MAX_KEY_BYTES", "key"),
+    ("LockInfo", "backend::contract"),
+    ("MemoryStore", "backend::memory"),
+    ("CurrentLock", "current"),
+    ("current", "current"),
+    ("LockGuard", "guard"),
+    ("LockRequest", "lock"),
+    ("Registry", "registry::handle"),
+    ("HeldLock", "registry::handle"),
+    ("RegistryBuilder", "registry::builder"),
+    ("registry", "registry"),
+    ("named", "registry"),
+    ("distributed_lock", "lib"),
+];
+
+/// Files outside `backend/` that may name the `redis` crate, and why.
+const REDIS_OUTSIDE_BACKEND: &[&str] = &[
+    // `LockError::Backend` carries the client's error as its source.
+    "error.rs",
+];
+
+fn src() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
+}
+
+/// Every `.rs` file under `dir`, as (module path, file).
+fn modules(dir: &Path, prefix: &str, out: &mut Vec<(String, PathBuf)>) {
+    let mut entries: Vec<_> = std::fs::read_dir(dir)
+        .expect("lock-runtime/src is readable")
+        .map(|e| e.expect("a directory entry").path())
+        .collect();
+    entries.sort();
+    for path in entries {
+        let name = path.file_stem().unwrap().to_string_lossy().into_owned();
+        let module = if prefix.is_empty() {
+            name.clone()
+        } else {
+            format!("{prefix}::{name}")
+        };
+        if path.is_dir() {
+            modules(&path, &module, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            let module = match name.as_str() {
+                "mod" => prefix.to_owned(),
+                _ => module,
+            };
+            out.push((module, path));
+        }
+    }
+}
+
+/// The code of a file without its comments and its unit tests.
+fn code(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).expect("a source file is readable");
+    let text = match text.find("#[cfg(test)]\nmod tests") {
+        Some(tests) => &text[..tests],
+        None => &text,
+    };
+    text.lines()
+        .map(|line| match line.find("//") {
+            Some(comment) => &line[..comment],
+            None => line,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The first segments of every path that follows `anchor` (`crate::` or `super::`), with
+/// `{..}` groups opened: `crate::{a, b::c}` gives `a` and `b::c`.
+fn paths_after(code: &str, anchor: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut rest = code;
+    while let Some(at) = rest.find(anchor) {
+        let before = rest[..at].chars().last();
+        rest = &rest[at + anchor.len()..];
+        if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':') {
+            continue;
+        }
+        if let Some(group) = rest.strip_prefix('{') {
+            let (mut depth, mut item) = (0, String::new());
+            for c in group.chars() {
+                match c {
+                    '{' => depth += 1,
+                    '}' if depth == 0 => break,
+                    '}' => depth -= 1,
+                    ',' if depth == 0 => {
+                        found.push(std::mem::take(&mut item));
+                        continue;
+                    }
+                    _ => {}
+                }
+                item.push(c);
+            }
+            found.push(item);
+        } else {
+            let end = rest
+                .find(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'))
+                .unwrap_or(rest.len());
+            found.push(rest[..end].to_owned());
+        }
+    }
+    found
+        .into_iter()
+        .map(|p| p.trim().trim_end_matches("::").to_owned())
+        .filter(|p| !p.is_empty() && p != "self")
+        .collect()
+}
+
+/// The most specific module in `LAYERS` that `path` (absolute, from the crate root) names.
+fn target(path: &str) -> Option<&'static str> {
+    if let Some((_, module)) = ROOT_ITEMS.iter().find(|(item, _)| *item == path) {
+        return Some(module);
+    }
+    LAYERS
+        .iter()
+        .filter(|m| path == **m || path.starts_with(&format!("{m}::")))
+        .max_by_key(|m| m.len())
+        .copied()
+}
+
+fn rank(module: &str) -> usize {
+    LAYERS.iter().position(|m| *m == module).unwrap_or_else(|| {
+        panic!("module `{module}` is missing from LAYERS: add it where it belongs")
+    })
+}
+
+#[test]
+fn every_module_uses_only_modules_below_it() {
+    let mut files = Vec::new();
+    modules(&src(), "", &mut files);
+    let mut upward = BTreeSet::new();
+    for (module, path) in &files {
+        if module == "lib" {
+            continue;
+        }
+        let code = code(path);
+        let parent = module.rsplit_once("::").map_or("", |(p, _)| p);
+        let used = paths_after(&code, "crate::").into_iter().chain(
+            paths_after(&code, "super::").into_iter().map(|p| {
+                if parent.is_empty() {
+                    p
+                } else {
+                    format!("{parent}::{p}")
+                }
+            }),
+        );
+        for path in used {
+            let Some(target) = target(&path) else {
+                continue;
+            };
+            if target != module && rank(target) >= rank(module) {
+                upward.insert(format!("{module} uses {path} ({target} is not below it)"));
+            }
+        }
+    }
+    assert!(
+        upward.is_empty(),
+        "dependencies must point down (see ARCHITECTURE.md):\n{}",
+        upward.into_iter().collect::<Vec<_>>().join("\n")
+    );
+}
+
+#[test]
+fn only_the_backend_speaks_redis() {
+    let mut files = Vec::new();
+    modules(&src(), "", &mut files);
+    let speaking: Vec<&str> = files
+        .iter()
+        .filter(|(module, _)| module != "backend" && !module.starts_with("backend::"))
+        .filter(|(_, path)| {
+            let name = path
+                .strip_prefix(src())
+                .unwrap()
+                .to_string_lossy()
+                .into_owned();
+            !REDIS_OUTSIDE_BACKEND.contains(&name.as_str())
+        })
+        .filter(|(_, path)| {
+            let code = code(path);
+            code.match_indices("redis::").any(|(at, _)| {
+                !code[..at]
+                    .chars()
+                    .last()
+                    .is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':')
+            })
+        })
+        .map(|(module, _)| module.as_str())
+        .collect();
+    assert!(
+        speaking.is_empty(),
+        "only backend/ may use the redis crate; move this to backend/: {speaking:?}"
+    );
+}
+
+#[test]
+fn the_checker_reads_grouped_imports_and_nested_modules() {
+    // The checks above could pass vacuously if parsing missed imports: these must be found.
+    assert_eq!(
+        paths_after("use crate::{a, b::{c, d}, E};\nuse super::x::y;", "crate::"),
+        ["a", "b::{c, d}", "E"]
+    );
+    assert_eq!(
+        target("backend::redis::config::Tls"),
+        Some("backend::redis::config")
+    );
+    assert_eq!(target("LockError"), Some("error"));
+    assert!(rank("lock") > rank("state") && rank("state") > rank("keeper"));
+}
