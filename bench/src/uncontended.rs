@@ -98,9 +98,7 @@ pub async fn measure(url: &str, iterations: usize) -> Uncontended {
     // What each command costs the server itself, measured alone: the median from the server's
     // own latency histogram (a mean would count every preemption of redis-server by other
     // processes on this machine).
-    let mut stats = redis::Client::open(url)
-        .and_then(|c| c.get_connection())
-        .expect("stats connection");
+    let mut stats = lock_tests::connection(url);
     let () = redis::cmd("CONFIG")
         .arg("RESETSTAT")
         .query(&mut stats)

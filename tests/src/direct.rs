@@ -13,6 +13,18 @@ pub async fn raw(url: &str) -> redis::aio::MultiplexedConnection {
         .expect("raw connection")
 }
 
+/// A synchronous connection straight to a server, for raw commands and counters.
+///
+/// # Panics
+/// When the server does not answer.
+#[must_use]
+pub fn connection(url: &str) -> redis::Connection {
+    redis::Client::open(url)
+        .expect("url")
+        .get_connection()
+        .expect("connect to the test redis-server")
+}
+
 /// Calls per command name from `INFO commandstats` (e.g. `"evalsha" -> 12`).
 ///
 /// # Panics

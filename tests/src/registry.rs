@@ -1,6 +1,21 @@
-//! Registries whose timeouts suit tests that break the server.
+//! Registries with the connect and command timeouts a test chooses.
 
 use std::time::Duration;
+
+use lock_runtime::{Registry, RegistryBuilder};
+
+/// `builder` (any deployment) with `timeout` to connect and per command, built.
+///
+/// # Panics
+/// When the builder is invalid.
+#[must_use]
+pub fn with_timeouts(builder: RegistryBuilder, timeout: Duration) -> Registry {
+    builder
+        .connect_timeout(timeout)
+        .command_timeout(timeout)
+        .build()
+        .expect("registry")
+}
 
 /// A registry on `url` with timeouts short enough for fault tests (500 ms to connect and per
 /// command), so a dead or silent server fails an operation quickly.
@@ -8,11 +23,6 @@ use std::time::Duration;
 /// # Panics
 /// When `url` is not a Redis URL.
 #[must_use]
-pub fn fast_registry(url: &str) -> lock_runtime::Registry {
-    lock_runtime::Registry::builder()
-        .url(url)
-        .connect_timeout(Duration::from_millis(500))
-        .command_timeout(Duration::from_millis(500))
-        .build()
-        .expect("registry")
+pub fn fast_registry(url: &str) -> Registry {
+    with_timeouts(Registry::builder().url(url), Duration::from_millis(500))
 }

@@ -279,9 +279,7 @@ impl RedisServer {
     /// When the server does not answer.
     #[must_use]
     pub fn connection(&self) -> redis::Connection {
-        self.client()
-            .get_connection()
-            .expect("connect to the test redis-server")
+        crate::connection(&self.url())
     }
 
     fn pid(&self) -> u32 {

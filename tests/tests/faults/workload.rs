@@ -394,10 +394,7 @@ fn run_and_check(
         .expect("log");
     let mut leftover_without_ttl = Vec::new();
     for port in &ports {
-        let mut con = redis::Client::open(format!("redis://127.0.0.1:{port}/"))
-            .expect("url")
-            .get_connection()
-            .expect("scan connection");
+        let mut con = lock_tests::connection(&format!("redis://127.0.0.1:{port}/"));
         let keys: Vec<String> = redis::cmd("KEYS")
             .arg("lock:*")
             .query(&mut con)
