@@ -103,7 +103,7 @@ pub async fn measure(url: &str, tasks: usize, window: Duration, rounds: usize) -
             .get_connection_manager()
             .await
             .expect("connection manager"),
-        Arc::new(redis::Script::new(crate::uncontended::RELEASE_LUA)),
+        Arc::new(redis::Script::new(lock_runtime::protocol::RELEASE_LUA)),
     );
     let mut raw_out = Throughput::default();
     let mut stats = lock_tests::connection(url);
