@@ -230,9 +230,7 @@ async fn hold_and_renew(
     let acquire_secs = started.elapsed().as_secs_f64();
     let after = memory::resident();
 
-    let mut con = redis::Client::open(url)
-        .and_then(|c| c.get_connection())
-        .expect("stats connection");
+    let mut con = lock_tests::connection(url);
     let info_before = Info::take(&mut con);
     let (process_before, thread_before) = (procfs::process_cpu(), procfs::thread_cpu());
     let keeper_before = keeper.snapshot();

@@ -103,12 +103,10 @@ pub async fn measure(url: &str, tasks: usize, window: Duration, rounds: usize) -
             .get_connection_manager()
             .await
             .expect("connection manager"),
-        Arc::new(redis::Script::new(crate::uncontended::RELEASE_LUA)),
+        Arc::new(redis::Script::new(lock_runtime::protocol::RELEASE_LUA)),
     );
     let mut raw_out = Throughput::default();
-    let mut stats = redis::Client::open(url)
-        .and_then(|c| c.get_connection())
-        .expect("stats connection");
+    let mut stats = lock_tests::connection(url);
     let mut out = PerLib::<Throughput>::default();
     for round in 0..rounds {
         for k in 0..=Lib::ALL.len() {

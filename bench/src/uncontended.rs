@@ -5,6 +5,8 @@
 //! plain `ConnectionManager`: `SET key token NX PX ttl` and lock-runtime's release script (its
 //! wire protocol). That is the floor the protocol itself sets, whatever the client does.
 
+use lock_runtime::protocol::RELEASE_LUA;
+
 use crate::libs::{Client, Lib, PerLib, Pinger};
 use crate::redis_stats::server_median_usec;
 use crate::stats::Samples;
@@ -17,17 +19,6 @@ pub struct Uncontended {
     /// Server time per call (median), µs: PING, `SET NX PX`, the release script.
     pub server_usec: [f64; 3],
 }
-
-/// lock-runtime's release script, verbatim: the owner-checked delete that notifies waiters
-/// (`ARGV[2]` is `PUBLISH` on a standalone server).
-pub const RELEASE_LUA: &str = r"
-if redis.pcall('GET', KEYS[1]) == ARGV[1] then
-  redis.call('DEL', KEYS[1])
-  redis.call(ARGV[2], KEYS[1], 'released')
-  return 1
-end
-return 0
-";
 
 /// `SET NX PX` and the release script on a plain connection.
 async fn raw_cycle(con: &mut Pinger, script: &redis::Script) -> std::time::Duration {
@@ -98,9 +89,7 @@ pub async fn measure(url: &str, iterations: usize) -> Uncontended {
     // What each command costs the server itself, measured alone: the median from the server's
     // own latency histogram (a mean would count every preemption of redis-server by other
     // processes on this machine).
-    let mut stats = redis::Client::open(url)
-        .and_then(|c| c.get_connection())
-        .expect("stats connection");
+    let mut stats = lock_tests::connection(url);
     let () = redis::cmd("CONFIG")
         .arg("RESETSTAT")
         .query(&mut stats)

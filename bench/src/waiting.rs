@@ -45,11 +45,7 @@ impl Waiting {
 
 pub async fn measure(url: &str, port: u16, window: Duration) -> PerLib<Waiting> {
     let monitor = Monitor::start(port);
-    let client = redis::Client::open(url).expect("url");
-    let mut ctl = client
-        .get_multiplexed_async_connection()
-        .await
-        .expect("control connection");
+    let mut ctl = lock_tests::raw(url).await;
     let info: String = redis::cmd("CLIENT")
         .arg("INFO")
         .query_async(&mut ctl)

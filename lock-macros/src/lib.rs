@@ -463,7 +463,32 @@ fn not_a_fn(item: proc_macro2::TokenStream) -> syn::Error {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use quote::quote;
+
+    /// The attribute checks options at compile time against its own copies of the runtime's
+    /// default and bounds (a proc-macro crate cannot depend on the runtime): they must agree.
+    #[test]
+    fn the_default_ttl_and_the_bounds_are_the_runtimes() {
+        use crate::duration::{MAX_MILLIS, MIN_TTL_MILLIS};
+        use crate::validate::DEFAULT_TTL_MILLIS;
+        assert_eq!(
+            Duration::from_millis(DEFAULT_TTL_MILLIS),
+            lock_runtime::LockOptions::new().get_ttl(),
+            "default ttl"
+        );
+        assert_eq!(
+            Duration::from_millis(MIN_TTL_MILLIS),
+            lock_runtime::__private::MIN_TTL,
+            "shortest ttl"
+        );
+        assert_eq!(
+            Duration::from_millis(MAX_MILLIS),
+            lock_runtime::__private::MAX_TTL,
+            "longest duration"
+        );
+    }
 
     fn expand(args: proc_macro2::TokenStream, item: proc_macro2::TokenStream) -> String {
         super::distributed_lock_impl(args, item)

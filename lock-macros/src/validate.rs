@@ -77,7 +77,7 @@ pub(crate) enum Body {
 }
 
 /// The runtime's default lease length, for the hold checks when `ttl` is not given.
-const DEFAULT_TTL_MILLIS: u64 = 30_000;
+pub(crate) const DEFAULT_TTL_MILLIS: u64 = 30_000;
 
 pub(crate) fn validate(args: Args, item: ItemFn, errors: &mut Errors) -> Option<Lock> {
     let ItemFn {

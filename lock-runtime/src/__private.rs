@@ -1,4 +1,5 @@
-//! What `#[distributed_lock]` expands to. Not public API: only the macro may use it.
+//! What `#[distributed_lock]` expands to. Not public API: only the macro (and its crate's
+//! tests) may use it.
 
 use std::future::Future;
 
@@ -75,3 +76,9 @@ impl<T, E: From<LockError>> LockResult for Result<T, E> {
 
 /// Compile-time check that `R` is a [`LockResult`], quoted at the user's return type.
 pub const fn assert_lock_result<R: LockResult>() {}
+
+/// The shortest lease, which the attribute enforces at compile time with a copy of it.
+pub const MIN_TTL: Duration = crate::options::MIN_TTL;
+
+/// The longest lease, which the attribute enforces at compile time with a copy of it.
+pub const MAX_TTL: Duration = crate::options::MAX_TTL;

@@ -11,22 +11,18 @@ use std::collections::HashSet;
 use std::fmt;
 
 use lock_runtime::{current, distributed_lock, LockError, Registry};
-use lock_tests::RedisServer;
+use lock_tests::{raw, RedisServer};
 use redis::AsyncCommands;
 
 /// Reads the held lock's Redis key and checks on the server that it holds our token.
 struct Probe {
-    client: redis::Client,
+    url: String,
 }
 
 impl Probe {
     async fn observe(&self) -> Result<String, LockError> {
         let lock = current().expect("inside a guarded body");
-        let mut con = self
-            .client
-            .get_multiplexed_async_connection()
-            .await
-            .expect("raw connection");
+        let mut con = raw(&self.url).await;
         let stored: Option<String> = con.get(lock.redis_key()).await.expect("GET");
         assert_eq!(
             stored.as_deref(),
@@ -119,11 +115,7 @@ impl Probe {
             .expect("inside a guarded body")
             .fence()
             .expect("fencing = true");
-        let mut con = self
-            .client
-            .get_multiplexed_async_connection()
-            .await
-            .expect("raw connection");
+        let mut con = raw(&self.url).await;
         for name in candidates {
             let value: Option<u64> = con.get(*name).await.expect("GET");
             if value == Some(fence) {
@@ -159,9 +151,7 @@ async fn server(name: &str) -> (RedisServer, Probe) {
     Registry::from_url(&server.url())
         .expect("registry")
         .install_as(name);
-    let probe = Probe {
-        client: server.client(),
-    };
+    let probe = Probe { url: server.url() };
     (server, probe)
 }
 

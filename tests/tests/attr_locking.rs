@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lock_runtime::{current, distributed_lock, LockError, Registry};
-use lock_tests::RedisServer;
+use lock_tests::{raw, RedisServer};
 use redis::AsyncCommands;
 use tokio::sync::{mpsc, oneshot};
 
@@ -29,14 +29,6 @@ fn install(server: &RedisServer, name: &str) {
     Registry::from_url(&server.url())
         .expect("registry")
         .install_as(name);
-}
-
-async fn raw(server: &RedisServer) -> redis::aio::MultiplexedConnection {
-    server
-        .client()
-        .get_multiplexed_async_connection()
-        .await
-        .expect("raw connection")
 }
 
 /// Holds the lock until `release` fires, telling `held` once inside.
@@ -140,7 +132,7 @@ async fn report_waiting(holder_done: Arc<AtomicUsize>) -> Result<usize, JobError
 async fn wait_acquires_once_the_holder_releases() {
     let server = RedisServer::start();
     install(&server, "attr_wait");
-    let mut con = raw(&server).await;
+    let mut con = raw(&server.url()).await;
     let (held_tx, held) = oneshot::channel();
     let (release, release_rx) = oneshot::channel();
     let holder_done = Arc::new(AtomicUsize::new(0));
@@ -193,7 +185,7 @@ async fn after_crashed_holder() -> Result<String, JobError> {
 async fn wait_outlasts_a_holder_that_never_releases() {
     let server = RedisServer::start();
     install(&server, "attr_wait_expiry");
-    let mut con = raw(&server).await;
+    let mut con = raw(&server.url()).await;
     // Another service's lock on the same key (same wire convention), whose holder crashed:
     // nobody will release it, it only expires.
     let _: () = redis::cmd("SET")
@@ -233,7 +225,7 @@ async fn cancelled_body(
 async fn cancel_drops_the_body_when_the_lease_is_lost() {
     let server = RedisServer::start();
     install(&server, "attr_cancel");
-    let mut con = raw(&server).await;
+    let mut con = raw(&server.url()).await;
     let (held_tx, held) = oneshot::channel();
     let (dropped_tx, mut dropped) = mpsc::unbounded_channel();
     let call = tokio::spawn(async move { cancelled_body("a", held_tx, dropped_tx).await });
@@ -275,7 +267,7 @@ async fn continued_body(name: &str, held: oneshot::Sender<()>) -> Result<String,
 async fn continue_lets_the_body_finish_and_reports_the_loss() {
     let server = RedisServer::start();
     install(&server, "attr_continue");
-    let mut con = raw(&server).await;
+    let mut con = raw(&server.url()).await;
     let (held_tx, held) = oneshot::channel();
     let call = tokio::spawn(async move { continued_body("b", held_tx).await });
     held.await.expect("body inside");
@@ -298,7 +290,7 @@ async fn nightly(job: &str, fail: bool) -> Result<(), JobError> {
 async fn min_hold_keeps_the_key_after_success_and_releases_at_once_after_an_error() {
     let server = RedisServer::start();
     install(&server, "attr_min_hold");
-    let mut con = raw(&server).await;
+    let mut con = raw(&server.url()).await;
 
     nightly("ok", false).await.expect("ran");
     let kept: bool = con.exists("lock:nightly:ok").await.expect("EXISTS");
@@ -357,7 +349,7 @@ async fn nested_calls_on_the_same_key_reenter() {
     install(&server, "attr_reentry");
     let (outer, inner) = transfer(3).await.expect("no deadlock, no busy");
     assert_eq!(outer, inner, "the nested call ran inside the outer lease");
-    let mut con = raw(&server).await;
+    let mut con = raw(&server.url()).await;
     let kept: bool = con.exists("lock:account:3").await.expect("EXISTS");
     assert!(!kept, "the outer call released the lock");
 }

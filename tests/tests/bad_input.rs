@@ -8,18 +8,10 @@ use std::time::Duration;
 
 use lock_runtime::{LockError, Registry, MAX_KEY_BYTES};
 use lock_tests::proxy::Proxy;
-use lock_tests::{command_calls, eventually, subscribers, RedisServer};
+use lock_tests::{command_calls, eventually, raw, subscribers, RedisServer};
 use redis::AsyncCommands;
 
 use lock_tests::fast_registry as registry;
-
-async fn raw(server: &RedisServer) -> redis::aio::MultiplexedConnection {
-    server
-        .client()
-        .get_multiplexed_async_connection()
-        .await
-        .expect("raw connection")
-}
 
 /// Commands the server ran, excluding the `INFO` that reads the counters.
 fn commands_run(server: &RedisServer) -> u64 {
@@ -95,7 +87,7 @@ async fn a_one_mib_key_is_refused_with_a_short_message_and_nothing_sent() {
 async fn control_bytes_and_non_ascii_keys_lock_exactly_those_bytes_and_print_escaped() {
     let server = RedisServer::start();
     let (a, b) = (registry(&server.url()), registry(&server.url()));
-    let mut con = raw(&server).await;
+    let mut con = raw(&server.url()).await;
     for key in [
         "tab\there\nnewline\r\0nul\u{7f}",
         "ключ:数据:🔒",
@@ -170,7 +162,7 @@ async fn snapshot(con: &mut redis::aio::MultiplexedConnection, key: &str) -> Str
 async fn a_key_holding_another_type_is_a_clear_error_and_the_foreign_data_stays_untouched() {
     let server = RedisServer::start();
     let reg = registry(&server.url());
-    let mut con = raw(&server).await;
+    let mut con = raw(&server.url()).await;
     for kind in ["list", "hash", "set", "zset", "stream"] {
         let key = format!("jobs-{kind}");
         let redis_key = format!("lock:{key}");
@@ -208,7 +200,7 @@ async fn a_key_holding_another_type_is_a_clear_error_and_the_foreign_data_stays_
 async fn a_fencing_counter_holding_another_type_fails_clearly_and_leaves_no_lock_behind() {
     let server = RedisServer::start();
     let reg = registry(&server.url());
-    let mut con = raw(&server).await;
+    let mut con = raw(&server.url()).await;
     let before = plant(&mut con, "fence:{lock:billing}", "hash").await;
     let ttl = Duration::from_millis(800);
     let err = reg
@@ -272,7 +264,7 @@ async fn a_zero_ttl_is_refused_and_so_is_one_beyond_what_redis_takes() {
     // The largest accepted ttl reaches Redis intact.
     let year = Duration::from_secs(365 * 24 * 3600);
     let guard = reg.lock("k").ttl(year).acquire().await.unwrap();
-    let mut con = raw(&server).await;
+    let mut con = raw(&server.url()).await;
     let pttl: i64 = con.pttl("lock:k").await.unwrap();
     let year_ms = i64::try_from(year.as_millis()).unwrap();
     assert!(pttl > year_ms - 60_000 && pttl <= year_ms, "{pttl}");
@@ -386,7 +378,7 @@ async fn oom_under_maxmemory_fails_new_locks_clearly_while_held_locks_renew_and_
     let reg = registry(&server.url());
     let ttl = Duration::from_millis(300);
     let held = reg.lock("held").ttl(ttl).acquire().await.unwrap();
-    let mut con = raw(&server).await;
+    let mut con = raw(&server.url()).await;
     push_over_maxmemory(&mut con).await;
     for fencing in [false, true] {
         let err = reg
@@ -428,7 +420,7 @@ async fn a_read_only_replica_refuses_clearly_and_nothing_is_written_there() {
             "says why: {err}"
         );
     }
-    let mut con = raw(&replica).await;
+    let mut con = raw(&replica.url()).await;
     let keys: Vec<String> = con.keys("*").await.unwrap();
     assert!(keys.is_empty(), "{keys:?}");
 }
@@ -445,7 +437,7 @@ async fn scripts_flushed_from_the_server_are_reloaded_transparently() {
         .acquire()
         .await
         .unwrap();
-    let mut con = raw(&server).await;
+    let mut con = raw(&server.url()).await;
     let _: () = redis::cmd("SCRIPT")
         .arg("FLUSH")
         .query_async(&mut con)
@@ -550,7 +542,7 @@ async fn an_acquire_that_gave_up_after_a_lost_reply_leaves_no_lock_beyond_its_tt
     assert!(calls.get("set").copied().unwrap_or(0) >= 1, "{calls:?}");
     // ...so the lock exists with an expiry no longer than its ttl, unless the runtime's
     // clean-up (an owner-checked release, whose request still gets through) already ran.
-    let mut con = raw(&server).await;
+    let mut con = raw(&server.url()).await;
     let pttl: i64 = con.pttl("lock:k").await.unwrap();
     assert!(pttl == -2 || (pttl > 0 && pttl <= 1500), "{pttl}");
     proxy.heal();

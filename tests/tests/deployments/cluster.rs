@@ -2,16 +2,15 @@ use std::time::Duration;
 
 use lock_runtime::{LockError, LostReason, Registry};
 use lock_tests::cluster::RedisCluster;
+use lock_tests::with_timeouts;
 
 /// Short timeouts, so operations on a dead master fail (and are retried by the library) well
 /// within the tests' leases.
 fn registry(cluster: &RedisCluster) -> Registry {
-    Registry::builder()
-        .cluster(cluster.seeds())
-        .connect_timeout(Duration::from_millis(300))
-        .command_timeout(Duration::from_millis(300))
-        .build()
-        .unwrap()
+    with_timeouts(
+        Registry::builder().cluster(cluster.seeds()),
+        Duration::from_millis(300),
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

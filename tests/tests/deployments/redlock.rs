@@ -3,19 +3,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lock_runtime::{LockError, LostReason, Registry};
-use lock_tests::RedisServer;
+use lock_tests::{with_timeouts, RedisServer};
 
 fn nodes(n: usize) -> Vec<RedisServer> {
     (0..n).map(|_| RedisServer::start()).collect()
 }
 
 fn registry(nodes: &[RedisServer]) -> Registry {
-    Registry::builder()
-        .redlock(nodes.iter().map(RedisServer::url))
-        .connect_timeout(Duration::from_millis(300))
-        .command_timeout(Duration::from_millis(300))
-        .build()
-        .unwrap()
+    with_timeouts(
+        Registry::builder().redlock(nodes.iter().map(RedisServer::url)),
+        Duration::from_millis(300),
+    )
 }
 
 #[tokio::test]
@@ -259,12 +257,10 @@ async fn a_black_holed_node_does_not_stretch_a_wait_past_its_budget() {
     let proxy = lock_tests::proxy::Proxy::start(nodes[2].port());
     let urls = [nodes[0].url(), nodes[1].url(), proxy.url()];
     let slow = || {
-        Registry::builder()
-            .redlock(urls.clone())
-            .connect_timeout(Duration::from_secs(30))
-            .command_timeout(Duration::from_secs(30))
-            .build()
-            .unwrap()
+        with_timeouts(
+            Registry::builder().redlock(urls.clone()),
+            Duration::from_secs(30),
+        )
     };
     let (holder, waiter) = (slow(), slow());
     let held = holder
@@ -294,12 +290,10 @@ async fn a_release_that_missed_a_majority_is_reported_and_retried() {
         lock_tests::proxy::Proxy::start(nodes[1].port()),
         lock_tests::proxy::Proxy::start(nodes[2].port()),
     ];
-    let reg = Registry::builder()
-        .redlock([nodes[0].url(), proxies[0].url(), proxies[1].url()])
-        .connect_timeout(Duration::from_millis(300))
-        .command_timeout(Duration::from_millis(300))
-        .build()
-        .unwrap();
+    let reg = with_timeouts(
+        Registry::builder().redlock([nodes[0].url(), proxies[0].url(), proxies[1].url()]),
+        Duration::from_millis(300),
+    );
     let guard = reg
         .lock("k")
         .ttl(Duration::from_secs(60))
@@ -354,12 +348,10 @@ async fn a_slow_node_connects_although_its_share_of_a_short_ttl_is_shorter_than_
     let slow = lock_tests::proxy::Proxy::start(nodes[2].port());
     // Each node may answer within 30 ms (ttl/10); a round trip over this link takes 120 ms.
     slow.set_latency(Duration::from_millis(60));
-    let reg = Registry::builder()
-        .redlock([nodes[0].url(), nodes[1].url(), slow.url()])
-        .connect_timeout(Duration::from_secs(5))
-        .command_timeout(Duration::from_secs(5))
-        .build()
-        .unwrap();
+    let reg = with_timeouts(
+        Registry::builder().redlock([nodes[0].url(), nodes[1].url(), slow.url()]),
+        Duration::from_secs(5),
+    );
     let mut slow_node = nodes[2].connection();
     // Acquisitions only (no renewal, no release until the end): nothing but the acquisitions'
     // own budget could make the slow node's connection.

@@ -2,17 +2,15 @@ use std::time::Duration;
 
 use lock_runtime::{LockError, Registry};
 use lock_tests::sentinel::{RedisSentinels, SERVICE};
-use lock_tests::{eventually, free_port, subscribers, RedisServer};
+use lock_tests::{eventually, free_port, subscribers, with_timeouts, RedisServer};
 
 /// Short timeouts, so operations on a dead master fail quickly and are retried by the library
 /// while the sentinels promote the replica.
 fn registry(deployment: &RedisSentinels) -> Registry {
-    Registry::builder()
-        .sentinel(SERVICE, deployment.urls())
-        .connect_timeout(Duration::from_millis(300))
-        .command_timeout(Duration::from_millis(300))
-        .build()
-        .unwrap()
+    with_timeouts(
+        Registry::builder().sentinel(SERVICE, deployment.urls()),
+        Duration::from_millis(300),
+    )
 }
 
 fn value(server: &RedisServer, key: &str) -> Option<String> {

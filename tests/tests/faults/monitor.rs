@@ -82,10 +82,7 @@ impl Monitor {
     /// marker command and returns once it shows up.
     pub fn sync(&self) {
         let marker = format!("monitor-sync-{}", now_us());
-        let mut con = redis::Client::open(format!("redis://127.0.0.1:{}/", self.port))
-            .expect("url")
-            .get_connection()
-            .expect("connect for a MONITOR marker");
+        let mut con = lock_tests::connection(&format!("redis://127.0.0.1:{}/", self.port));
         let _: String = redis::cmd("ECHO")
             .arg(&marker)
             .query(&mut con)

@@ -212,15 +212,11 @@ async fn until(mut check: impl AsyncFnMut() -> bool) {
 /// Every operation the library performs, as the user `url` names; returns what failed.
 /// `observe` is an unrestricted URL of the same server.
 async fn exercise(url: &str, observe: &str) -> Vec<String> {
-    let build = || lock_tests::fast_registry(url);
+    let build = || registry(url);
     let (a, b) = (build(), build());
     let mut failed = Vec::new();
     // A fresh fencing counter every run, so the run also creates one (which reads the clock).
-    let _: () = lock_tests::raw(observe)
-        .await
-        .del("fence:{lock:fenced}")
-        .await
-        .unwrap();
+    let _: () = raw(observe).await.del("fence:{lock:fenced}").await.unwrap();
     let ttl = Duration::from_millis(150);
     // Plain acquisition, renewal, release.
     match a.lock("plain").ttl(ttl).acquire().await {
@@ -385,11 +381,7 @@ async fn the_minimal_acl_for_a_lock_user_is_these_commands_on_the_lock_keys_and_
 
     // And keys or channels outside the prefix are out of reach.
     acl_setuser(&mut admin, MINIMAL_COMMANDS);
-    let mut con = redis::Client::open(url.as_str())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let mut con = raw(&url).await;
     let denied: redis::RedisResult<()> = con.set("app:data", 1).await;
     let denied = denied.unwrap_err().to_string();
     assert!(denied.contains("no permissions to access"), "{denied}");

@@ -394,10 +394,7 @@ fn run_and_check(
         .expect("log");
     let mut leftover_without_ttl = Vec::new();
     for port in &ports {
-        let mut con = redis::Client::open(format!("redis://127.0.0.1:{port}/"))
-            .expect("url")
-            .get_connection()
-            .expect("scan connection");
+        let mut con = lock_tests::connection(&format!("redis://127.0.0.1:{port}/"));
         let keys: Vec<String> = redis::cmd("KEYS")
             .arg("lock:*")
             .query(&mut con)
@@ -443,7 +440,7 @@ struct Inputs<'a> {
     ran_for: Duration,
 }
 
-/// The invariants:
+/// The invariants, one function each:
 /// (a) no two critical sections that the library did not report lost overlapped, and each lay
 ///     inside the server-side tenure of its token;
 /// (b) the fenced store accepted no stale write, the register equals the number of accepted
@@ -454,31 +451,96 @@ struct Inputs<'a> {
 ///     server (smallest margin reported), except in a process that was itself stopped;
 /// (f) every lock key always had a TTL;
 /// (g) dropping or cancelling never blocked the worker's runtime.
-#[allow(clippy::too_many_lines)]
 fn check(i: &Inputs<'_>) -> Report {
+    let f = Facts::new(i);
     let mut r = Report::default();
-    let secs = sections(i.lines, i.killed);
-    let us = |d: Duration| i64::try_from(d.as_micros()).expect("fits");
-    let pauses: Vec<&FaultRecord> = i
-        .faults
-        .iter()
-        .filter(|f| f.kind == "client-sigstop")
-        .collect();
-    let paused_during = |worker: u32, from: i64, to: i64| {
-        pauses
-            .iter()
-            .any(|p| p.victim == Some(worker) && from <= p.end_us && p.start_us <= to)
-    };
-    let tenures: Vec<HashMap<&str, Vec<&model::Tenure>>> =
-        i.histories.iter().map(History::by_token).collect();
+    trusted_sections_never_overlap(&f, &mut r);
+    let completed_margin = trusted_sections_lie_inside_their_tenure(&f, &mut r);
+    the_store_accepted_no_stale_fence(&f, &mut r);
+    no_accepted_increment_was_lost(&f, &mut r);
+    the_register_counts_every_accepted_increment(&f, &mut r);
+    the_store_accepted_what_the_workers_saw(&f, &mut r);
+    no_fencing_token_is_handed_out_twice(&f, &mut r);
+    fencing_tokens_increase_in_the_servers_order_of_holders(&f, &mut r);
+    let hand_overs = the_lock_is_handed_over_soon_after_its_holder_is_hit(&f, &mut r);
+    no_client_touched_a_lock_it_did_not_own(&f, &mut r);
+    every_lock_key_has_a_ttl(&f, &mut r);
+    let cancels = cancelled_bodies_stop_before_their_key_expires(&f, &mut r);
+    let drops = drops_never_block_the_runtime(&f, &mut r);
+    let worst_stall = the_runtime_never_stalls(&f, &mut r);
+    r.lines = summary(
+        &f,
+        &Figures {
+            completed_margin,
+            hand_overs,
+            cancels,
+            drops,
+            worst_stall,
+            violations: r.violations.len(),
+        },
+    );
+    r
+}
 
-    // (a)
-    let trusted: Vec<&Section> = secs
-        .iter()
-        .filter(|s| matches!(s.outcome.as_str(), "ok" | "dropped" | "killed") && !s.lost_seen)
-        .collect();
+/// What the checks read: the run's inputs, and what is derived from them once.
+struct Facts<'a> {
+    i: &'a Inputs<'a>,
+    /// Every critical section, by start.
+    secs: Vec<Section>,
+    /// Per node, the server-side tenures of each token.
+    tenures: Vec<HashMap<&'a str, Vec<&'a model::Tenure>>>,
+    /// The store's accepted writes, in order: (fence, value written).
+    log: Vec<(u64, i64)>,
+}
+
+impl<'a> Facts<'a> {
+    fn new(i: &'a Inputs<'a>) -> Self {
+        let log = i
+            .log
+            .iter()
+            .map(|entry| {
+                let (fence, value) = entry.split_once(':').expect("fence:value");
+                (fence.parse().expect("fence"), value.parse().expect("value"))
+            })
+            .collect();
+        Self {
+            i,
+            secs: sections(i.lines, i.killed),
+            tenures: i.histories.iter().map(History::by_token).collect(),
+            log,
+        }
+    }
+
+    /// Sections the library did not report lost: they must have held the lock throughout.
+    fn trusted(&self) -> impl Iterator<Item = &Section> {
+        self.secs
+            .iter()
+            .filter(|s| matches!(s.outcome.as_str(), "ok" | "dropped" | "killed") && !s.lost_seen)
+    }
+
+    /// Whether `worker` was itself stopped (SIGSTOP) at some moment of `[from, to]`.
+    fn paused_during(&self, worker: u32, from: i64, to: i64) -> bool {
+        self.i.faults.iter().any(|p| {
+            p.kind == "client-sigstop"
+                && p.victim == Some(worker)
+                && from <= p.end_us
+                && p.start_us <= to
+        })
+    }
+
+    fn accepted(&self) -> i64 {
+        i64::try_from(self.log.len()).expect("fits")
+    }
+}
+
+fn us(d: Duration) -> i64 {
+    i64::try_from(d.as_micros()).expect("fits")
+}
+
+/// (a) No two sections the library did not report lost overlapped in time.
+fn trusted_sections_never_overlap(f: &Facts<'_>, r: &mut Report) {
     let mut latest: Option<&Section> = None;
-    for s in &trusted {
+    for s in f.trusted() {
         if let Some(p) = latest {
             if s.start < p.end {
                 r.fail(
@@ -494,16 +556,22 @@ fn check(i: &Inputs<'_>) -> Report {
             latest = Some(s);
         }
     }
+}
+
+/// (a) Each section the library did not report lost lay inside a server-side tenure of its
+/// token on a quorum of nodes. Returns the smallest lease left when such a section ended (µs).
+fn trusted_sections_lie_inside_their_tenure(f: &Facts<'_>, r: &mut Report) -> i64 {
     let mut completed_margin = i64::MAX;
-    for s in &trusted {
-        let covering = tenures
+    for s in f.trusted() {
+        let covering = f
+            .tenures
             .iter()
             .filter(|t| {
                 t.get(s.token.as_str())
                     .is_some_and(|ts| ts.iter().any(|t| t.covers(s.start, s.end)))
             })
             .count();
-        if covering < i.quorum {
+        if covering < f.i.quorum {
             r.fail(
                 "a",
                 format!(
@@ -513,29 +581,23 @@ fn check(i: &Inputs<'_>) -> Report {
                     s.start,
                     s.end,
                     s.outcome,
-                    tenures[0].get(s.token.as_str())
+                    f.tenures[0].get(s.token.as_str())
                 ),
             );
         }
-        for t in tenures.iter().filter_map(|t| t.get(s.token.as_str())) {
+        for t in f.tenures.iter().filter_map(|t| t.get(s.token.as_str())) {
             for t in t.iter().filter(|t| t.covers(s.start, s.end)) {
                 completed_margin = completed_margin.min(t.expires_at(s.end) - s.end);
             }
         }
     }
-    // With `on_lost = cancel`, a body that finished after its lease was lost should not be
-    // reported as a success; `continue` bodies (task .1) finish by design.
-    let ok_after_lost: Vec<&Section> = secs
-        .iter()
-        .filter(|s| s.outcome == "ok" && s.lost_seen && s.task.ends_with(".0"))
-        .collect();
+    completed_margin
+}
 
-    // (b)
+/// (b) The fenced store never accepted a fence older than one it had accepted before.
+fn the_store_accepted_no_stale_fence(f: &Facts<'_>, r: &mut Report) {
     let mut last_fence = 0u64;
-    for (n, entry) in i.log.iter().enumerate() {
-        let (fence, value) = entry.split_once(':').expect("fence:value");
-        let (fence, value): (u64, i64) =
-            (fence.parse().expect("fence"), value.parse().expect("value"));
+    for &(fence, _) in &f.log {
         if fence < last_fence {
             r.fail(
                 "b",
@@ -543,6 +605,12 @@ fn check(i: &Inputs<'_>) -> Report {
             );
         }
         last_fence = last_fence.max(fence);
+    }
+}
+
+/// (b) Accepted write n wrote n: each read-modify-write saw the one before it.
+fn no_accepted_increment_was_lost(f: &Facts<'_>, r: &mut Report) {
+    for (n, &(_, value)) in f.log.iter().enumerate() {
         if value != i64::try_from(n).expect("fits") + 1 {
             r.fail(
                 "b",
@@ -553,16 +621,30 @@ fn check(i: &Inputs<'_>) -> Report {
             );
         }
     }
-    let accepted = i64::try_from(i.log.len()).expect("fits");
-    if i.register != accepted {
+}
+
+/// (b) The register holds one increment per accepted write.
+fn the_register_counts_every_accepted_increment(f: &Facts<'_>, r: &mut Report) {
+    let accepted = f.accepted();
+    if f.i.register != accepted {
         r.fail(
             "b",
-            format!("register {} != {accepted} accepted increments", i.register),
+            format!(
+                "register {} != {accepted} accepted increments",
+                f.i.register
+            ),
         );
     }
-    let acc_seen = i64::try_from(secs.iter().filter(|s| s.write == "acc").count()).expect("fits");
+}
+
+/// (b) The store accepted every write a worker saw accepted, and besides those only writes
+/// whose outcome their worker could not know (in flight, failed, or killed).
+fn the_store_accepted_what_the_workers_saw(f: &Facts<'_>, r: &mut Report) {
+    let accepted = f.accepted();
+    let acc_seen = i64::try_from(f.secs.iter().filter(|s| s.write == "acc").count()).expect("fits");
     let unsure = i64::try_from(
-        secs.iter()
+        f.secs
+            .iter()
             .filter(|s| matches!(s.write.as_str(), "inflight" | "err") || s.outcome == "killed")
             .count(),
     )
@@ -573,114 +655,182 @@ fn check(i: &Inputs<'_>) -> Report {
             format!("the store holds {accepted} accepted writes; workers saw {acc_seen} (+{unsure} unsure)"),
         );
     }
+}
+
+/// (b) No fencing token was handed to two sections.
+fn no_fencing_token_is_handed_out_twice(f: &Facts<'_>, r: &mut Report) {
     let mut fences: HashMap<u64, usize> = HashMap::new();
-    for s in &secs {
+    for s in &f.secs {
         *fences.entry(s.fence).or_default() += 1;
     }
-    if let Some((f, n)) = fences.iter().find(|(_, n)| **n > 1) {
-        r.fail("b", format!("fencing token {f} was handed to {n} sections"));
+    if let Some((fence, n)) = fences.iter().find(|(_, n)| **n > 1) {
+        r.fail(
+            "b",
+            format!("fencing token {fence} was handed to {n} sections"),
+        );
     }
-    let fence_of: HashMap<&str, u64> = secs.iter().map(|s| (s.token.as_str(), s.fence)).collect();
-    let mut order: Vec<(i64, u64)> = i.histories[0]
+}
+
+/// (b) Fencing tokens strictly increase in the order the server (the first node) granted the
+/// lock to their sections.
+fn fencing_tokens_increase_in_the_servers_order_of_holders(f: &Facts<'_>, r: &mut Report) {
+    let fence_of: HashMap<&str, u64> = f.secs.iter().map(|s| (s.token.as_str(), s.fence)).collect();
+    let mut order: Vec<(i64, u64)> = f.i.histories[0]
         .tenures
         .iter()
-        .filter_map(|t| fence_of.get(t.token.as_str()).map(|f| (t.since_us, *f)))
+        .filter_map(|t| {
+            fence_of
+                .get(t.token.as_str())
+                .map(|fence| (t.since_us, *fence))
+        })
         .collect();
     order.sort_unstable();
-    order.dedup_by_key(|(_, f)| *f);
+    order.dedup_by_key(|(_, fence)| *fence);
     if let Some(w) = order.windows(2).find(|w| w[1].1 <= w[0].1) {
         r.fail(
             "b",
             format!("fencing token {} was granted after {}", w[1].1, w[0].1),
         );
     }
+}
 
-    // (c): from the server's history, when another owner next took the lock (a body may
-    // start a moment later, or never, if that owner is hit by the next fault).
-    let mut details = Vec::new();
-    let mut worst_free = 0i64;
-    for f in i.faults.iter().filter(|f| f.held) {
-        let victim = f.victim_token.as_deref().expect("client fault");
-        let window = f.start_us + us(TTL + FREE_BOUND);
-        if i.faults
+/// What the hand-over check measured.
+struct HandOvers {
+    /// The slowest hand-over after a hit holder (µs).
+    slowest: i64,
+    /// The first node's tenures around each hand-over that was too slow.
+    late_tenures: Vec<String>,
+}
+
+/// (c) After a holder was killed or stopped while it held the lock, another owner took the
+/// lock on a quorum of nodes within ttl + [`FREE_BOUND`], unless the next fault began first.
+/// Judged from the servers' history: a body may start a moment later, or never, if that owner
+/// is hit by the next fault.
+fn the_lock_is_handed_over_soon_after_its_holder_is_hit(
+    f: &Facts<'_>,
+    r: &mut Report,
+) -> HandOvers {
+    let mut out = HandOvers {
+        slowest: 0,
+        late_tenures: Vec::new(),
+    };
+    for hit in f.i.faults.iter().filter(|fault| fault.held) {
+        let victim = hit.victim_token.as_deref().expect("client fault");
+        let window = hit.start_us + us(TTL + FREE_BOUND);
+        if f.i
+            .faults
             .iter()
-            .any(|g| g.start_us > f.start_us && g.start_us < window)
+            .any(|g| g.start_us > hit.start_us && g.start_us < window)
         {
             // Another fault began before the lock could be free: not this fault's doing.
             continue;
         }
-        let mut next_by_node: Vec<i64> = i
-            .histories
-            .iter()
-            .filter_map(|h| {
-                h.tenures
-                    .iter()
-                    .filter(|t| t.token != victim && t.since_us > f.start_us)
-                    .map(|t| t.since_us)
-                    .min()
-            })
-            .collect();
+        let mut next_by_node: Vec<i64> =
+            f.i.histories
+                .iter()
+                .filter_map(|h| {
+                    h.tenures
+                        .iter()
+                        .filter(|t| t.token != victim && t.since_us > hit.start_us)
+                        .map(|t| t.since_us)
+                        .min()
+                })
+                .collect();
         next_by_node.sort_unstable();
-        match next_by_node.get(i.quorum - 1) {
-            Some(next) => {
-                let waited = next - f.start_us;
-                worst_free = worst_free.max(waited);
-                if waited > us(TTL + FREE_BOUND) {
-                    r.fail(
-                        "c",
+        let Some(next) = next_by_node.get(f.i.quorum - 1) else {
+            r.fail(
+                "c",
+                format!("nobody held the lock again after {}", hit.kind),
+            );
+            continue;
+        };
+        let waited = next - hit.start_us;
+        out.slowest = out.slowest.max(waited);
+        if waited > us(TTL + FREE_BOUND) {
+            r.fail(
+                "c",
+                format!(
+                    "after {} of the holder at {} (its lease had {} ms left), another owner took the lock {} ms later (bound {} ms)",
+                    hit.kind,
+                    hit.start_us,
+                    hit.pttl_ms,
+                    waited / 1000,
+                    (TTL + FREE_BOUND).as_millis()
+                ),
+            );
+            out.late_tenures.extend(
+                f.i.histories[0]
+                    .tenures
+                    .iter()
+                    .filter(|t| t.since_us > hit.start_us - 2_000_000 && t.since_us <= *next)
+                    .map(|t| {
                         format!(
-                            "after {} of the holder at {} (its lease had {} ms left), another owner took the lock {} ms later (bound {} ms)",
-                            f.kind,
-                            f.start_us,
-                            f.pttl_ms,
-                            waited / 1000,
-                            (TTL + FREE_BOUND).as_millis()
-                        ),
-                    );
-                    details.extend(
-                        i.histories[0]
-                            .tenures
-                            .iter()
-                            .filter(|t| t.since_us > f.start_us - 2_000_000 && t.since_us <= *next)
-                            .map(|t| {
-                                format!(
-                                    "    tenure {} from {} to {:?} ({})",
-                                    t.token, t.since_us, t.ended_us, t.ended_by
-                                )
-                            }),
-                    );
-                }
-            }
-            None => r.fail("c", format!("nobody held the lock again after {}", f.kind)),
+                            "    tenure {} from {} to {:?} ({})",
+                            t.token, t.since_us, t.ended_us, t.ended_by
+                        )
+                    }),
+            );
         }
     }
-    let holder_hits = i.faults.iter().filter(|f| f.held).count();
+    out
+}
 
-    // (d), (f) from the server's history
-    for h in i.histories {
-        for v in &h.violations {
-            let inv = if v.starts_with("(f)") { "f" } else { "d" };
-            r.fail(inv, v.clone());
+/// (d) No client renewed, deleted or shortened a lock it did not own, nor did anything else the
+/// model of a node's history cannot explain (every finding of the model but `(f)`).
+fn no_client_touched_a_lock_it_did_not_own(f: &Facts<'_>, r: &mut Report) {
+    for h in f.i.histories {
+        for v in h.violations.iter().filter(|v| !v.starts_with("(f)")) {
+            r.fail("d", v.clone());
         }
     }
-    for k in i.leftover_without_ttl {
+}
+
+/// (f) Every lock key always had a TTL: no command in a node's history left one without, and
+/// no key is left without one at the end.
+fn every_lock_key_has_a_ttl(f: &Facts<'_>, r: &mut Report) {
+    for h in f.i.histories {
+        for v in h.violations.iter().filter(|v| v.starts_with("(f)")) {
+            r.fail("f", v.clone());
+        }
+    }
+    for k in f.i.leftover_without_ttl {
         r.fail("f", format!("lock key without TTL at the end: {k}"));
     }
+}
 
-    // (e)
-    let mut cancel_margin = i64::MAX;
-    let mut cancelled = 0;
-    let mut pause_limited: Vec<&Section> = Vec::new();
-    for s in secs
+/// What the cancel check measured.
+struct Cancels<'s> {
+    /// The smallest lease left on a quorum when a cancelled body stopped (µs).
+    smallest_margin: i64,
+    /// Cancelled bodies checked.
+    checked: usize,
+    /// Bodies lost while their own process was stopped: out of any lock's reach.
+    paused: Vec<&'s Section>,
+}
+
+/// (e) A body with `on_lost = cancel` (task `.0`) that was reported lost stopped before its key
+/// expired on a quorum of nodes, unless its own process was stopped meanwhile.
+fn cancelled_bodies_stop_before_their_key_expires<'s>(
+    f: &'s Facts<'_>,
+    r: &mut Report,
+) -> Cancels<'s> {
+    let mut out = Cancels {
+        smallest_margin: i64::MAX,
+        checked: 0,
+        paused: Vec::new(),
+    };
+    for s in f
+        .secs
         .iter()
         .filter(|s| s.outcome.starts_with("lost") && s.task.ends_with(".0"))
     {
-        if paused_during(s.worker, s.start, s.end) {
-            pause_limited.push(s);
+        if f.paused_during(s.worker, s.start, s.end) {
+            out.paused.push(s);
             continue;
         }
-        cancelled += 1;
-        let mut margins: Vec<i64> = tenures
+        out.checked += 1;
+        let mut margins: Vec<i64> = f
+            .tenures
             .iter()
             .filter_map(|t| t.get(s.token.as_str()))
             .filter_map(|ts| {
@@ -691,58 +841,96 @@ fn check(i: &Inputs<'_>) -> Report {
             })
             .collect();
         margins.sort_unstable_by(|a, b| b.cmp(a));
-        match margins.get(i.quorum - 1) {
-            Some(m) => {
-                cancel_margin = cancel_margin.min(*m);
-                if *m <= 0 {
-                    r.fail(
-                        "e",
-                        format!(
-                            "{} fence {} ({}) stopped at {}, {} µs after its key expired",
-                            s.task, s.fence, s.outcome, s.end, -m
-                        ),
-                    );
-                }
-            }
-            None => r.fail(
+        let Some(margin) = margins.get(f.i.quorum - 1) else {
+            r.fail(
                 "e",
                 format!("{} fence {}: no server-side tenure", s.task, s.fence),
-            ),
+            );
+            continue;
+        };
+        out.smallest_margin = out.smallest_margin.min(*margin);
+        if *margin <= 0 {
+            r.fail(
+                "e",
+                format!(
+                    "{} fence {} ({}) stopped at {}, {} µs after its key expired",
+                    s.task, s.fence, s.outcome, s.end, -margin
+                ),
+            );
         }
     }
+    out
+}
 
-    // (g)
-    let mut worst_drop = 0i64;
+/// What the drop check measured.
+struct Drops {
+    count: usize,
+    /// The slowest drop (µs).
+    slowest: i64,
+}
+
+/// (g) Dropping a guard or a guarded future returned within [`DROP_BOUND`], whatever the network
+/// did.
+fn drops_never_block_the_runtime(f: &Facts<'_>, r: &mut Report) -> Drops {
+    let mut out = Drops {
+        count: 0,
+        slowest: 0,
+    };
+    for line in f.i.lines.iter().filter(|l| l.text.starts_with("drop ")) {
+        out.count += 1;
+        let took: i64 = fields(&line.text)["took_us"].parse().expect("took_us");
+        out.slowest = out.slowest.max(took);
+        if took > us(DROP_BOUND) {
+            r.fail(
+                "g",
+                format!("a drop blocked the runtime for {took} µs: {}", line.text),
+            );
+        }
+    }
+    out
+}
+
+/// (g) The worker's heartbeat never ran more than [`STALL_BOUND`] late, except while the worker
+/// itself was stopped. Returns the worst delay (µs).
+fn the_runtime_never_stalls(f: &Facts<'_>, r: &mut Report) -> i64 {
     let mut worst_stall = 0i64;
-    let mut drops = 0;
-    for line in i.lines {
-        let f = fields(&line.text);
-        if line.text.starts_with("drop ") {
-            drops += 1;
-            let took: i64 = f["took_us"].parse().expect("took_us");
-            worst_drop = worst_drop.max(took);
-            if took > us(DROP_BOUND) {
-                r.fail(
-                    "g",
-                    format!("a drop blocked the runtime for {took} µs: {}", line.text),
-                );
-            }
-        } else if line.text.starts_with("stall ") {
-            let at: i64 = f["at"].parse().expect("at");
-            let late: i64 = f["late_ms"].parse::<i64>().expect("late") * 1000;
-            if paused_during(line.worker, at - late, at) {
-                continue;
-            }
-            worst_stall = worst_stall.max(late);
-            if late > us(STALL_BOUND) {
-                r.fail("g", format!("the runtime stalled: {}", line.text));
-            }
+    for line in f.i.lines.iter().filter(|l| l.text.starts_with("stall ")) {
+        let fields = fields(&line.text);
+        let at: i64 = fields["at"].parse().expect("at");
+        let late: i64 = fields["late_ms"].parse::<i64>().expect("late") * 1000;
+        if f.paused_during(line.worker, at - late, at) {
+            continue;
+        }
+        worst_stall = worst_stall.max(late);
+        if late > us(STALL_BOUND) {
+            r.fail("g", format!("the runtime stalled: {}", line.text));
         }
     }
+    worst_stall
+}
 
-    // Summary
+/// What the checks measured, for the summary.
+struct Figures<'s> {
+    completed_margin: i64,
+    hand_overs: HandOvers,
+    cancels: Cancels<'s>,
+    drops: Drops,
+    worst_stall: i64,
+    violations: usize,
+}
+
+/// The run in figures, and the limits it met, for the test's output.
+fn summary(f: &Facts<'_>, figures: &Figures<'_>) -> Vec<String> {
+    let i = f.i;
+    let secs = &f.secs;
+    // With `on_lost = cancel`, a body that finished after its lease was lost should not be
+    // reported as a success; `continue` bodies (task .1) finish by design.
+    let ok_after_lost: Vec<&Section> = secs
+        .iter()
+        .filter(|s| s.outcome == "ok" && s.lost_seen && s.task.ends_with(".0"))
+        .collect();
     let mut outcomes: BTreeMap<&str, usize> = BTreeMap::new();
-    for s in &secs {
+    for s in secs {
         *outcomes.entry(s.outcome.as_str()).or_default() += 1;
     }
     let mut errors: BTreeMap<String, usize> = BTreeMap::new();
@@ -752,8 +940,8 @@ fn check(i: &Inputs<'_>) -> Report {
             .or_default() += 1;
     }
     let mut kinds: BTreeMap<&str, usize> = BTreeMap::new();
-    for f in i.faults {
-        *kinds.entry(f.kind.as_str()).or_default() += 1;
+    for fault in i.faults {
+        *kinds.entry(fault.kind.as_str()).or_default() += 1;
     }
     let ms = |v: i64| {
         if v == i64::MAX {
@@ -779,7 +967,16 @@ fn check(i: &Inputs<'_>) -> Report {
         .iter()
         .filter(|s| s.outcome == "ok" && s.lost_seen)
         .count();
-    r.lines = vec![
+    let holder_hits = i.faults.iter().filter(|fault| fault.held).count();
+    let Figures {
+        completed_margin,
+        hand_overs,
+        cancels,
+        drops,
+        worst_stall,
+        violations,
+    } = figures;
+    let mut lines = vec![
         format!("fault-injection summary ({}, ttl {} ms, ran {:.1} s)", i.name, TTL.as_millis(), i.ran_for.as_secs_f64()),
         format!(
             "  operations: {} critical sections {:?}; {} acquisitions failed {:?}; {} guard/future drops",
@@ -787,7 +984,7 @@ fn check(i: &Inputs<'_>) -> Report {
             outcomes,
             errors.values().sum::<usize>(),
             errors,
-            drops
+            drops.count
         ),
         format!(
             "  bodies longer than the ttl: {} kept their lease through renewal, {} were cancelled on loss, {} (on_lost = continue) finished after the loss was reported",
@@ -795,7 +992,7 @@ fn check(i: &Inputs<'_>) -> Report {
         ),
         format!(
             "  server saw: {} client commands, {} script calls, {} renewals; the fenced store accepted {} writes (register {}) and refused {} stale operations",
-            h.commands, h.scripts, h.renewals, accepted, i.register, i.rejected
+            h.commands, h.scripts, h.renewals, f.accepted(), i.register, i.rejected
         ),
         format!(
             "  faults injected: {} {:?}; proxy dropped {} reply chunks, reset {} connections; {} hit the lock holder",
@@ -805,33 +1002,33 @@ fn check(i: &Inputs<'_>) -> Report {
             i.proxy.1,
             holder_hits
         ),
-        format!("  violations: {}", r.violations.len()),
+        format!("  violations: {violations}"),
         format!(
             "  (e) smallest cancel margin: {} over {} cancelled bodies; smallest margin of a completed section: {}",
-            ms(cancel_margin),
-            cancelled,
-            ms(completed_margin)
+            ms(cancels.smallest_margin),
+            cancels.checked,
+            ms(*completed_margin)
         ),
         format!(
             "  (c) slowest hand-over after a holder crash/stop: {} (bound: ttl + {} ms)",
-            ms(worst_free),
+            ms(hand_overs.slowest),
             FREE_BOUND.as_millis()
         ),
         format!(
             "  (g) slowest drop: {}; worst heartbeat delay outside a worker's own SIGSTOP: {}",
-            ms(worst_drop),
-            if worst_stall == 0 { "under 50 ms".to_owned() } else { ms(worst_stall) }
+            ms(drops.slowest),
+            if *worst_stall == 0 { "under 50 ms".to_owned() } else { ms(*worst_stall) }
         ),
         format!(
             "  limits seen: {} bodies of stopped processes ran past their lease (no lock can stop a paused process; only fencing refuses their late writes); \
              {} cancel-mode bodies completed with run() returning Ok although CurrentLock::is_lost() was true",
-            pause_limited.len(),
+            cancels.paused.len(),
             ok_after_lost.len()
         ),
     ];
-    r.lines.extend(details);
-    for s in pause_limited.iter().chain(&ok_after_lost) {
-        r.lines.push(format!(
+    lines.extend(hand_overs.late_tenures.iter().cloned());
+    for s in cancels.paused.iter().chain(&ok_after_lost) {
+        lines.push(format!(
             "    {} fence {}: {} after {:.0} ms, lost_seen={}, write={}",
             s.task,
             s.fence,
@@ -841,7 +1038,7 @@ fn check(i: &Inputs<'_>) -> Report {
             s.write
         ));
     }
-    r
+    lines
 }
 
 fn print_summary(r: &Report) {
@@ -938,6 +1135,39 @@ fn the_checks_catch_overlaps_lost_increments_slow_hand_overs_late_cancels_and_bl
     ] {
         assert!(all.contains(expected), "missing {expected:?} in:\n{all}");
     }
+}
+
+#[test]
+fn the_checks_report_the_models_findings_and_lock_keys_left_without_a_ttl() {
+    let mut history = model::rebuild(&[], "lock:");
+    history.violations = vec![
+        "(d) PEXPIRE 5000 of live lock lock:register at 1".to_owned(),
+        "(model) DEL of lock:register by h:2:b at 2 while h:1:a held it until 3 ms".to_owned(),
+        "(f) PERSIST of lock key lock:register at 4".to_owned(),
+    ];
+    let report = check(&Inputs {
+        name: "synthetic",
+        lines: &[],
+        killed: &HashMap::new(),
+        histories: &[history],
+        quorum: 1,
+        faults: &[],
+        register: 0,
+        rejected: 0,
+        log: &[],
+        leftover_without_ttl: &["lock:register on port 1 (PTTL -1)".to_owned()],
+        proxy: (0, 0),
+        ran_for: Duration::from_secs(1),
+    });
+    assert_eq!(
+        report.violations,
+        [
+            "(d) (d) PEXPIRE 5000 of live lock lock:register at 1",
+            "(d) (model) DEL of lock:register by h:2:b at 2 while h:1:a held it until 3 ms",
+            "(f) (f) PERSIST of lock key lock:register at 4",
+            "(f) lock key without TTL at the end: lock:register on port 1 (PTTL -1)",
+        ]
+    );
 }
 
 #[test]

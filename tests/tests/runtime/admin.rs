@@ -104,7 +104,7 @@ async fn shutdown_releases_many_locks_and_the_registry_and_its_clones_take_no_ne
     }
     assert_eq!(reg.shutdown().await, 200);
     assert!(reg.held().is_empty());
-    let mut con = raw(&server).await;
+    let mut con = raw(&server.url()).await;
     let left: Vec<String> = con.keys("lock:many:*").await.unwrap();
     assert!(left.is_empty(), "still on the server: {left:?}");
     assert!(guards.iter().all(LockGuard::is_lost));

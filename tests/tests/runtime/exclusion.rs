@@ -131,7 +131,7 @@ async fn the_wire_format_is_a_plain_string_with_a_random_token_and_px_expiry() {
         .acquire()
         .await
         .unwrap();
-    let mut con = super::support::raw(&server).await;
+    let mut con = super::support::raw(&server.url()).await;
     let (kind, value, pttl): (String, String, i64) = redis::pipe()
         .cmd("TYPE")
         .arg("lock:deploy:9")

@@ -63,7 +63,7 @@ async fn passwords_never_reach_errors_or_debug_output() {
 async fn a_key_holding_another_type_is_a_clear_error_and_stays_untouched() {
     let server = RedisServer::start();
     let reg = registry(&server);
-    let mut con = raw(&server).await;
+    let mut con = raw(&server.url()).await;
     let _: () = con.rpush("lock:jobs", "payload").await.unwrap();
     let err = reg
         .lock("jobs")
@@ -127,7 +127,7 @@ async fn a_paused_server_loses_the_lease_and_cancels_the_body_before_the_key_exp
     let err = task.await.unwrap().unwrap_err();
     // Read the key's remaining lease the moment the server answers again.
     server.resume();
-    let mut con = raw(&server).await;
+    let mut con = raw(&server.url()).await;
     let pttl: i64 = con.pttl("lock:paused").await.unwrap();
     assert_lost(&err, LostReason::Expired);
     // -2: already gone (the release after cancellation may have reached it, or it expired

@@ -14,7 +14,7 @@ const DAY_MS: i64 = 24 * 3600 * 1000;
 async fn a_fenced_acquisition_leaves_its_counter_with_an_expiry_of_a_day() {
     let server = RedisServer::start();
     let reg = registry(&server);
-    let mut con = raw(&server).await;
+    let mut con = raw(&server.url()).await;
     for _ in 0..2 {
         let guard = reg.lock("invoice:7").fencing(true).acquire().await.unwrap();
         let counter: Option<u64> = con.get("fence:{lock:invoice:7}").await.unwrap();
@@ -30,7 +30,7 @@ async fn a_fenced_acquisition_leaves_its_counter_with_an_expiry_of_a_day() {
 async fn a_counter_deleted_behind_the_librarys_back_still_yields_a_greater_token() {
     let server = RedisServer::start();
     let reg = registry(&server);
-    let mut con = raw(&server).await;
+    let mut con = raw(&server.url()).await;
     let mut last = 0;
     for round in 0..3 {
         for _ in 0..5 {
@@ -56,7 +56,7 @@ async fn a_counter_deleted_behind_the_librarys_back_still_yields_a_greater_token
 async fn a_holder_that_outlives_its_counter_still_sees_the_next_holder_with_a_greater_token() {
     let server = RedisServer::start();
     let (a, b) = (registry(&server), registry(&server));
-    let mut con = raw(&server).await;
+    let mut con = raw(&server.url()).await;
     let first = a
         .lock("invoice:9")
         .fencing(true)

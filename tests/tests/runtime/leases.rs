@@ -19,7 +19,7 @@ async fn renewal_keeps_a_lock_past_three_ttls() {
     // Time passing is the point of this test: without renewal the key would be gone.
     tokio::time::sleep(ttl * 4).await;
     assert!(!guard.is_lost());
-    let mut con = raw(&server).await;
+    let mut con = raw(&server.url()).await;
     let value: Option<String> = con.get("lock:long").await.unwrap();
     assert_eq!(value.as_deref(), Some(guard.token()));
     guard.release().await.expect("still ours");
@@ -49,7 +49,7 @@ async fn a_key_deleted_behind_the_holders_back_cancels_the_body_with_lost() {
         });
     let run = tokio::spawn(run);
     started.await.unwrap();
-    let mut con = raw(&server).await;
+    let mut con = raw(&server.url()).await;
     let _: () = con.del("lock:stolen").await.unwrap();
     let err = run.await.unwrap().unwrap_err();
     assert!(
@@ -73,7 +73,7 @@ async fn an_overwritten_key_is_lost_and_the_foreign_lock_is_neither_extended_nor
         .acquire()
         .await
         .unwrap();
-    let mut con = raw(&server).await;
+    let mut con = raw(&server.url()).await;
     let _: () = redis::cmd("SET")
         .arg("lock:taken")
         .arg("someone-else")
@@ -105,8 +105,7 @@ async fn on_lost_continue_lets_the_body_finish_and_reports() {
         .on_lost(OnLost::Continue)
         .run(async move {
             let current = lock_runtime::current().unwrap();
-            let client = redis::Client::open(server_url).unwrap();
-            let mut con = client.get_multiplexed_async_connection().await.unwrap();
+            let mut con = raw(&server_url).await;
             let _: () = con.del("lock:continue").await.unwrap();
             let err = current.lost().await;
             assert!(current.is_lost());
@@ -148,7 +147,7 @@ async fn max_hold_stops_renewal_so_a_hung_body_loses_the_lock() {
 async fn min_hold_keeps_the_key_after_success_and_releases_at_once_after_an_error() {
     let server = RedisServer::start();
     let reg = registry(&server);
-    let mut con = raw(&server).await;
+    let mut con = raw(&server.url()).await;
     reg.lock("daily")
         .min_hold(Duration::from_secs(3600))
         .run(async { Ok::<_, LockError>(()) })
@@ -276,7 +275,7 @@ async fn a_release_cancelled_in_flight_is_finished_in_the_background() {
         || async { reg.held().is_empty() },
     )
     .await;
-    let mut con = raw(&server).await;
+    let mut con = raw(&server.url()).await;
     let left: Option<String> = con.get("lock:k").await.unwrap();
     assert_eq!(
         left, None,

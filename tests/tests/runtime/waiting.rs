@@ -8,7 +8,7 @@ use super::support::{raw, registry};
 
 /// Waits until the server reports `n` subscribers on `channel`: the waiter is now parked.
 async fn until_subscribed(server: &RedisServer, channel: &str, n: i64) {
-    let mut con = raw(server).await;
+    let mut con = raw(&server.url()).await;
     loop {
         let (_, count): (String, i64) = redis::cmd("PUBSUB")
             .arg("NUMSUB")
@@ -120,7 +120,7 @@ async fn a_wait_that_runs_out_returns_busy() {
 async fn a_lock_freed_by_expiry_is_taken_without_any_release_message() {
     let server = RedisServer::start();
     let reg = registry(&server);
-    let mut con = raw(&server).await;
+    let mut con = raw(&server.url()).await;
     // A foreign holder that will never publish a release.
     let _: () = redis::cmd("SET")
         .arg("lock:expiring")
@@ -166,7 +166,7 @@ async fn waiters_cancelled_while_subscribing_leave_no_subscription_behind() {
     held.release().await.unwrap();
     waiting.await.unwrap().unwrap().release().await.unwrap();
 
-    let mut con = raw(&server).await;
+    let mut con = raw(&server.url()).await;
     let mut foreign = redis::pipe();
     foreign.set_options(
         "lock:barrier",

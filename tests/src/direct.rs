@@ -1,0 +1,66 @@
+//! Talking to a server straight, behind the library's back: raw connections, and what the
+//! server counts.
+
+/// A raw async connection straight to a server, for interfering behind the library's back.
+///
+/// # Panics
+/// When the server does not answer.
+pub async fn raw(url: &str) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(url)
+        .expect("url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("raw connection")
+}
+
+/// A synchronous connection straight to a server, for raw commands and counters.
+///
+/// # Panics
+/// When the server does not answer.
+#[must_use]
+pub fn connection(url: &str) -> redis::Connection {
+    redis::Client::open(url)
+        .expect("url")
+        .get_connection()
+        .expect("connect to the test redis-server")
+}
+
+/// Calls per command name from `INFO commandstats` (e.g. `"evalsha" -> 12`).
+///
+/// # Panics
+/// When the server does not answer.
+#[must_use]
+pub fn command_calls(con: &mut redis::Connection) -> std::collections::HashMap<String, u64> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(con)
+        .expect("INFO commandstats");
+    info.lines()
+        .filter_map(|line| {
+            let rest = line.strip_prefix("cmdstat_")?;
+            let (name, stats) = rest.split_once(':')?;
+            let calls = stats
+                .split(',')
+                .find_map(|kv| kv.strip_prefix("calls="))?
+                .parse()
+                .ok()?;
+            Some((name.to_owned(), calls))
+        })
+        .collect()
+}
+
+/// Subscribers of `channel` on the server at `url` (`PUBSUB NUMSUB`), asked on a fresh
+/// unrestricted connection.
+///
+/// # Panics
+/// When the server does not answer.
+pub async fn subscribers(url: &str, channel: &str) -> i64 {
+    let mut con = raw(url).await;
+    let n: Vec<(String, i64)> = redis::cmd("PUBSUB")
+        .arg("NUMSUB")
+        .arg(channel)
+        .query_async(&mut con)
+        .await
+        .expect("PUBSUB NUMSUB");
+    n.first().map_or(0, |(_, n)| *n)
+}

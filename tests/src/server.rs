@@ -1,0 +1,391 @@
+//! Throwaway `redis-server` processes on free loopback ports, and a listener that never
+//! answers: the servers a test owns, starts, pauses, kills and restarts.
+
+use std::io::{BufRead, BufReader};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// What to do when Debian's `redis-server` is missing: fail loudly, never skip.
+pub const INSTALL_HINT: &str = "redis-server was not found on PATH. The tests start their own \
+     redis-server processes: install it with `sudo apt-get install -y redis-server` (Debian/Ubuntu) \
+     or run `./scripts/test`, which installs it when missing.";
+
+/// A `redis-server` owned by a test: no persistence, loopback only, killed on drop.
+pub struct RedisServer {
+    child: Option<Child>,
+    port: u16,
+    dir: PathBuf,
+    extra: Vec<String>,
+    tls: bool,
+    /// A config file given first (Sentinel mode requires one, and writes to it).
+    config: Option<String>,
+    /// The log line that says the process serves.
+    ready: &'static str,
+}
+
+impl RedisServer {
+    /// Starts a server on a free port.
+    ///
+    /// # Panics
+    /// When `redis-server` is missing ([`INSTALL_HINT`]) or does not start.
+    #[must_use]
+    pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// Starts a server with extra `redis-server` arguments (e.g. `["--maxmemory", "1mb"]`).
+    ///
+    /// # Panics
+    /// As [`RedisServer::start`].
+    #[must_use]
+    pub fn start_with(extra: &[&str]) -> Self {
+        Self::start_inner(extra, false)
+    }
+
+    /// Starts a server that speaks only TLS, with a certificate for `127.0.0.1` signed by a
+    /// throwaway CA ([`ca_pem`](Self::ca_pem)); made with the `openssl` command.
+    ///
+    /// # Panics
+    /// As [`RedisServer::start`], or when `openssl` is missing.
+    #[must_use]
+    pub fn start_tls() -> Self {
+        Self::start_inner(&[], true)
+    }
+
+    /// Starts `redis-server <config file> <extra..>`, ready once `ready` appears in its log:
+    /// for processes that need a config file, such as sentinels.
+    ///
+    /// # Panics
+    /// As [`RedisServer::start`].
+    #[must_use]
+    pub fn start_configured(config: &str, extra: &[&str], ready: &'static str) -> Self {
+        Self::start_full(extra, false, Some(config.to_owned()), ready)
+    }
+
+    fn start_inner(extra: &[&str], tls: bool) -> Self {
+        Self::start_full(extra, tls, None, "Ready to accept connections")
+    }
+
+    fn start_full(extra: &[&str], tls: bool, config: Option<String>, ready: &'static str) -> Self {
+        let extra: Vec<String> = extra.iter().map(|s| (*s).to_owned()).collect();
+        // A port found free can be taken by someone else before the server binds it: retry.
+        let mut last_error = String::new();
+        for _ in 0..5 {
+            let port = free_port();
+            let dir =
+                std::env::temp_dir().join(format!("lock-tests-{}-{port}", std::process::id()));
+            let mut server = Self {
+                child: None,
+                port,
+                dir,
+                extra: extra.clone(),
+                tls,
+                config: config.clone(),
+                ready,
+            };
+            if tls {
+                server.make_certificates();
+            }
+            match server.spawn() {
+                Ok(()) => return server,
+                Err(e) => last_error = e,
+            }
+        }
+        panic!("redis-server did not start: {last_error}");
+    }
+
+    fn spawn(&mut self) -> Result<(), String> {
+        std::fs::create_dir_all(&self.dir).map_err(|e| e.to_string())?;
+        let mut command = Command::new("redis-server");
+        if let Some(config) = &self.config {
+            let file = self.dir.join("redis.conf");
+            std::fs::write(&file, config).map_err(|e| e.to_string())?;
+            command.arg(file);
+        }
+        if self.tls {
+            let file = |name: &str| self.dir.join(name);
+            command
+                .args(["--port", "0", "--tls-port"])
+                .arg(self.port.to_string())
+                .arg("--tls-cert-file")
+                .arg(file("server.crt"))
+                .arg("--tls-key-file")
+                .arg(file("server.key"))
+                .arg("--tls-ca-cert-file")
+                .arg(file("ca.crt"))
+                .args(["--tls-auth-clients", "no"]);
+        } else {
+            command.arg("--port").arg(self.port.to_string());
+        }
+        command
+            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .args(["--protected-mode", "no", "--loglevel", "notice"])
+            .arg("--dir")
+            .arg(&self.dir)
+            .args(&self.extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null());
+        let mut child = match command.spawn() {
+            Ok(child) => child,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!("{INSTALL_HINT}"),
+            Err(e) => return Err(format!("could not run redis-server: {e}")),
+        };
+        // The server says when it listens; waiting for that line beats polling the port.
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, rx) = mpsc::channel();
+        let ready = self.ready;
+        std::thread::spawn(move || {
+            let mut log = Vec::new();
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if line.contains(ready) {
+                    let _ = tx.send(Ok(()));
+                    // Keep reading (the loop goes on) so the server never blocks on a full pipe.
+                    continue;
+                }
+                log.push(line);
+            }
+            let _ = tx.send(Err(log.join("\n")));
+        });
+        match rx.recv_timeout(Duration::from_secs(20)) {
+            Ok(Ok(())) => {
+                self.child = Some(child);
+                Ok(())
+            }
+            Ok(Err(log)) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                Err(format!("redis-server exited on port {}:\n{log}", self.port))
+            }
+            Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                Err(format!(
+                    "redis-server on port {} did not get ready in 20 s",
+                    self.port
+                ))
+            }
+        }
+    }
+
+    /// `redis://127.0.0.1:<port>/` (`rediss://` for a TLS server).
+    #[must_use]
+    pub fn url(&self) -> String {
+        let scheme = if self.tls { "rediss" } else { "redis" };
+        format!("{scheme}://127.0.0.1:{}/", self.port)
+    }
+
+    /// The PEM of the CA that signed a TLS server's certificate.
+    ///
+    /// # Panics
+    /// For a server started without TLS.
+    #[must_use]
+    pub fn ca_pem(&self) -> Vec<u8> {
+        std::fs::read(self.dir.join("ca.crt")).expect("a TLS server has a CA")
+    }
+
+    fn make_certificates(&self) {
+        std::fs::create_dir_all(&self.dir).expect("certificate dir");
+        std::fs::write(
+            self.dir.join("ext.cnf"),
+            "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
+        )
+        .expect("write ext.cnf");
+        let steps: [&[&str]; 3] = [
+            &[
+                "req",
+                "-x509",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-keyout",
+                "ca.key",
+                "-out",
+                "ca.crt",
+                "-days",
+                "2",
+                "-subj",
+                "/CN=lock-tests CA",
+            ],
+            &[
+                "req",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-keyout",
+                "server.key",
+                "-out",
+                "server.csr",
+                "-subj",
+                "/CN=127.0.0.1",
+            ],
+            &[
+                "x509",
+                "-req",
+                "-in",
+                "server.csr",
+                "-CA",
+                "ca.crt",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-out",
+                "server.crt",
+                "-days",
+                "2",
+                "-extfile",
+                "ext.cnf",
+            ],
+        ];
+        for args in steps {
+            let out = match Command::new("openssl")
+                .args(args)
+                .current_dir(&self.dir)
+                .output()
+            {
+                Ok(out) => out,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    panic!("openssl was not found: install it with `apt-get install -y openssl`")
+                }
+                Err(e) => panic!("could not run openssl: {e}"),
+            };
+            assert!(
+                out.status.success(),
+                "openssl {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+
+    #[must_use]
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// A plain client for raw commands (interfering with locks behind the library's back).
+    ///
+    /// # Panics
+    /// Never for a running server.
+    #[must_use]
+    pub fn client(&self) -> redis::Client {
+        redis::Client::open(self.url()).expect("valid url")
+    }
+
+    /// A synchronous connection for raw commands.
+    ///
+    /// # Panics
+    /// When the server does not answer.
+    #[must_use]
+    pub fn connection(&self) -> redis::Connection {
+        crate::connection(&self.url())
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.as_ref().expect("server is running").id()
+    }
+
+    /// SIGSTOP: the server stops answering but keeps its connections and data.
+    pub fn pause(&self) {
+        signal(self.pid(), "STOP");
+    }
+
+    /// SIGCONT after [`pause`](Self::pause).
+    pub fn resume(&self) {
+        signal(self.pid(), "CONT");
+    }
+
+    /// SIGKILL: the server and all its data are gone.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts an empty server again on the same port (a restart without persistence).
+    ///
+    /// # Panics
+    /// When it does not come back.
+    pub fn restart(&mut self) {
+        self.kill();
+        for _ in 0..50 {
+            match self.spawn() {
+                Ok(()) => return,
+                // The old socket may linger for a moment.
+                Err(_) => std::thread::sleep(Duration::from_millis(100)),
+            }
+        }
+        panic!("redis-server did not restart on port {}", self.port);
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        if let Some(child) = &self.child {
+            signal(child.id(), "CONT");
+        }
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Sends `SIG<sig>` to `pid` (`STOP`, `CONT`, `KILL`, ...).
+///
+/// # Panics
+/// When `kill` fails.
+pub fn signal(pid: u32, sig: &str) {
+    let status = Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(pid.to_string())
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill -{sig} {pid} failed");
+}
+
+/// A free loopback port (free when asked; callers retry if it is taken meanwhile).
+///
+/// # Panics
+/// When the OS has no port to give.
+#[must_use]
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("bind an ephemeral loopback port")
+        .port()
+}
+
+/// A TCP listener that accepts connections and never answers: a Redis that hangs.
+pub struct SilentServer {
+    port: u16,
+    _accepted: std::sync::Arc<std::sync::Mutex<Vec<TcpStream>>>,
+}
+
+impl SilentServer {
+    /// Starts listening on a free loopback port.
+    ///
+    /// # Panics
+    /// When no port can be bound.
+    #[must_use]
+    pub fn start() -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let accepted = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let keep = accepted.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming().map_while(Result::ok) {
+                keep.lock().expect("not poisoned").push(stream);
+            }
+        });
+        Self {
+            port,
+            _accepted: accepted,
+        }
+    }
+
+    #[must_use]
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+}
