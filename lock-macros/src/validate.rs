@@ -243,7 +243,7 @@ fn contains_impl_trait(ty: &Type) -> bool {
 fn check_holds(args: &Args, errors: &mut Errors) {
     let ttl = args.ttl.as_ref().map_or(DEFAULT_TTL_MILLIS, |d| d.millis);
     let ttl_text = args.ttl.as_ref().map_or_else(
-        || "the default \"30s\"".to_owned(),
+        || format!("the default \"{}s\"", DEFAULT_TTL_MILLIS / 1000),
         |d| format!("\"{}\"", d.lit.value()),
     );
     let renew = args.renew.as_ref().is_none_or(|b| b.value);
