@@ -157,30 +157,25 @@ impl Store for MemoryStore {
     }
 
     async fn acquire(&self, attempt: &Acquire<'_>) -> Result<Attempt, LockError> {
-        let Acquire {
-            key,
-            token,
-            ttl,
-            fencing,
-            ..
-        } = *attempt;
         let now = Instant::now();
         let mut data = self.inner.data();
-        if let Some(entry) = data.live(&key.redis_key, now) {
-            if entry.token != token {
+        if let Some(entry) = data.live(&attempt.key.redis_key, now) {
+            if entry.token != attempt.token {
                 return Ok(Attempt::Busy {
                     retry_after: entry.expires_at.map(|t| t - now),
                 });
             }
         }
         data.locks.insert(
-            key.redis_key.clone(),
+            attempt.key.redis_key.clone(),
             Entry {
-                token: token.to_owned(),
-                expires_at: Some(now + ttl),
+                token: attempt.token.to_owned(),
+                expires_at: Some(now + attempt.ttl),
             },
         );
-        let fence = fencing.then(|| data.next_fence(&key.fence_key, now));
+        let fence = attempt
+            .fencing
+            .then(|| data.next_fence(&attempt.key.fence_key, now));
         Ok(Attempt::Acquired { fence })
     }
 

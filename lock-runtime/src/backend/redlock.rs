@@ -136,14 +136,8 @@ impl Store for Redlock {
     }
 
     async fn acquire(&self, attempt: &Acquire<'_>) -> Result<Attempt, LockError> {
-        let Acquire {
-            key,
-            token,
-            ttl,
-            fencing,
-            ..
-        } = *attempt;
-        if fencing {
+        let (key, token, ttl) = (attempt.key, attempt.token, attempt.ttl);
+        if attempt.fencing {
             return Err(LockError::InvalidOptions {
                 key: key.key.clone(),
                 reason: "fencing tokens are not offered on Redlock: independent nodes have no \

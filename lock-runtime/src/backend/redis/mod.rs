@@ -131,43 +131,39 @@ impl Store for RedisBackend {
     }
 
     async fn acquire(&self, attempt: &Acquire<'_>) -> Result<Attempt, LockError> {
-        let Acquire {
-            key,
-            token,
-            ttl,
-            fencing,
-            first,
-        } = *attempt;
-        let mut con = self.connection.get("acquire", Some(&key.key)).await?;
-        if !fencing && first {
+        let mut con = self
+            .connection
+            .get("acquire", Some(&attempt.key.key))
+            .await?;
+        if !attempt.fencing && attempt.first {
             // The uncontended case is the plain protocol command: a script call costs Redis
             // measurably more than `SET` (see the benchmark), and most acquisitions find the
             // lock free. Only a refusal needs the script's answers (whose token? how long?).
             let set: Option<String> = redis::cmd("SET")
-                .arg(&key.redis_key)
-                .arg(token)
+                .arg(&attempt.key.redis_key)
+                .arg(attempt.token)
                 .arg("NX")
                 .arg("PX")
-                .arg(ttl_ms(ttl))
+                .arg(ttl_ms(attempt.ttl))
                 .query_async(&mut con)
                 .await
-                .map_err(|e| self.error("acquire", Some(&key.key), e))?;
+                .map_err(|e| self.error("acquire", Some(&attempt.key.key), e))?;
             if set.is_some() {
                 return Ok(Attempt::Acquired { fence: None });
             }
         }
         let reply: (i64, Value) = scripts::ACQUIRE
-            .key(&key.redis_key)
-            .key(&key.fence_key)
-            .arg(token)
-            .arg(ttl_ms(ttl))
-            .arg(u8::from(fencing))
+            .key(&attempt.key.redis_key)
+            .key(&attempt.key.fence_key)
+            .arg(attempt.token)
+            .arg(ttl_ms(attempt.ttl))
+            .arg(u8::from(attempt.fencing))
             .invoke_async(&mut con)
             .await
-            .map_err(|e| self.error("acquire", Some(&key.key), e))?;
+            .map_err(|e| self.error("acquire", Some(&attempt.key.key), e))?;
         match reply {
             (1, Value::Int(fence)) => Ok(Attempt::Acquired {
-                fence: fencing.then_some(u64::try_from(fence).unwrap_or(0)),
+                fence: attempt.fencing.then_some(u64::try_from(fence).unwrap_or(0)),
             }),
             (0, Value::Int(pttl)) => Ok(Attempt::Busy {
                 retry_after: u64::try_from(pttl).ok().map(Duration::from_millis),
@@ -175,11 +171,11 @@ impl Store for RedisBackend {
             (_, other) => {
                 let kind = redis::from_redis_value::<String>(other).unwrap_or_default();
                 Err(LockError::InvalidKey {
-                    key: key.key.clone(),
+                    key: attempt.key.key.clone(),
                     reason: format!(
                         "Redis key `{}` on {} holds a {kind}, not a lock; it was left untouched. \
                          Pick a registry prefix or key that no application data uses",
-                        crate::error::shown(&key.redis_key),
+                        crate::error::shown(&attempt.key.redis_key),
                         self.node
                     ),
                 })
