@@ -132,7 +132,7 @@ impl ClusterNodes {
         let reads = candidates
             .into_iter()
             .map(|info| Box::pin(self.read_map(info)));
-        let bound = self.timeouts.connect + self.timeouts.command;
+        let bound = self.timeouts.round();
         let (map, _) = tokio::time::timeout(bound, select_ok(reads))
             .await
             .ok()?
