@@ -304,7 +304,8 @@ impl RedisServer {
         }
     }
 
-    /// Starts an empty server again on the same port (a restart without persistence).
+    /// Starts the server again on the same port and in the same directory: empty, unless it
+    /// was started with persistence (`--appendonly yes`), in which case it reloads its data.
     ///
     /// # Panics
     /// When it does not come back.
@@ -318,6 +319,20 @@ impl RedisServer {
             }
         }
         panic!("redis-server did not restart on port {}", self.port);
+    }
+}
+
+impl RedisServer {
+    /// Starts the server again on the same port with none of its data (a restart without
+    /// persistence, or after losing its disk); cluster membership (`nodes.conf`) is kept.
+    ///
+    /// # Panics
+    /// When it does not come back.
+    pub fn restart_empty(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(self.dir.join("appendonlydir"));
+        let _ = std::fs::remove_file(self.dir.join("dump.rdb"));
+        self.restart();
     }
 }
 

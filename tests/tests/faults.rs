@@ -4,6 +4,7 @@
 //! README's "Guarantees and limits" names the test behind each claim.
 
 mod faults {
+    mod checker;
     mod limits;
     mod liveness;
     mod model;

@@ -33,6 +33,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use futures_util::future::join_all;
 use lock_runtime::{LockError, OnLost, Registry};
 use redis::aio::MultiplexedConnection;
 
@@ -100,16 +101,24 @@ impl Args {
     }
 }
 
-/// The lock backend under test. A new backend (Cluster, Redlock) is one more arm here and in
-/// the suite's `LockSystem`; the workload and the checks stay the same.
+/// The lock backend under test (`--backend`), one arm per mode of the suite's `LockSystem`;
+/// the workload and the checks are the same for all. `--lock-url` is a comma-separated list
+/// for Redlock's masters, a cluster's seeds and the sentinels.
 fn registry(args: &Args) -> Registry {
     let builder = Registry::builder()
         .connect_timeout(args.ms("connect-ms", 500))
         .command_timeout(args.ms("command-ms", 500));
+    let urls = args.str("lock-url");
+    let list = urls.split(',');
     let backend = args.0.get("backend").map_or("single", String::as_str);
     let builder = match backend {
-        "single" => builder.url(args.str("lock-url")),
-        other => panic!("unknown --backend {other}; this worker knows: single"),
+        "single" => builder.url(urls.clone()),
+        "redlock" => builder.redlock(list),
+        "cluster" => builder.cluster(list),
+        "sentinel" => builder.sentinel(args.str("master"), list),
+        other => panic!(
+            "unknown --backend {other}; this worker knows: single, redlock, cluster, sentinel"
+        ),
     };
     builder.build().expect("registry")
 }
@@ -305,6 +314,9 @@ struct Workload {
     hold_max_ms: u64,
     long_pct: u64,
     drop_every: u64,
+    /// Whether locks carry fencing tokens (not in Redlock mode): without them the store is
+    /// handed fence 0 and accepts everything, and a body writes only while its lease holds.
+    fencing: bool,
     stop: Arc<AtomicBool>,
     /// Per task: a hold (ms) the test asked the next section to use.
     long_requests: Arc<[AtomicU64; 2]>,
@@ -321,6 +333,7 @@ impl Workload {
     ) -> impl Future<Output = Result<(), LockError>> + 'static {
         let store = self.store.clone();
         let requests = self.long_requests.clone();
+        let fencing = self.fencing;
         // Most sections are short; a few outlast the lease, so renewal happens while a body
         // runs. The test asks for a long one (`long <ms> <task>` on stdin) before a fault that
         // must catch a body in the middle.
@@ -331,7 +344,7 @@ impl Workload {
         };
         async move {
             let current = lock_runtime::current().expect("inside a guarded body");
-            let fence = current.fence().expect("fencing was asked for");
+            let fence = current.fence().unwrap_or(0);
             // The request counts only if it is still standing (the test withdraws it once
             // another worker took it).
             let hold = match forced {
@@ -353,7 +366,10 @@ impl Workload {
                 Err(_) => "err",
             };
             tokio::time::sleep(hold).await;
-            if let Ok(Some(value)) = read {
+            // Without fencing, a write after a reported loss would be a lost update that no
+            // lock can prevent: a careful body checks first.
+            let may_write = fencing || !current.is_lost();
+            if let (Ok(Some(value)), true) = (read, may_write) {
                 lock(&s).write = "inflight";
                 let written = store.call(fence, "write", value + 1).await;
                 lock(&s).write = match written {
@@ -375,7 +391,7 @@ impl Workload {
             .lock(self.key.clone())
             .ttl(self.ttl)
             .wait(self.wait)
-            .fencing(true)
+            .fencing(self.fencing)
             .on_lost(on_lost)
             .run(self.body(w.to_owned(), seq, s.clone(), forced))
             .await;
@@ -409,10 +425,10 @@ impl Workload {
                     .lock(self.key.clone())
                     .ttl(self.ttl)
                     .wait(self.wait)
-                    .fencing(true)
+                    .fencing(self.fencing)
                     .run(async move {
                         let current = lock_runtime::current().expect("inside a guarded body");
-                        let fence = current.fence().expect("fencing");
+                        let fence = current.fence().unwrap_or(0);
                         begin(
                             &w2,
                             seq,
@@ -466,7 +482,7 @@ impl Workload {
                 .lock(self.key.clone())
                 .ttl(self.ttl)
                 .wait(self.wait)
-                .fencing(true)
+                .fencing(self.fencing)
                 .acquire()
                 .await
             {
@@ -482,14 +498,7 @@ impl Workload {
                 }
             };
             let hold = Duration::from_millis(1 + rand_below(self.hold_max_ms));
-            begin(
-                w,
-                seq,
-                &s,
-                guard.token(),
-                guard.fence().expect("fencing"),
-                hold,
-            );
+            begin(w, seq, &s, guard.token(), guard.fence().unwrap_or(0), hold);
             tokio::time::sleep(hold).await;
             body_over(w, seq, &s, now_us(), guard.is_lost());
             let at = std::time::Instant::now();
@@ -574,6 +583,7 @@ async fn workload(args: Args) {
         hold_max_ms: args.num("hold-max-ms", 20),
         long_pct: args.num("long-pct", 5),
         drop_every: args.num("drop-every", 8),
+        fencing: args.num("fencing", 1) == 1,
         stop: stop.clone(),
         long_requests,
     };
@@ -589,37 +599,12 @@ async fn workload(args: Args) {
         };
         loops.push(work.task(t, format!("{id}.{t}"), on_lost, t == 0));
     }
-    let (counts, worst) =
-        tokio::join!(futures_join_all(loops), heartbeat(id.clone(), stop.clone()));
+    let (counts, worst) = tokio::join!(join_all(loops), heartbeat(id.clone(), stop.clone()));
     out(&format!(
         "done w={id} iterations={} worst_heartbeat_ms={}",
         counts.iter().sum::<u64>(),
         worst.as_millis()
     ));
-}
-
-/// `join_all` without the futures crate: the loops are few and each runs until stop.
-async fn futures_join_all<F: Future<Output = u64>>(futures: Vec<F>) -> Vec<u64> {
-    let mut futures: Vec<_> = futures.into_iter().map(Box::pin).collect();
-    let mut results = vec![None; futures.len()];
-    std::future::poll_fn(|cx| {
-        let mut pending = false;
-        for (i, f) in futures.iter_mut().enumerate() {
-            if results[i].is_none() {
-                match f.as_mut().poll(cx) {
-                    std::task::Poll::Ready(v) => results[i] = Some(v),
-                    std::task::Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending {
-            std::task::Poll::Pending
-        } else {
-            std::task::Poll::Ready(())
-        }
-    })
-    .await;
-    results.into_iter().map(Option::unwrap_or_default).collect()
 }
 
 /// Stops this very process (SIGSTOP) until someone sends SIGCONT: a pause at an exact point.

@@ -75,6 +75,9 @@ const SLACK_MS: i64 = 2;
 struct Live {
     index: usize,
     expiry_ms: i64,
+    /// Set when the server holding the key was lost (killed, failed over): whether the key
+    /// survived (persistence, replication) shows in the next command that touches it.
+    lost_at: Option<i64>,
 }
 
 struct Builder<'a> {
@@ -106,7 +109,11 @@ impl Builder<'_> {
         if let Some(previous) = self.live.remove(key) {
             let now_ms = at_us / 1000;
             let t = &mut self.history.tenures[previous.index];
-            if now_ms + SLACK_MS < previous.expiry_ms && t.token != token {
+            if let Some(lost_at) = previous.lost_at {
+                // The key did not survive its server's loss.
+                t.ended_us = Some(lost_at.min((previous.expiry_ms + 1) * 1000));
+                t.ended_by = "server lost";
+            } else if now_ms + SLACK_MS < previous.expiry_ms && t.token != token {
                 self.history.violations.push(format!(
                     "(model) {how} of {} by {token} at {at_us} while {} held it until {} ms",
                     String::from_utf8_lossy(key),
@@ -114,8 +121,10 @@ impl Builder<'_> {
                     previous.expiry_ms
                 ));
             }
-            t.ended_us = Some(at_us.min((previous.expiry_ms + 1) * 1000));
-            t.ended_by = "expired";
+            if previous.lost_at.is_none() {
+                t.ended_us = Some(at_us.min((previous.expiry_ms + 1) * 1000));
+                t.ended_by = "expired";
+            }
         }
         let expiry_ms = at_us / 1000 + px_ms;
         self.history.tenures.push(Tenure {
@@ -130,6 +139,7 @@ impl Builder<'_> {
             Live {
                 index: self.history.tenures.len() - 1,
                 expiry_ms,
+                lost_at: None,
             },
         );
     }
@@ -181,6 +191,13 @@ impl Builder<'_> {
         }
     }
 
+    /// The key was found where it was: its tenure goes on across its server's loss.
+    fn survived(&mut self, key: &[u8]) {
+        if let Some(live) = self.live.get_mut(key) {
+            live.lost_at = None;
+        }
+    }
+
     fn end(&mut self, key: &[u8], at_us: i64, why: &'static str) {
         self.expire(key, at_us);
         if let Some(live) = self.live.remove(key) {
@@ -221,8 +238,10 @@ impl Builder<'_> {
                         ));
                         continue;
                     };
-                    if !refused {
-                        self.expire(&key, cmd.at_us);
+                    self.expire(&key, cmd.at_us);
+                    if refused {
+                        self.survived(&key);
+                    } else {
                         self.acquired(&key, &cmd.arg_str(2), cmd.at_us, px, "acquire script");
                     }
                 }
@@ -249,6 +268,7 @@ impl Builder<'_> {
                             cmd.at_us
                         ));
                     }
+                    self.survived(&key);
                     let live = self.live.get_mut(&key).expect("owned, so live");
                     let new_expiry = cmd.at_us / 1000 + ms;
                     if new_expiry + SLACK_MS < live.expiry_ms {
@@ -301,6 +321,28 @@ impl Builder<'_> {
                 _ => {}
             }
         }
+        // An owner's renewal or release that read the key and left it alone after its server
+        // was lost: the key did not survive.
+        let reads: Vec<Vec<u8>> = body
+            .iter()
+            .filter(|c| c.name() == "GET" && self.is_lock_key(c.arg(1)))
+            .map(|c| c.arg(1).to_vec())
+            .collect();
+        for key in reads {
+            let touched = body.iter().any(|c| {
+                matches!(c.name().as_str(), "PEXPIRE" | "DEL" | "UNLINK")
+                    && c.arg(1) == key.as_slice()
+            });
+            let by_owner = self
+                .owner(&key)
+                .is_some_and(|o| argv.contains(&o.as_bytes()));
+            if !touched && by_owner {
+                if let Some(live) = self.live.get(&key).filter(|l| l.lost_at.is_some()) {
+                    let lost_at = live.lost_at.expect("filtered");
+                    self.end(&key, lost_at, "server lost");
+                }
+            }
+        }
         // A renewal script is the one that only reads and extends.
         if renewed_here && !body.iter().any(|c| c.name() == "SET" || c.name() == "INCR") {
             self.history.renewals += 1;
@@ -308,46 +350,78 @@ impl Builder<'_> {
     }
 }
 
-/// Rebuilds the tenures of every key starting with `prefix` from one server's events.
-pub fn rebuild(events: &[Event], prefix: &str) -> History {
+/// One executed command with what it ran, or the loss of a server.
+enum Unit<'e> {
+    Lost {
+        at_us: i64,
+    },
+    /// A client command, and the commands its script ran (empty for a plain command).
+    Command(&'e Entry, Vec<Entry>),
+}
+
+impl Unit<'_> {
+    fn at_us(&self) -> i64 {
+        match self {
+            Self::Lost { at_us } => *at_us,
+            Self::Command(e, _) => e.at_us,
+        }
+    }
+}
+
+/// One server's events as units: each script call with the commands it ran.
+fn units(events: &[Event]) -> Vec<Unit<'_>> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < events.len() {
+        match &events[i] {
+            Event::Lost { at_us } => out.push(Unit::Lost { at_us: *at_us }),
+            // A script's commands without their call: only after a reconnect mid-script.
+            Event::Command(e) if e.lua => {}
+            Event::Command(e) => {
+                let mut body = Vec::new();
+                if matches!(e.name().as_str(), "EVALSHA" | "EVAL") {
+                    while let Some(Event::Command(c)) = events.get(i + 1) {
+                        if !c.lua {
+                            break;
+                        }
+                        body.push(c.clone());
+                        i += 1;
+                    }
+                }
+                out.push(Unit::Command(e, body));
+            }
+        }
+        i += 1;
+    }
+    out
+}
+
+/// Rebuilds the tenures of every key starting with `prefix` from the events of the servers
+/// that held one copy of the data (a server; a master and the replicas that took over from
+/// it), merged in time order.
+pub fn rebuild(streams: &[Vec<Event>], prefix: &str) -> History {
     let mut b = Builder {
         prefix: prefix.as_bytes(),
         history: History::default(),
         live: HashMap::new(),
     };
-    let mut i = 0;
-    while i < events.len() {
-        match &events[i] {
-            Event::Lost { at_us } => {
+    let mut merged: Vec<Unit<'_>> = streams.iter().flat_map(|s| units(s)).collect();
+    // Stable: a server's own units keep their order when stamps tie.
+    merged.sort_by_key(Unit::at_us);
+    for unit in merged {
+        match unit {
+            Unit::Lost { at_us } => {
                 b.history.server_losses += 1;
-                let keys: Vec<Vec<u8>> = b.live.keys().cloned().collect();
-                for key in keys {
-                    b.end(&key, *at_us, "server restarted");
+                for live in b.live.values_mut() {
+                    live.lost_at.get_or_insert(at_us);
                 }
-                i += 1;
             }
-            Event::Command(e) if e.lua => {
-                // A script's commands without their call: only after a reconnect mid-script.
-                i += 1;
-            }
-            Event::Command(e) => {
+            Unit::Command(e, body) => {
                 b.history.commands += 1;
-                let name = e.name();
-                if name == "EVALSHA" || name == "EVAL" {
-                    let mut j = i + 1;
-                    let mut body = Vec::new();
-                    while let Some(Event::Command(c)) = events.get(j) {
-                        if !c.lua {
-                            break;
-                        }
-                        body.push(c.clone());
-                        j += 1;
-                    }
+                if matches!(e.name().as_str(), "EVALSHA" | "EVAL") {
                     b.script(e, &body);
-                    i = j;
                 } else {
                     b.client_command(e);
-                    i += 1;
                 }
             }
         }
@@ -370,7 +444,7 @@ mod tests {
     #[test]
     fn the_model_follows_tenures_and_flags_foreign_renewals_and_keys_without_expiry() {
         let history = rebuild(
-            &events(&[
+            &[events(&[
                 // A acquires through the script, B is refused (TYPE follows its SET).
                 r#"10.000000 [0 127.0.0.1:1] "evalsha" "s" "2" "lock:k" "fence:{lock:k}" "A" "1000" "1""#,
                 r#"10.000010 [0 lua] "SET" "lock:k" "A" "NX" "PX" "1000""#,
@@ -393,7 +467,7 @@ mod tests {
                 r#"10.500020 [0 lua] "PEXPIRE" "lock:k" "10""#,
                 // A lock without expiry.
                 r#"11.000000 [0 127.0.0.1:3] "SET" "lock:j" "C" "NX""#,
-            ]),
+            ])],
             "lock:",
         );
         assert_eq!(history.tenures.len(), 1, "{:?}", history.tenures);
@@ -411,5 +485,38 @@ mod tests {
             v.contains("(f) SET of lock key lock:j without a positive PX"),
             "{v}"
         );
+    }
+
+    #[test]
+    fn a_key_that_survived_its_servers_loss_stays_held_and_one_that_did_not_ends_at_the_loss() {
+        let mut first = events(&[
+            r#"10.000000 [0 127.0.0.1:1] "evalsha" "s" "2" "lock:k" "fence:{lock:k}" "A" "1000" "0""#,
+            r#"10.000010 [0 lua] "SET" "lock:k" "A" "NX" "PX" "1000""#,
+            r#"10.000020 [0 127.0.0.1:1] "evalsha" "s" "2" "lock:j" "fence:{lock:j}" "C" "1000" "0""#,
+            r#"10.000030 [0 lua] "SET" "lock:j" "C" "NX" "PX" "1000""#,
+        ]);
+        first.push(Event::Lost { at_us: 10_100_000 });
+        // The server that took over: lock:k came back (B is refused, A renews), lock:j did
+        // not (D takes it at once).
+        let second = events(&[
+            r#"10.200000 [0 127.0.0.1:2] "evalsha" "s" "2" "lock:k" "fence:{lock:k}" "B" "1000" "0""#,
+            r#"10.200010 [0 lua] "SET" "lock:k" "B" "NX" "PX" "1000""#,
+            r#"10.200020 [0 lua] "TYPE" "lock:k""#,
+            r#"10.300000 [0 127.0.0.1:1] "evalsha" "r" "1" "lock:k" "A" "1000""#,
+            r#"10.300010 [0 lua] "GET" "lock:k""#,
+            r#"10.300020 [0 lua] "PEXPIRE" "lock:k" "1000""#,
+            r#"10.400000 [0 127.0.0.1:2] "evalsha" "s" "2" "lock:j" "fence:{lock:j}" "D" "1000" "0""#,
+            r#"10.400010 [0 lua] "SET" "lock:j" "D" "NX" "PX" "1000""#,
+        ]);
+        let history = rebuild(&[first, second], "lock:");
+        assert!(history.violations.is_empty(), "{:?}", history.violations);
+        let by_token = history.by_token();
+        assert!(
+            by_token["A"][0].covers(10_000_100, 11_200_000),
+            "A held across the loss"
+        );
+        let c = by_token["C"][0];
+        assert_eq!((c.ended_us, c.ended_by), (Some(10_100_000), "server lost"));
+        assert_eq!(by_token["D"][0].since_us, 10_400_010);
     }
 }

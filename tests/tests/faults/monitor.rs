@@ -21,6 +21,9 @@ pub struct Entry {
     pub at_us: i64,
     /// Run by a script (`[0 lua]`), not sent by a client.
     pub lua: bool,
+    /// The port at the other end of the sending connection (`[0 127.0.0.1:<port>]`): for a
+    /// replica, its master's port on the commands the master replicates to it.
+    pub peer_port: Option<u16>,
     /// The command name (as sent) and its arguments.
     pub args: Vec<Vec<u8>>,
 }
@@ -199,6 +202,10 @@ pub fn parse_line(line: &[u8]) -> Option<Entry> {
     let close = rest.iter().position(|&b| b == b']')?;
     let source = &rest[..close];
     let lua = source.ends_with(b" lua");
+    let peer_port = std::str::from_utf8(source)
+        .ok()
+        .and_then(|s| s.rsplit_once(':'))
+        .and_then(|(_, port)| port.parse().ok());
     let mut args = Vec::new();
     let mut i = close + 1;
     while i < rest.len() {
@@ -242,7 +249,12 @@ pub fn parse_line(line: &[u8]) -> Option<Entry> {
             _ => return None,
         }
     }
-    (!args.is_empty()).then_some(Entry { at_us, lua, args })
+    (!args.is_empty()).then_some(Entry {
+        at_us,
+        lua,
+        peer_port,
+        args,
+    })
 }
 
 #[test]
@@ -259,4 +271,6 @@ fn monitor_lines_are_parsed_with_redis_escapes() {
     let c = parse_line(b"+1.000001 [0 127.0.0.1:5] \"evalsha\" \"ab\" \"0\"\r\n").unwrap();
     assert!(!c.lua);
     assert_eq!(c.at_us, 1_000_001);
+    assert_eq!(c.peer_port, Some(5));
+    assert_eq!(e.peer_port, None);
 }

@@ -2,15 +2,15 @@
 //!
 //! The workload and its checks only talk to a [`LockSystem`]: which arguments make a worker use
 //! it, which servers to observe directly, how many of them must agree for a lock to be held,
-//! and how to hurt node `n`. A single node is implemented here; a Redis Cluster or Redlock
-//! deployment is another implementation (one `RedisServer` and `Proxy` per node, workers
-//! started with that backend's `--backend`, `quorum()` the majority), with the same schedule
-//! and the same invariants.
+//! and how to hurt node `n`. What a node index means is the deployment's to say: the one server,
+//! the n-th Redlock master, the master (0) or replica (1) serving the workload's key.
 
 use std::time::Duration;
 
-use lock_tests::proxy::Proxy;
-use lock_tests::RedisServer;
+pub mod cluster;
+pub mod redlock;
+pub mod sentinel;
+pub mod single;
 
 /// A fault that hits a server or the network in front of it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,6 +25,19 @@ pub enum NodeFault {
     ResetConnections,
     /// SIGSTOP of redis-server until healed (SIGCONT).
     PauseServer,
+    /// kill -9 of redis-server; healing starts it again on the same port, with or without the
+    /// data it had (append-only file, fsync always). Where replicas take over, healing first
+    /// waits for the failover and brings the old node back as a replica.
+    Kill(Restart),
+}
+
+/// What a killed server comes back with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Restart {
+    /// Nothing: a restart without persistence.
+    Empty,
+    /// Everything it had acknowledged (append-only file, fsync always).
+    FromDisk,
 }
 
 impl NodeFault {
@@ -36,6 +49,8 @@ impl NodeFault {
             Self::DropReplies => "drop-replies",
             Self::ResetConnections => "reset",
             Self::PauseServer => "server-sigstop",
+            Self::Kill(Restart::Empty) => "server-kill-restart-empty",
+            Self::Kill(Restart::FromDisk) => "server-kill-restart-from-disk",
         }
     }
 }
@@ -45,76 +60,106 @@ pub trait LockSystem {
     fn name(&self) -> &'static str;
     /// `fault-worker` arguments that select this backend.
     fn worker_args(&self) -> Vec<String>;
-    /// Ports of the servers to observe directly (MONITOR, final scans), bypassing every fault.
-    fn observed_ports(&self) -> Vec<u16>;
-    /// How many nodes must hold a lock for it to be held.
+    /// Ports of the servers to observe directly (MONITOR, final scans), bypassing every fault,
+    /// in groups: each group is one copy of the data (a server; a master with the replicas
+    /// that may take over from it), whose servers' histories merge into one.
+    fn observed(&self) -> Vec<Vec<u16>>;
+    /// Ports that servers connect to each other on (a replica to its master, directly or
+    /// through a proxy): what arrives from them is replication, not a client's command.
+    fn server_ports(&self) -> Vec<u16> {
+        self.observed().into_iter().flatten().collect()
+    }
+    /// How many groups must hold a lock for it to be held.
     fn quorum(&self) -> usize;
+    /// Whether locks carry fencing tokens in this mode.
+    fn fencing(&self) -> bool {
+        true
+    }
     fn inject(&mut self, node: usize, fault: NodeFault);
+    /// Ends `fault`; returns once the deployment is whole again.
     fn heal(&mut self, node: usize, fault: NodeFault);
     /// Counters of the fault proxies, for the summary: (replies dropped, connections reset).
     fn proxy_counts(&self) -> (u64, u64);
 }
 
-/// One redis-server behind one fault proxy.
-pub struct SingleNode {
-    pub server: RedisServer,
-    pub proxy: Proxy,
+/// One server behind one proxy: the network and process faults every mode shares.
+pub struct Node {
+    pub server: lock_tests::RedisServer,
+    pub proxy: lock_tests::proxy::Proxy,
 }
 
-impl SingleNode {
-    pub fn start() -> Self {
-        let server = RedisServer::start();
-        let proxy = Proxy::start(server.port());
+impl Node {
+    /// A server (with `extra` arguments) behind a fault proxy.
+    pub fn start(extra: &[&str]) -> Self {
+        let server = lock_tests::RedisServer::start_with(extra);
+        let proxy = lock_tests::proxy::Proxy::start(server.port());
         Self { server, proxy }
     }
-}
 
-impl LockSystem for SingleNode {
-    fn name(&self) -> &'static str {
-        "single node"
+    /// A server that keeps what it acknowledged across a kill (append-only file, fsync always).
+    pub fn start_persistent() -> Self {
+        Self::start(&["--appendonly", "yes", "--appendfsync", "always"])
     }
 
-    fn worker_args(&self) -> Vec<String> {
-        vec![
-            "--backend".into(),
-            "single".into(),
-            "--lock-url".into(),
-            self.proxy.url(),
-        ]
-    }
-
-    fn observed_ports(&self) -> Vec<u16> {
-        vec![self.server.port()]
-    }
-
-    fn quorum(&self) -> usize {
-        1
-    }
-
-    fn inject(&mut self, node: usize, fault: NodeFault) {
-        assert_eq!(node, 0, "a single node");
+    /// Applies the faults that need no knowledge of the deployment.
+    pub fn inject(&mut self, fault: NodeFault) {
         match fault {
             NodeFault::Latency(d) => self.proxy.set_latency(d),
             NodeFault::Blackhole => self.proxy.blackhole(),
             NodeFault::DropReplies => self.proxy.drop_replies(),
             NodeFault::ResetConnections => self.proxy.reset_all(),
             NodeFault::PauseServer => self.server.pause(),
+            NodeFault::Kill(_) => self.server.kill(),
         }
     }
 
-    fn heal(&mut self, node: usize, fault: NodeFault) {
-        assert_eq!(node, 0, "a single node");
+    pub fn heal(&mut self, fault: NodeFault) {
         match fault {
             NodeFault::Latency(_) | NodeFault::Blackhole | NodeFault::DropReplies => {
                 self.proxy.heal();
             }
             NodeFault::PauseServer => self.server.resume(),
             NodeFault::ResetConnections => {}
+            NodeFault::Kill(Restart::FromDisk) => self.server.restart(),
+            NodeFault::Kill(Restart::Empty) => self.server.restart_empty(),
         }
     }
 
-    fn proxy_counts(&self) -> (u64, u64) {
+    pub fn proxy_counts(&self) -> (u64, u64) {
         let s = self.proxy.stats();
         (s.replies_dropped(), s.resets())
     }
+}
+
+/// Sums the proxies' counters.
+pub fn total_counts<'a>(nodes: impl Iterator<Item = &'a Node>) -> (u64, u64) {
+    nodes
+        .map(Node::proxy_counts)
+        .fold((0, 0), |(d, r), (d2, r2)| (d + d2, r + r2))
+}
+
+/// Polls server state that has no event to wait for (a failover, a replica's link).
+pub fn poll(what: &str, limit: Duration, mut ready: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + limit;
+    while !ready() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: not within {limit:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A direct connection to `127.0.0.1:<port>` with short timeouts, or `None` if it does not
+/// answer (a stopped or dead server).
+pub fn quick_connection(port: u16) -> Option<redis::Connection> {
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).ok()?;
+    let con = client
+        .get_connection_with_timeout(Duration::from_millis(300))
+        .ok()?;
+    con.set_read_timeout(Some(Duration::from_millis(300)))
+        .ok()?;
+    con.set_write_timeout(Some(Duration::from_millis(300)))
+        .ok()?;
+    Some(con)
 }

@@ -27,6 +27,9 @@ pub struct Worker {
 pub struct Pool {
     args: Vec<String>,
     pub workers: Vec<Worker>,
+    /// Filled by [`stop`](Self::stop): workers not killed by the test that exited otherwise
+    /// than with status 0.
+    pub bad_exits: Vec<String>,
     lines: Arc<Mutex<Vec<Line>>>,
     next_id: u32,
 }
@@ -37,6 +40,7 @@ impl Pool {
         Self {
             args,
             workers: Vec::new(),
+            bad_exits: Vec::new(),
             lines: Arc::new(Mutex::new(Vec::new())),
             next_id: 1,
         }
@@ -160,7 +164,12 @@ impl Pool {
             }
             loop {
                 match w.child.try_wait() {
-                    Ok(Some(_)) => break,
+                    Ok(Some(status)) => {
+                        if !status.success() {
+                            self.bad_exits.push(format!("worker {}: {status}", w.id));
+                        }
+                        break;
+                    }
                     _ if std::time::Instant::now() > deadline => {
                         let _ = w.child.kill();
                         let _ = w.child.wait();
@@ -192,6 +201,25 @@ impl Pool {
             std::thread::sleep(Duration::from_millis(10));
         }
         self.lines()
+    }
+
+    /// Lets the workload run until its workers finished `count` critical sections, or for at
+    /// most `limit`. Progress is only in the workers' output: polled.
+    pub fn wait_for_sections(&self, count: usize, limit: Duration) {
+        let deadline = std::time::Instant::now() + limit;
+        while std::time::Instant::now() < deadline {
+            let done = self
+                .lines
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .iter()
+                .filter(|l| l.text.starts_with("end "))
+                .count();
+            if done >= count {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
     }
 
     pub fn lines(&self) -> Vec<Line> {

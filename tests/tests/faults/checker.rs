@@ -1,0 +1,996 @@
+//! The invariants of the fault workload, checked after a run against the workers' records and
+//! the servers' own histories; one function per invariant, so each is findable by name, and
+//! the summary every run prints.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::Write as _;
+use std::time::Duration;
+
+use super::model::{self, History};
+use super::workers::Line;
+
+/// The lease of every lock in the workload.
+pub const TTL: Duration = Duration::from_millis(1000);
+/// (c): a lock whose holder crashed or stopped is taken by another client within `TTL` plus
+/// this. It covers what comes after the key's expiry: the in-flight renewal that may still land
+/// (one proxy hop), the waiter's wake-up (scheduled at the holder's remaining lease + 1 ms), one
+/// round trip, and process scheduling on a loaded 2-core machine.
+pub const FREE_BOUND: Duration = Duration::from_millis(300);
+/// (g): dropping a guard or a guarded future returns within this, whatever the network does
+/// (a blocking drop would take at least the 500 ms command timeout under a black hole).
+const DROP_BOUND: Duration = Duration::from_millis(100);
+/// (g): the worker's 10 ms heartbeat never runs later than this, except while the worker itself
+/// is stopped.
+const STALL_BOUND: Duration = Duration::from_millis(500);
+
+#[derive(Debug)]
+pub struct FaultRecord {
+    pub kind: String,
+    pub start_us: i64,
+    pub end_us: i64,
+    /// Client faults: the worker hit, and whether it held the lock at that moment.
+    pub victim: Option<u32>,
+    pub held: bool,
+    /// Client faults: the lock's remaining lease right after the hit (ms), and its token.
+    pub pttl_ms: i64,
+    pub victim_token: Option<String>,
+}
+
+/// One critical section as its worker reported it.
+#[derive(Clone, Debug)]
+struct Section {
+    worker: u32,
+    task: String,
+    token: String,
+    fence: u64,
+    start: i64,
+    end: i64,
+    outcome: String,
+    lost_seen: bool,
+    write: String,
+    hold_ms: u64,
+}
+
+fn fields(text: &str) -> HashMap<&str, &str> {
+    text.split(' ')
+        .filter_map(|kv| kv.split_once('='))
+        .collect()
+}
+
+fn sections(lines: &[Line], killed: &HashMap<u32, i64>) -> Vec<Section> {
+    let mut open: BTreeMap<(String, String), Section> = BTreeMap::new();
+    let mut over: HashMap<(String, String), (i64, bool)> = HashMap::new();
+    let mut done = Vec::new();
+    for line in lines {
+        let kind = line.text.split(' ').next().unwrap_or_default();
+        let f = fields(&line.text);
+        if kind == "over" {
+            over.insert(
+                (f["w"].to_owned(), f["seq"].to_owned()),
+                (f["end"].parse().expect("end"), f["lost_seen"] == "1"),
+            );
+        }
+        if kind != "begin" && kind != "end" {
+            continue;
+        }
+        let id = (f["w"].to_owned(), f["seq"].to_owned());
+        let section = Section {
+            worker: line.worker,
+            task: f["w"].to_owned(),
+            token: f["token"].to_owned(),
+            fence: f["fence"].parse().expect("fence"),
+            start: f["start"].parse().expect("start"),
+            end: f.get("end").map_or(0, |e| e.parse().expect("end")),
+            outcome: f.get("outcome").map_or("", |o| o).to_owned(),
+            lost_seen: f.get("lost_seen") == Some(&"1"),
+            write: f.get("write").map_or("", |o| o).to_owned(),
+            hold_ms: f.get("hold_ms").map_or(0, |h| h.parse().expect("hold_ms")),
+        };
+        if kind == "begin" {
+            open.insert(id, section);
+        } else {
+            let began = open.remove(&id);
+            done.push(Section {
+                hold_ms: began.map_or(0, |b| b.hold_ms),
+                ..section
+            });
+        }
+    }
+    for (id, mut s) in open {
+        // Killed before its `end` line: its effects stop where the body said it was over (the
+        // kill came during the release), else at the kill (it came inside the section).
+        let at = killed
+            .get(&s.worker)
+            .unwrap_or_else(|| panic!("section {} of worker {} never ended", s.fence, s.worker));
+        (s.end, s.lost_seen) = over.get(&id).copied().unwrap_or((*at, false));
+        s.outcome = "killed".into();
+        done.push(s);
+    }
+    done.sort_by_key(|s| s.start);
+    done
+}
+
+#[derive(Default)]
+pub struct Report {
+    pub violations: Vec<String>,
+    pub lines: Vec<String>,
+}
+
+impl Report {
+    fn fail(&mut self, invariant: &str, what: String) {
+        self.violations.push(format!("({invariant}) {what}"));
+    }
+}
+
+/// Runs `system` through `steps` (and a soak, if asked) and checks everything.
+/// What a run must have exercised, or it proves nothing: a check that passes over nothing is a
+/// failure.
+#[derive(Clone, Copy, Debug)]
+pub struct Minimums {
+    pub sections: usize,
+    /// `on_lost = cancel` bodies reported lost and checked by (e).
+    pub cancelled: usize,
+    /// Hand-overs after a holder was killed or stopped, judged by (c).
+    pub hand_overs: usize,
+    /// Renewal script calls the servers ran.
+    pub renewals: usize,
+    /// Client faults that hit the lock's holder while it held the lock.
+    pub holder_hits: usize,
+}
+
+impl Minimums {
+    /// For checks of synthetic histories.
+    #[cfg(test)]
+    const NONE: Self = Self {
+        sections: 0,
+        cancelled: 0,
+        hand_overs: 0,
+        renewals: 0,
+        holder_hits: 0,
+    };
+}
+
+pub struct Inputs<'a> {
+    pub name: &'a str,
+    /// Whether locks carried fencing tokens (Redlock has none: the store then only counts).
+    pub fencing: bool,
+    pub minimums: Minimums,
+    /// Workers that exited other than cleanly, with how.
+    pub bad_exits: &'a [String],
+    pub lines: &'a [Line],
+    pub killed: &'a HashMap<u32, i64>,
+    pub histories: &'a [History],
+    pub quorum: usize,
+    pub faults: &'a [FaultRecord],
+    pub register: i64,
+    pub rejected: i64,
+    pub log: &'a [String],
+    pub leftover_without_ttl: &'a [String],
+    pub proxy: (u64, u64),
+    pub ran_for: Duration,
+}
+
+/// The invariants, one function each:
+/// (a) no two critical sections that the library did not report lost overlapped, and each lay
+///     inside the server-side tenure of its token;
+/// (b) the fenced store accepted no stale write, the register equals the number of accepted
+///     increments, and fencing tokens strictly increase in the server's order of holders;
+/// (c) after a holder was killed or stopped, another client held the lock within ttl + bound;
+/// (d) no renewal extended or deleted a lock it did not own, or shortened a live one;
+/// (e) with `on_lost = cancel`, every cancelled body stopped before its key expired on the
+///     server (smallest margin reported), except in a process that was itself stopped;
+/// (f) every lock key always had a TTL;
+/// (g) dropping or cancelling never blocked the worker's runtime;
+/// and the run itself: every worker exited cleanly, and the run exercised at least its
+/// [`Minimums`].
+pub fn check(i: &Inputs<'_>) -> Report {
+    let f = Facts::new(i);
+    let mut r = Report::default();
+    trusted_sections_never_overlap(&f, &mut r);
+    let completed_margin = trusted_sections_lie_inside_their_tenure(&f, &mut r);
+    cancel_mode_bodies_never_return_ok_after_a_loss(&f, &mut r);
+    if i.fencing {
+        the_store_accepted_no_stale_fence(&f, &mut r);
+        no_fencing_token_is_handed_out_twice(&f, &mut r);
+        fencing_tokens_increase_in_the_servers_order_of_holders(&f, &mut r);
+    }
+    no_accepted_increment_was_lost(&f, &mut r);
+    the_register_counts_every_accepted_increment(&f, &mut r);
+    the_store_accepted_what_the_workers_saw(&f, &mut r);
+    let hand_overs = the_lock_is_handed_over_soon_after_its_holder_is_hit(&f, &mut r);
+    no_client_touched_a_lock_it_did_not_own(&f, &mut r);
+    every_lock_key_has_a_ttl(&f, &mut r);
+    let cancels = cancelled_bodies_stop_before_their_key_expires(&f, &mut r);
+    let drops = drops_never_block_the_runtime(&f, &mut r);
+    let worst_stall = the_runtime_never_stalls(&f, &mut r);
+    every_worker_exited_cleanly(&f, &mut r);
+    the_run_exercised_what_it_claims(&f, &hand_overs, &cancels, &mut r);
+    r.lines = summary(
+        &f,
+        &Figures {
+            completed_margin,
+            hand_overs,
+            cancels,
+            drops,
+            worst_stall,
+            violations: r.violations.len(),
+        },
+    );
+    r
+}
+
+/// What the checks read: the run's inputs, and what is derived from them once.
+struct Facts<'a> {
+    i: &'a Inputs<'a>,
+    /// Every critical section, by start.
+    secs: Vec<Section>,
+    /// Per node, the server-side tenures of each token.
+    tenures: Vec<HashMap<&'a str, Vec<&'a model::Tenure>>>,
+    /// The store's accepted writes, in order: (fence, value written).
+    log: Vec<(u64, i64)>,
+}
+
+impl<'a> Facts<'a> {
+    fn new(i: &'a Inputs<'a>) -> Self {
+        let log = i
+            .log
+            .iter()
+            .map(|entry| {
+                let (fence, value) = entry.split_once(':').expect("fence:value");
+                (fence.parse().expect("fence"), value.parse().expect("value"))
+            })
+            .collect();
+        Self {
+            i,
+            secs: sections(i.lines, i.killed),
+            tenures: i.histories.iter().map(History::by_token).collect(),
+            log,
+        }
+    }
+
+    /// Sections the library did not report lost: they must have held the lock throughout.
+    fn trusted(&self) -> impl Iterator<Item = &Section> {
+        self.secs
+            .iter()
+            .filter(|s| matches!(s.outcome.as_str(), "ok" | "dropped" | "killed") && !s.lost_seen)
+    }
+
+    /// Whether `worker` was itself stopped (SIGSTOP) at some moment of `[from, to]`.
+    fn paused_during(&self, worker: u32, from: i64, to: i64) -> bool {
+        self.i.faults.iter().any(|p| {
+            p.kind == "client-sigstop"
+                && p.victim == Some(worker)
+                && from <= p.end_us
+                && p.start_us <= to
+        })
+    }
+
+    fn accepted(&self) -> i64 {
+        i64::try_from(self.log.len()).expect("fits")
+    }
+}
+
+fn us(d: Duration) -> i64 {
+    i64::try_from(d.as_micros()).expect("fits")
+}
+
+/// (a) No two sections the library did not report lost overlapped in time.
+fn trusted_sections_never_overlap(f: &Facts<'_>, r: &mut Report) {
+    let mut latest: Option<&Section> = None;
+    for s in f.trusted() {
+        if let Some(p) = latest {
+            if s.start < p.end {
+                r.fail(
+                    "a",
+                    format!(
+                        "sections overlap: {} fence {} [{}, {}] and {} fence {} [{}, {}]",
+                        p.task, p.fence, p.start, p.end, s.task, s.fence, s.start, s.end
+                    ),
+                );
+            }
+        }
+        if latest.is_none_or(|p| s.end > p.end) {
+            latest = Some(s);
+        }
+    }
+}
+
+/// (a) Each section the library did not report lost lay inside a server-side tenure of its
+/// token on a quorum of nodes. Returns the smallest lease left when such a section ended (µs).
+fn trusted_sections_lie_inside_their_tenure(f: &Facts<'_>, r: &mut Report) -> i64 {
+    let mut completed_margin = i64::MAX;
+    for s in f.trusted() {
+        let covering = f
+            .tenures
+            .iter()
+            .filter(|t| {
+                t.get(s.token.as_str())
+                    .is_some_and(|ts| ts.iter().any(|t| t.covers(s.start, s.end)))
+            })
+            .count();
+        if covering < f.i.quorum {
+            r.fail(
+                "a",
+                format!(
+                    "{} fence {} [{}, {}] ({}) ran outside its server-side tenure: {:?}",
+                    s.task,
+                    s.fence,
+                    s.start,
+                    s.end,
+                    s.outcome,
+                    f.tenures[0].get(s.token.as_str())
+                ),
+            );
+        }
+        for t in f.tenures.iter().filter_map(|t| t.get(s.token.as_str())) {
+            for t in t.iter().filter(|t| t.covers(s.start, s.end)) {
+                completed_margin = completed_margin.min(t.expires_at(s.end) - s.end);
+            }
+        }
+    }
+    completed_margin
+}
+
+/// (b) The fenced store never accepted a fence older than one it had accepted before.
+fn the_store_accepted_no_stale_fence(f: &Facts<'_>, r: &mut Report) {
+    let mut last_fence = 0u64;
+    for &(fence, _) in &f.log {
+        if fence < last_fence {
+            r.fail(
+                "b",
+                format!("the store accepted fence {fence} after {last_fence}"),
+            );
+        }
+        last_fence = last_fence.max(fence);
+    }
+}
+
+/// (b) Accepted write n wrote n: each read-modify-write saw the one before it.
+fn no_accepted_increment_was_lost(f: &Facts<'_>, r: &mut Report) {
+    for (n, &(_, value)) in f.log.iter().enumerate() {
+        if value != i64::try_from(n).expect("fits") + 1 {
+            r.fail(
+                "b",
+                format!(
+                    "accepted write #{} wrote {value}: an increment was lost",
+                    n + 1
+                ),
+            );
+        }
+    }
+}
+
+/// (b) The register holds one increment per accepted write.
+fn the_register_counts_every_accepted_increment(f: &Facts<'_>, r: &mut Report) {
+    let accepted = f.accepted();
+    if f.i.register != accepted {
+        r.fail(
+            "b",
+            format!(
+                "register {} != {accepted} accepted increments",
+                f.i.register
+            ),
+        );
+    }
+}
+
+/// (b) The store accepted every write a worker saw accepted, and besides those only writes
+/// whose outcome their worker could not know (in flight, failed, or killed).
+fn the_store_accepted_what_the_workers_saw(f: &Facts<'_>, r: &mut Report) {
+    let accepted = f.accepted();
+    let acc_seen = i64::try_from(f.secs.iter().filter(|s| s.write == "acc").count()).expect("fits");
+    let unsure = i64::try_from(
+        f.secs
+            .iter()
+            .filter(|s| matches!(s.write.as_str(), "inflight" | "err") || s.outcome == "killed")
+            .count(),
+    )
+    .expect("fits");
+    if accepted < acc_seen || accepted > acc_seen + unsure {
+        r.fail(
+            "b",
+            format!("the store holds {accepted} accepted writes; workers saw {acc_seen} (+{unsure} unsure)"),
+        );
+    }
+}
+
+/// (b) No fencing token was handed to two sections.
+fn no_fencing_token_is_handed_out_twice(f: &Facts<'_>, r: &mut Report) {
+    let mut fences: HashMap<u64, usize> = HashMap::new();
+    for s in &f.secs {
+        *fences.entry(s.fence).or_default() += 1;
+    }
+    if let Some((fence, n)) = fences.iter().find(|(_, n)| **n > 1) {
+        r.fail(
+            "b",
+            format!("fencing token {fence} was handed to {n} sections"),
+        );
+    }
+}
+
+/// (b) Fencing tokens strictly increase in the order the server (the first node) granted the
+/// lock to their sections.
+fn fencing_tokens_increase_in_the_servers_order_of_holders(f: &Facts<'_>, r: &mut Report) {
+    let fence_of: HashMap<&str, u64> = f.secs.iter().map(|s| (s.token.as_str(), s.fence)).collect();
+    let mut order: Vec<(i64, u64)> = f.i.histories[0]
+        .tenures
+        .iter()
+        .filter_map(|t| {
+            fence_of
+                .get(t.token.as_str())
+                .map(|fence| (t.since_us, *fence))
+        })
+        .collect();
+    order.sort_unstable();
+    order.dedup_by_key(|(_, fence)| *fence);
+    if let Some(w) = order.windows(2).find(|w| w[1].1 <= w[0].1) {
+        r.fail(
+            "b",
+            format!("fencing token {} was granted after {}", w[1].1, w[0].1),
+        );
+    }
+}
+
+/// What the hand-over check measured.
+struct HandOvers {
+    /// Hand-overs judged.
+    judged: usize,
+    /// The slowest hand-over after a hit holder (µs).
+    slowest: i64,
+    /// The first node's tenures around each hand-over that was too slow.
+    late_tenures: Vec<String>,
+}
+
+/// (c) After a holder was killed or stopped while it held the lock, another owner took the
+/// lock on a quorum of nodes within ttl + [`FREE_BOUND`], unless the next fault began first.
+/// Judged from the servers' history: a body may start a moment later, or never, if that owner
+/// is hit by the next fault.
+fn the_lock_is_handed_over_soon_after_its_holder_is_hit(
+    f: &Facts<'_>,
+    r: &mut Report,
+) -> HandOvers {
+    let mut out = HandOvers {
+        judged: 0,
+        slowest: 0,
+        late_tenures: Vec::new(),
+    };
+    for hit in f.i.faults.iter().filter(|fault| fault.held) {
+        let victim = hit.victim_token.as_deref().expect("client fault");
+        let window = hit.start_us + us(TTL + FREE_BOUND);
+        if f.i
+            .faults
+            .iter()
+            .any(|g| g.start_us > hit.start_us && g.start_us < window)
+        {
+            // Another fault began before the lock could be free: not this fault's doing.
+            continue;
+        }
+        let mut next_by_node: Vec<i64> =
+            f.i.histories
+                .iter()
+                .filter_map(|h| {
+                    h.tenures
+                        .iter()
+                        .filter(|t| t.token != victim && t.since_us > hit.start_us)
+                        .map(|t| t.since_us)
+                        .min()
+                })
+                .collect();
+        next_by_node.sort_unstable();
+        let Some(next) = next_by_node.get(f.i.quorum - 1) else {
+            r.fail(
+                "c",
+                format!("nobody held the lock again after {}", hit.kind),
+            );
+            continue;
+        };
+        let waited = next - hit.start_us;
+        out.judged += 1;
+        out.slowest = out.slowest.max(waited);
+        if waited > us(TTL + FREE_BOUND) {
+            r.fail(
+                "c",
+                format!(
+                    "after {} of the holder at {} (its lease had {} ms left), another owner took the lock {} ms later (bound {} ms)",
+                    hit.kind,
+                    hit.start_us,
+                    hit.pttl_ms,
+                    waited / 1000,
+                    (TTL + FREE_BOUND).as_millis()
+                ),
+            );
+            out.late_tenures.extend(
+                f.i.histories[0]
+                    .tenures
+                    .iter()
+                    .filter(|t| t.since_us > hit.start_us - 2_000_000 && t.since_us <= *next)
+                    .map(|t| {
+                        format!(
+                            "    tenure {} from {} to {:?} ({})",
+                            t.token, t.since_us, t.ended_us, t.ended_by
+                        )
+                    }),
+            );
+        }
+    }
+    out
+}
+
+/// (d) No client renewed, deleted or shortened a lock it did not own, nor did anything else the
+/// model of a node's history cannot explain (every finding of the model but `(f)`).
+fn no_client_touched_a_lock_it_did_not_own(f: &Facts<'_>, r: &mut Report) {
+    for h in f.i.histories {
+        for v in h.violations.iter().filter(|v| !v.starts_with("(f)")) {
+            // The model names its own invariant where it knows it; the report adds it once.
+            r.fail("d", v.strip_prefix("(d) ").unwrap_or(v).to_owned());
+        }
+    }
+}
+
+/// (f) Every lock key always had a TTL: no command in a node's history left one without, and
+/// no key is left without one at the end.
+fn every_lock_key_has_a_ttl(f: &Facts<'_>, r: &mut Report) {
+    for h in f.i.histories {
+        for v in h.violations.iter().filter_map(|v| v.strip_prefix("(f) ")) {
+            r.fail("f", v.to_owned());
+        }
+    }
+    for k in f.i.leftover_without_ttl {
+        r.fail("f", format!("lock key without TTL at the end: {k}"));
+    }
+}
+
+/// (a) With `on_lost = cancel` (task `.0`), a body that finished while its lease was already
+/// lost made `run()` return `Err(Lost)`, never `Ok`: the caller must not believe the work ran
+/// under the lock.
+fn cancel_mode_bodies_never_return_ok_after_a_loss(f: &Facts<'_>, r: &mut Report) {
+    for s in f
+        .secs
+        .iter()
+        .filter(|s| s.outcome == "ok" && s.lost_seen && s.task.ends_with(".0"))
+    {
+        r.fail(
+            "a",
+            format!(
+                "{} fence {}: run() returned Ok although CurrentLock::is_lost() was true when the body finished",
+                s.task, s.fence
+            ),
+        );
+    }
+}
+
+/// Every worker that the test did not kill exited with status 0 (a panic or an abort in the
+/// library would otherwise pass unseen).
+fn every_worker_exited_cleanly(f: &Facts<'_>, r: &mut Report) {
+    for bad in f.i.bad_exits {
+        r.fail("run", format!("a worker did not exit cleanly: {bad}"));
+    }
+}
+
+/// The run exercised what its checks claim: enough sections, cancelled bodies, hand-overs,
+/// renewals and faults that hit a holder. A check that passed over nothing proves nothing.
+fn the_run_exercised_what_it_claims(
+    f: &Facts<'_>,
+    hand_overs: &HandOvers,
+    cancels: &Cancels<'_>,
+    r: &mut Report,
+) {
+    let m = f.i.minimums;
+    let renewals: usize = f.i.histories.iter().map(|h| h.renewals).sum();
+    let holder_hits = f.i.faults.iter().filter(|fault| fault.held).count();
+    for (what, seen, least) in [
+        ("critical sections", f.secs.len(), m.sections),
+        (
+            "cancelled bodies checked by (e)",
+            cancels.checked,
+            m.cancelled,
+        ),
+        ("hand-overs judged by (c)", hand_overs.judged, m.hand_overs),
+        ("renewals", renewals, m.renewals),
+        ("faults that hit the holder", holder_hits, m.holder_hits),
+    ] {
+        if seen < least {
+            r.fail(
+                "run",
+                format!("the run exercised too little: {seen} {what}, at least {least} wanted"),
+            );
+        }
+    }
+}
+
+/// What the cancel check measured.
+struct Cancels<'s> {
+    /// The smallest lease left on a quorum when a cancelled body stopped (µs).
+    smallest_margin: i64,
+    /// Cancelled bodies checked.
+    checked: usize,
+    /// Bodies lost while their own process was stopped: out of any lock's reach.
+    paused: Vec<&'s Section>,
+}
+
+/// (e) A body with `on_lost = cancel` (task `.0`) that was reported lost stopped before its key
+/// expired on a quorum of nodes, unless its own process was stopped meanwhile.
+fn cancelled_bodies_stop_before_their_key_expires<'s>(
+    f: &'s Facts<'_>,
+    r: &mut Report,
+) -> Cancels<'s> {
+    let mut out = Cancels {
+        smallest_margin: i64::MAX,
+        checked: 0,
+        paused: Vec::new(),
+    };
+    for s in f
+        .secs
+        .iter()
+        .filter(|s| s.outcome.starts_with("lost") && s.task.ends_with(".0"))
+    {
+        if f.paused_during(s.worker, s.start, s.end) {
+            out.paused.push(s);
+            continue;
+        }
+        out.checked += 1;
+        let mut margins: Vec<i64> = f
+            .tenures
+            .iter()
+            .filter_map(|t| t.get(s.token.as_str()))
+            .filter_map(|ts| {
+                ts.iter()
+                    .filter(|t| t.since_us <= s.end)
+                    .map(|t| t.expires_at(s.end) - s.end)
+                    .max()
+            })
+            .collect();
+        margins.sort_unstable_by(|a, b| b.cmp(a));
+        let Some(margin) = margins.get(f.i.quorum - 1) else {
+            r.fail(
+                "e",
+                format!("{} fence {}: no server-side tenure", s.task, s.fence),
+            );
+            continue;
+        };
+        out.smallest_margin = out.smallest_margin.min(*margin);
+        if *margin <= 0 {
+            r.fail(
+                "e",
+                format!(
+                    "{} fence {} ({}) stopped at {}, {} µs after its key expired",
+                    s.task, s.fence, s.outcome, s.end, -margin
+                ),
+            );
+        }
+    }
+    out
+}
+
+/// What the drop check measured.
+struct Drops {
+    count: usize,
+    /// The slowest drop (µs).
+    slowest: i64,
+}
+
+/// (g) Dropping a guard or a guarded future returned within [`DROP_BOUND`], whatever the network
+/// did.
+fn drops_never_block_the_runtime(f: &Facts<'_>, r: &mut Report) -> Drops {
+    let mut out = Drops {
+        count: 0,
+        slowest: 0,
+    };
+    for line in f.i.lines.iter().filter(|l| l.text.starts_with("drop ")) {
+        out.count += 1;
+        let took: i64 = fields(&line.text)["took_us"].parse().expect("took_us");
+        out.slowest = out.slowest.max(took);
+        if took > us(DROP_BOUND) {
+            r.fail(
+                "g",
+                format!("a drop blocked the runtime for {took} µs: {}", line.text),
+            );
+        }
+    }
+    out
+}
+
+/// (g) The worker's heartbeat never ran more than [`STALL_BOUND`] late, except while the worker
+/// itself was stopped. Returns the worst delay (µs).
+fn the_runtime_never_stalls(f: &Facts<'_>, r: &mut Report) -> i64 {
+    let mut worst_stall = 0i64;
+    for line in f.i.lines.iter().filter(|l| l.text.starts_with("stall ")) {
+        let fields = fields(&line.text);
+        let at: i64 = fields["at"].parse().expect("at");
+        let late: i64 = fields["late_ms"].parse::<i64>().expect("late") * 1000;
+        if f.paused_during(line.worker, at - late, at) {
+            continue;
+        }
+        worst_stall = worst_stall.max(late);
+        if late > us(STALL_BOUND) {
+            r.fail("g", format!("the runtime stalled: {}", line.text));
+        }
+    }
+    worst_stall
+}
+
+/// What the checks measured, for the summary.
+struct Figures<'s> {
+    completed_margin: i64,
+    hand_overs: HandOvers,
+    cancels: Cancels<'s>,
+    drops: Drops,
+    worst_stall: i64,
+    violations: usize,
+}
+
+/// The run in figures, and the limits it met, for the test's output.
+fn summary(f: &Facts<'_>, figures: &Figures<'_>) -> Vec<String> {
+    let i = f.i;
+    let secs = &f.secs;
+    let mut outcomes: BTreeMap<&str, usize> = BTreeMap::new();
+    for s in secs {
+        *outcomes.entry(s.outcome.as_str()).or_default() += 1;
+    }
+    let mut errors: BTreeMap<String, usize> = BTreeMap::new();
+    for line in i.lines.iter().filter(|l| l.text.starts_with("err ")) {
+        *errors
+            .entry(format!("acquire-{}", fields(&line.text)["kind"]))
+            .or_default() += 1;
+    }
+    let mut kinds: BTreeMap<&str, usize> = BTreeMap::new();
+    for fault in i.faults {
+        *kinds.entry(fault.kind.as_str()).or_default() += 1;
+    }
+    let ms = |v: i64| {
+        if v == i64::MAX {
+            "n/a".to_owned()
+        } else {
+            format!("{:.1} ms", v as f64 / 1000.0)
+        }
+    };
+    let long: Vec<&Section> = secs
+        .iter()
+        .filter(|s| u128::from(s.hold_ms) >= TTL.as_millis())
+        .collect();
+    let long_kept = long
+        .iter()
+        .filter(|s| s.outcome == "ok" && !s.lost_seen)
+        .count();
+    let long_lost = long
+        .iter()
+        .filter(|s| s.outcome.starts_with("lost"))
+        .count();
+    let long_continued = long
+        .iter()
+        .filter(|s| s.outcome == "ok" && s.lost_seen)
+        .count();
+    let holder_hits = i.faults.iter().filter(|fault| fault.held).count();
+    let Figures {
+        completed_margin,
+        hand_overs,
+        cancels,
+        drops,
+        worst_stall,
+        violations,
+    } = figures;
+    let renewals: usize = i.histories.iter().map(|h| h.renewals).sum();
+    let commands: usize = i.histories.iter().map(|h| h.commands).sum();
+    let scripts: usize = i.histories.iter().map(|h| h.scripts).sum();
+    let mut lines = vec![
+        format!("mode: {}", i.name),
+        format!("critical sections: {}", secs.len()),
+        format!("fault kinds: {}", kinds.len()),
+        format!("violations: {violations}"),
+        format!("fault-injection summary ({}, ttl {} ms, ran {:.1} s)", i.name, TTL.as_millis(), i.ran_for.as_secs_f64()),
+        format!(
+            "  operations: {} critical sections {:?}; {} acquisitions failed {:?}; {} guard/future drops",
+            secs.len(),
+            outcomes,
+            errors.values().sum::<usize>(),
+            errors,
+            drops.count
+        ),
+        format!(
+            "  bodies longer than the ttl: {} kept their lease through renewal, {} were cancelled on loss, {} (on_lost = continue) finished after the loss was reported",
+            long_kept, long_lost, long_continued
+        ),
+        format!(
+            "  server saw: {} client commands, {} script calls, {} renewals; the fenced store accepted {} writes (register {}) and refused {} stale operations",
+            commands, scripts, renewals, f.accepted(), i.register, i.rejected
+        ),
+        format!(
+            "  faults injected: {} {:?}; proxy dropped {} reply chunks, reset {} connections; {} hit the lock holder",
+            i.faults.len(),
+            kinds,
+            i.proxy.0,
+            i.proxy.1,
+            holder_hits
+        ),
+        format!(
+            "  (e) smallest cancel margin: {} over {} cancelled bodies; smallest margin of a completed section: {}",
+            ms(cancels.smallest_margin),
+            cancels.checked,
+            ms(*completed_margin)
+        ),
+        format!(
+            "  (c) slowest of {} hand-overs after a holder crash/stop: {} (bound: ttl + {} ms)",
+            hand_overs.judged,
+            ms(hand_overs.slowest),
+            FREE_BOUND.as_millis()
+        ),
+        format!(
+            "  (g) slowest drop: {}; worst heartbeat delay outside a worker's own SIGSTOP: {}",
+            ms(drops.slowest),
+            if *worst_stall == 0 { "under 50 ms".to_owned() } else { ms(*worst_stall) }
+        ),
+        format!(
+            "  limits seen: {} bodies of stopped processes ran past their lease (no lock can stop a paused process; only fencing refuses their late writes)",
+            cancels.paused.len(),
+        ),
+    ];
+    lines.extend(hand_overs.late_tenures.iter().cloned());
+    for s in &cancels.paused {
+        lines.push(format!(
+            "    {} fence {}: {} after {:.0} ms, lost_seen={}, write={}",
+            s.task,
+            s.fence,
+            s.outcome,
+            (s.end - s.start) as f64 / 1000.0,
+            u8::from(s.lost_seen),
+            s.write
+        ));
+    }
+    lines
+}
+
+pub fn print_summary(r: &Report) {
+    // Written to the process's stderr directly: libtest captures print!/eprint! of passing tests.
+    let mut err = std::io::stderr().lock();
+    for line in &r.lines {
+        let _ = writeln!(err, "{line}");
+    }
+    for v in &r.violations {
+        let _ = writeln!(err, "  VIOLATION {v}");
+    }
+}
+
+#[test]
+fn the_checks_catch_overlaps_lost_increments_slow_hand_overs_late_cancels_blocking_drops_and_idle_runs(
+) {
+    let line = |worker: u32, text: &str| Line {
+        worker,
+        text: text.to_owned(),
+    };
+    let lines = [
+        line(1, "begin w=1.0 seq=1 token=h:1:a fence=1 start=10000100 hold_ms=0"),
+        line(1, "end w=1.0 seq=1 token=h:1:a fence=1 start=10000100 end=10500000 outcome=ok lost_seen=0 read=ok write=acc"),
+        // Overlaps the first, and the server never gave it the lock.
+        line(2, "end w=2.0 seq=1 token=h:2:b fence=2 start=10400000 end=10600000 outcome=ok lost_seen=0 read=ok write=acc"),
+        // Cancelled half a second after its key expired.
+        line(2, "end w=2.0 seq=2 token=h:2:c fence=3 start=12000100 end=13500000 outcome=lost-expired lost_seen=0 read=ok write=none"),
+        line(1, "drop w=1 at=14000000 kind=guard took_us=200000"),
+        // A cancel-mode body that saw its loss, and yet run() returned Ok.
+        line(1, "end w=1.0 seq=2 token=h:1:d fence=4 start=15000000 end=15000100 outcome=ok lost_seen=1 read=ok write=none"),
+    ];
+    let events: Vec<super::monitor::Event> = [
+        r#"+10.000000 [0 127.0.0.1:1] "evalsha" "s" "2" "lock:register" "fence:{lock:register}" "h:1:a" "1000" "1""#,
+        r#"+10.000010 [0 lua] "SET" "lock:register" "h:1:a" "NX" "PX" "1000""#,
+        r#"+10.000020 [0 lua] "INCR" "fence:{lock:register}""#,
+        r#"+12.000000 [0 127.0.0.1:1] "evalsha" "s" "2" "lock:register" "fence:{lock:register}" "h:2:c" "1000" "1""#,
+        r#"+12.000010 [0 lua] "SET" "lock:register" "h:2:c" "NX" "PX" "1000""#,
+        r#"+12.000020 [0 lua] "INCR" "fence:{lock:register}""#,
+    ]
+    .iter()
+    .map(|l| {
+        super::monitor::Event::Command(
+            super::monitor::parse_line(format!("{l}\r\n").as_bytes()).expect("line"),
+        )
+    })
+    .collect();
+    let histories = [model::rebuild(&[events], "lock:")];
+    let faults = [FaultRecord {
+        kind: "client-kill-9".into(),
+        start_us: 20_000_000,
+        end_us: 20_000_000,
+        victim: Some(1),
+        held: true,
+        pttl_ms: 1000,
+        victim_token: Some("h:1:z".into()),
+    }];
+    let log = ["1:1".to_owned(), "2:1".to_owned()];
+    let report = check(&Inputs {
+        name: "synthetic",
+        fencing: true,
+        minimums: Minimums {
+            sections: 100,
+            ..Minimums::NONE
+        },
+        bad_exits: &["worker 3: exit status: 101".to_owned()],
+        lines: &lines,
+        killed: &HashMap::new(),
+        histories: &histories,
+        quorum: 1,
+        faults: &faults,
+        register: 1,
+        rejected: 0,
+        log: &log,
+        leftover_without_ttl: &[],
+        proxy: (0, 0),
+        ran_for: Duration::from_secs(1),
+    });
+    let all = report.violations.join("\n");
+    for expected in [
+        "(a) sections overlap",
+        "(a) 2.0 fence 2",
+        "(b) accepted write #2 wrote 1",
+        "(b) register 1 != 2",
+        "(c) nobody held the lock again",
+        "(e) 2.0 fence 3",
+        "(g) a drop blocked the runtime",
+        "(a) 1.0 fence 4: run() returned Ok although",
+        "(run) a worker did not exit cleanly: worker 3",
+        "(run) the run exercised too little: 4 critical sections, at least 100 wanted",
+    ] {
+        assert!(all.contains(expected), "missing {expected:?} in:\n{all}");
+    }
+}
+
+#[test]
+fn the_checks_report_the_models_findings_and_lock_keys_left_without_a_ttl() {
+    let mut history = model::rebuild(&[], "lock:");
+    history.violations = vec![
+        "(d) PEXPIRE 5000 of live lock lock:register at 1".to_owned(),
+        "(model) DEL of lock:register by h:2:b at 2 while h:1:a held it until 3 ms".to_owned(),
+        "(f) PERSIST of lock key lock:register at 4".to_owned(),
+    ];
+    let report = check(&Inputs {
+        name: "synthetic",
+        fencing: true,
+        minimums: Minimums::NONE,
+        bad_exits: &[],
+        lines: &[],
+        killed: &HashMap::new(),
+        histories: &[history],
+        quorum: 1,
+        faults: &[],
+        register: 0,
+        rejected: 0,
+        log: &[],
+        leftover_without_ttl: &["lock:register on port 1 (PTTL -1)".to_owned()],
+        proxy: (0, 0),
+        ran_for: Duration::from_secs(1),
+    });
+    assert_eq!(
+        report.violations,
+        [
+            "(d) PEXPIRE 5000 of live lock lock:register at 1",
+            "(d) (model) DEL of lock:register by h:2:b at 2 while h:1:a held it until 3 ms",
+            "(f) PERSIST of lock key lock:register at 4",
+            "(f) lock key without TTL at the end: lock:register on port 1 (PTTL -1)",
+        ]
+    );
+}
+
+#[test]
+fn a_section_killed_during_its_release_ends_where_its_body_was_over() {
+    let line = |worker: u32, text: &str| Line {
+        worker,
+        text: text.to_owned(),
+    };
+    let lines = [
+        // Over (and then released) before the kill, which came before the `end` line.
+        line(
+            1,
+            "begin w=1.0 seq=1 token=h:1:a fence=1 start=100 hold_ms=0",
+        ),
+        line(1, "over w=1.0 seq=1 end=200 lost_seen=0"),
+        // Killed inside its body.
+        line(
+            2,
+            "begin w=2.0 seq=1 token=h:2:b fence=2 start=300 hold_ms=0",
+        ),
+    ];
+    let killed = HashMap::from([(1, 900), (2, 1000)]);
+    let secs = sections(&lines, &killed);
+    let ends: Vec<(u64, i64, &str)> = secs
+        .iter()
+        .map(|s| (s.fence, s.end, s.outcome.as_str()))
+        .collect();
+    assert_eq!(ends, [(1, 200, "killed"), (2, 1000, "killed")]);
+}

@@ -1,0 +1,227 @@
+//! A Redis Cluster of three masters with a replica each, every node behind its own fault
+//! proxy: nodes announce their proxy's port (`cluster-announce-port`), so clients reach them
+//! only through the proxies, while the cluster bus stays direct (a black-holed master is cut
+//! from its clients and its replica, not declared dead).
+//!
+//! Node 0 is the master serving the workload's key when the fault starts, node 1 its replica.
+
+use std::time::Duration;
+
+use lock_tests::cluster::RedisCluster;
+use lock_tests::proxy::Proxy;
+
+use super::{poll, quick_connection, LockSystem, NodeFault};
+
+pub struct Cluster {
+    cluster: RedisCluster,
+    /// `proxies[i]` relays to `cluster.nodes[i]`.
+    proxies: Vec<Proxy>,
+    slot: i64,
+    /// The node index (into `cluster.nodes`) each fault was applied to, for its heal.
+    hit: Option<usize>,
+}
+
+impl Cluster {
+    /// Starts the cluster; `key` is the lock key whose slot the faults follow.
+    pub fn start(key: &str) -> Self {
+        let cluster = RedisCluster::unformed(3, 1);
+        let proxies: Vec<Proxy> = cluster
+            .nodes
+            .iter()
+            .map(|n| Proxy::start(n.port()))
+            .collect();
+        for (node, proxy) in cluster.nodes.iter().zip(&proxies) {
+            announce(node.port(), proxy.port());
+        }
+        let cluster = cluster.form();
+        let slot = redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(key)
+            .query(&mut cluster.nodes[0].connection())
+            .expect("CLUSTER KEYSLOT");
+        let system = Self {
+            cluster,
+            proxies,
+            slot,
+            hit: None,
+        };
+        system.wait_whole();
+        system
+    }
+
+    /// The indices of the master serving the slot and of its replica (if it has one), as a
+    /// live node sees it.
+    fn serving(&self) -> Option<(usize, Option<usize>)> {
+        let by_proxy = |port: i64| {
+            self.proxies
+                .iter()
+                .position(|p| i64::from(p.port()) == port)
+        };
+        for node in &self.cluster.nodes {
+            let Some(mut con) = quick_connection(node.port()) else {
+                continue;
+            };
+            let Ok(ranges) = redis::cmd("CLUSTER")
+                .arg("SLOTS")
+                .query::<Vec<redis::Value>>(&mut con)
+            else {
+                continue;
+            };
+            for range in ranges {
+                let redis::Value::Array(parts) = range else {
+                    continue;
+                };
+                let (Some(redis::Value::Int(from)), Some(redis::Value::Int(to))) =
+                    (parts.first(), parts.get(1))
+                else {
+                    continue;
+                };
+                if !(*from..=*to).contains(&self.slot) {
+                    continue;
+                }
+                let port = |i: usize| match parts.get(i) {
+                    Some(redis::Value::Array(node)) => match node.get(1) {
+                        Some(redis::Value::Int(port)) => by_proxy(*port),
+                        _ => None,
+                    },
+                    _ => None,
+                };
+                if let Some(master) = port(2) {
+                    return Some((master, port(3)));
+                }
+            }
+        }
+        None
+    }
+
+    fn resolve(&self, node: usize) -> usize {
+        let (master, replica) = self.serving().expect("a live node names the slot's master");
+        match node {
+            0 => master,
+            1 => replica.expect("the slot's master has a replica"),
+            _ => panic!("cluster faults hit node 0 (the key's master) or 1 (its replica)"),
+        }
+    }
+
+    /// Waits until every node is up, the cluster is ok everywhere and the slot's master has a
+    /// linked replica: a state in which a master may be killed again.
+    fn wait_whole(&self) {
+        poll("the cluster whole again", Duration::from_secs(60), || {
+            let ok = self.cluster.nodes.iter().all(|n| {
+                quick_connection(n.port()).is_some_and(|mut con| {
+                    redis::cmd("CLUSTER")
+                        .arg("INFO")
+                        .query::<String>(&mut con)
+                        .is_ok_and(|info| info.contains("cluster_state:ok"))
+                })
+            });
+            ok && self.serving().is_some_and(|(_, replica)| {
+                replica
+                    .and_then(|r| quick_connection(self.cluster.nodes[r].port()))
+                    .is_some_and(|mut con| {
+                        redis::cmd("INFO")
+                            .arg("replication")
+                            .query::<String>(&mut con)
+                            .is_ok_and(|info| info.contains("master_link_status:up"))
+                    })
+            })
+        });
+    }
+}
+
+/// Makes node `port` announce `proxy` to clients, with its cluster bus left direct.
+fn announce(port: u16, proxy: u16) {
+    let mut con = quick_connection(port).expect("a started node answers");
+    for (name, value) in [
+        ("cluster-announce-port", proxy),
+        ("cluster-announce-bus-port", port + 10_000),
+    ] {
+        let () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg(name)
+            .arg(value)
+            .query(&mut con)
+            .expect("CONFIG SET");
+    }
+}
+
+impl LockSystem for Cluster {
+    fn name(&self) -> &'static str {
+        "cluster of 3 masters with a replica each"
+    }
+
+    fn worker_args(&self) -> Vec<String> {
+        let urls: Vec<String> = self.proxies.iter().map(Proxy::url).collect();
+        vec![
+            "--backend".into(),
+            "cluster".into(),
+            "--lock-url".into(),
+            urls.join(","),
+        ]
+    }
+
+    fn observed(&self) -> Vec<Vec<u16>> {
+        vec![self
+            .cluster
+            .nodes
+            .iter()
+            .map(lock_tests::RedisServer::port)
+            .collect()]
+    }
+
+    fn server_ports(&self) -> Vec<u16> {
+        let servers = self.cluster.nodes.iter().map(lock_tests::RedisServer::port);
+        servers
+            .chain(self.proxies.iter().map(Proxy::port))
+            .collect()
+    }
+
+    fn quorum(&self) -> usize {
+        1
+    }
+
+    fn inject(&mut self, node: usize, fault: NodeFault) {
+        let i = self.resolve(node);
+        self.hit = Some(i);
+        let (server, proxy) = (&mut self.cluster.nodes[i], &self.proxies[i]);
+        match fault {
+            NodeFault::Latency(d) => proxy.set_latency(d),
+            NodeFault::Blackhole => proxy.blackhole(),
+            NodeFault::DropReplies => proxy.drop_replies(),
+            NodeFault::ResetConnections => proxy.reset_all(),
+            NodeFault::PauseServer => server.pause(),
+            NodeFault::Kill(_) => server.kill(),
+        }
+    }
+
+    fn heal(&mut self, _node: usize, fault: NodeFault) {
+        let i = self.hit.take().expect("a fault to heal");
+        match fault {
+            NodeFault::Latency(_) | NodeFault::Blackhole | NodeFault::DropReplies => {
+                self.proxies[i].heal();
+            }
+            NodeFault::ResetConnections => {}
+            NodeFault::PauseServer => self.cluster.nodes[i].resume(),
+            NodeFault::Kill(restart) => {
+                // Its replica takes over first; the node then comes back and follows it.
+                poll("a replica promoted", Duration::from_secs(30), || {
+                    self.serving().is_some_and(|(master, _)| master != i)
+                });
+                let server = &mut self.cluster.nodes[i];
+                match restart {
+                    super::Restart::Empty => server.restart_empty(),
+                    super::Restart::FromDisk => server.restart(),
+                }
+                announce(server.port(), self.proxies[i].port());
+            }
+        }
+        self.wait_whole();
+    }
+
+    fn proxy_counts(&self) -> (u64, u64) {
+        self.proxies.iter().fold((0, 0), |(d, r), p| {
+            let s = p.stats();
+            (d + s.replies_dropped(), r + s.resets())
+        })
+    }
+}

@@ -1,0 +1,136 @@
+//! Redis Sentinel: a master, a replica and three sentinels (`lock_tests::sentinel`). Node 0 is
+//! whichever server the sentinels name as master when the fault starts, node 1 the other.
+
+use std::time::Duration;
+
+use lock_tests::sentinel::{RedisSentinels, SERVICE};
+use lock_tests::RedisServer;
+
+use super::{poll, quick_connection, LockSystem, NodeFault, Restart};
+
+pub struct Sentinel {
+    deployment: RedisSentinels,
+    /// The server index (0: the first master, 1: the first replica) each fault was applied to.
+    hit: Option<usize>,
+}
+
+impl Sentinel {
+    pub fn start() -> Self {
+        Self {
+            deployment: RedisSentinels::start(),
+            hit: None,
+        }
+    }
+
+    fn server(&mut self, i: usize) -> &mut RedisServer {
+        if i == 0 {
+            &mut self.deployment.master
+        } else {
+            &mut self.deployment.replica
+        }
+    }
+
+    fn port(&self, i: usize) -> u16 {
+        if i == 0 {
+            self.deployment.master.port()
+        } else {
+            self.deployment.replica.port()
+        }
+    }
+
+    /// The server index the sentinels name as master (the first that answers).
+    fn named_master(&self) -> Option<usize> {
+        self.deployment.sentinels.iter().find_map(|s| {
+            let mut con = quick_connection(s.port())?;
+            let (_, port): (String, u16) = redis::cmd("SENTINEL")
+                .arg("GET-MASTER-ADDR-BY-NAME")
+                .arg(SERVICE)
+                .query(&mut con)
+                .ok()?;
+            (0..2).find(|i| self.port(*i) == port)
+        })
+    }
+
+    fn linked(&self, replica: usize) -> bool {
+        quick_connection(self.port(replica)).is_some_and(|mut con| {
+            redis::cmd("INFO")
+                .arg("replication")
+                .query::<String>(&mut con)
+                .is_ok_and(|info| info.contains("master_link_status:up"))
+        })
+    }
+}
+
+impl LockSystem for Sentinel {
+    fn name(&self) -> &'static str {
+        "sentinel: master, replica, 3 sentinels"
+    }
+
+    fn worker_args(&self) -> Vec<String> {
+        let urls: Vec<String> = self.deployment.urls();
+        vec![
+            "--backend".into(),
+            "sentinel".into(),
+            "--lock-url".into(),
+            urls.join(","),
+            "--master".into(),
+            SERVICE.into(),
+        ]
+    }
+
+    fn observed(&self) -> Vec<Vec<u16>> {
+        vec![vec![self.port(0), self.port(1)]]
+    }
+
+    fn quorum(&self) -> usize {
+        1
+    }
+
+    fn inject(&mut self, node: usize, fault: NodeFault) {
+        let master = self.named_master().expect("a sentinel names the master");
+        let i = if node == 0 { master } else { 1 - master };
+        self.hit = Some(i);
+        let server = self.server(i);
+        match fault {
+            NodeFault::PauseServer => server.pause(),
+            NodeFault::Kill(_) => server.kill(),
+            other => panic!("{other:?}: the sentinel deployment has no fault proxy"),
+        }
+    }
+
+    fn heal(&mut self, _node: usize, fault: NodeFault) {
+        let i = self.hit.take().expect("a fault to heal");
+        match fault {
+            NodeFault::PauseServer => self.server(i).resume(),
+            NodeFault::Kill(restart) => {
+                poll(
+                    "the sentinels promoted the replica",
+                    Duration::from_secs(30),
+                    || self.named_master() == Some(1 - i),
+                );
+                let master_port = self.port(1 - i);
+                let server = self.server(i);
+                match restart {
+                    Restart::Empty => server.restart_empty(),
+                    Restart::FromDisk => server.restart(),
+                }
+                // What the sentinels would tell it once they see it back, told at once.
+                let () = redis::cmd("REPLICAOF")
+                    .arg("127.0.0.1")
+                    .arg(master_port)
+                    .query(&mut server.connection())
+                    .expect("REPLICAOF");
+                poll(
+                    "the old master following the new one",
+                    Duration::from_secs(30),
+                    || self.linked(i),
+                );
+            }
+            other => panic!("{other:?}: the sentinel deployment has no fault proxy"),
+        }
+    }
+
+    fn proxy_counts(&self) -> (u64, u64) {
+        (0, 0)
+    }
+}
