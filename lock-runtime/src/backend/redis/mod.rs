@@ -152,9 +152,13 @@ impl Store for RedisBackend {
                 return Ok(Attempt::Acquired { fence: None });
             }
         }
-        let reply: (i64, Value) = scripts::ACQUIRE
-            .key(&attempt.key.redis_key)
-            .key(&attempt.key.fence_key)
+        let mut call = scripts::ACQUIRE.key(&attempt.key.redis_key);
+        if attempt.fencing {
+            // Named only when used: during a slot migration Redis refuses a script whose keys
+            // are not all on one node, and a lock without fencing may have no counter at all.
+            call.key(&attempt.key.fence_key);
+        }
+        let reply: (i64, Value) = call
             .arg(attempt.token)
             .arg(ttl_ms(attempt.ttl))
             .arg(u8::from(attempt.fencing))
