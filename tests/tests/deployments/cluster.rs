@@ -2,7 +2,7 @@ use std::time::Duration;
 
 use lock_runtime::{LockError, LostReason, Registry};
 use lock_tests::cluster::RedisCluster;
-use lock_tests::with_timeouts;
+use lock_tests::{eventually, with_timeouts};
 
 /// Short timeouts, so operations on a dead master fail (and are retried by the library) well
 /// within the tests' leases.
@@ -246,4 +246,179 @@ async fn fresh_registries_lock_on_a_cluster_created_a_moment_ago() {
             }
         }
     }
+}
+
+/// The remaining lease of `key` on `node`, in ms (negative when it has none).
+fn pttl(node: &lock_tests::RedisServer, key: &str) -> i64 {
+    redis::cmd("PTTL")
+        .arg(key)
+        .query(&mut node.connection())
+        .unwrap()
+}
+
+/// Two locks held in one slot while it migrates for two ttls, one of them `MIGRATE`d midway, and
+/// a third taken during the migration: each is renewed, excludes, and is released wherever its
+/// key is; a fenced acquisition whose keys cannot be on one node yet waits out the migration
+/// and continues the counter; afterwards everything is done on the new owner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_held_through_a_slot_migration_is_renewed_acquired_and_released_on_the_new_owner() {
+    let cluster = RedisCluster::start(3, 0);
+    let (a, b) = (registry(&cluster), registry(&cluster));
+    let ttl = Duration::from_millis(1500);
+    // One slot, through the `{m}` hash tag.
+    let stays = a
+        .lock("{m}:stays")
+        .ttl(ttl)
+        .fencing(true)
+        .acquire()
+        .await
+        .unwrap();
+    let moves = a
+        .lock("{m}:moves")
+        .ttl(ttl)
+        .fencing(true)
+        .acquire()
+        .await
+        .unwrap();
+    let migration = cluster.migrate_slot_of(stays.redis_key());
+
+    // A lock on the source still excludes (its script runs there).
+    assert!(b.lock("{m}:stays").acquire().await.unwrap_err().is_busy());
+    // A new key goes where the slot is going, and excludes from there.
+    let fresh = b.lock("{m}:fresh").ttl(ttl).acquire().await.unwrap();
+    assert_eq!(migration.on_source(fresh.redis_key()), None);
+    assert_eq!(
+        migration.on_target(fresh.redis_key()).as_deref(),
+        Some(fresh.token())
+    );
+    assert!(a.lock("{m}:fresh").acquire().await.unwrap_err().is_busy());
+
+    // One held lock moves with its counter; the other stays on the source.
+    let moves_fence = format!("fence:{}", moves.redis_key());
+    migration.move_keys(&[moves.redis_key(), &moves_fence]);
+    assert!(b
+        .lock("{m}:moves")
+        .fencing(true)
+        .acquire()
+        .await
+        .unwrap_err()
+        .is_busy());
+    // The migration lasts two ttls: a lease not renewed on its key's node would expire in it.
+    tokio::time::sleep(2 * ttl).await;
+    assert_eq!(
+        migration.on_source(stays.redis_key()).as_deref(),
+        Some(stays.token())
+    );
+    assert_eq!(
+        migration.on_target(moves.redis_key()).as_deref(),
+        Some(moves.token())
+    );
+    assert_eq!(
+        (
+            stays.lost_reason(),
+            moves.lost_reason(),
+            fresh.lost_reason()
+        ),
+        (None, None, None)
+    );
+
+    // Releasing the moved lock deletes it on the target at once.
+    let (moves_key, old_fence) = (moves.redis_key().to_owned(), moves.fence().unwrap());
+    moves.release().await.unwrap();
+    assert_eq!(migration.on_target(&moves_key), None);
+    // A fenced acquisition names the lock and its counter, which Redis serves on one node only
+    // when both are there; it retries within `wait` until the migration is over.
+    let again = tokio::spawn({
+        let b = b.clone();
+        async move {
+            b.lock("{m}:moves")
+                .ttl(ttl)
+                .fencing(true)
+                .wait(Duration::from_secs(20))
+                .acquire()
+                .await
+        }
+    });
+
+    let target = migration.target().port();
+    migration.finish();
+    let target = cluster.nodes.iter().find(|n| n.port() == target).unwrap();
+    let again = again
+        .await
+        .unwrap()
+        .expect("acquired once the migration ended");
+    assert!(again.fence().unwrap() > old_fence, "the counter went on");
+    // The lock that stayed behind until the end is renewed on its new owner...
+    let before = pttl(target, stays.redis_key());
+    eventually(2 * ttl, "a renewal on the new owner", || async {
+        pttl(target, stays.redis_key()) > before
+    })
+    .await;
+    assert_eq!(stays.lost_reason(), None);
+    // ...and every lock is released there.
+    for guard in [stays, fresh, again] {
+        let key = guard.redis_key().to_owned();
+        guard.release().await.unwrap();
+        assert_eq!(pttl(target, &key), -2, "{key} left behind");
+    }
+    let after = a.lock("{m}:stays").acquire().await.unwrap();
+    after.release().await.unwrap();
+}
+
+/// An untagged lock (its counter tagged with the lock's whole name) moved to the target while
+/// held: renewed and contended there through the source's `ASK`, released there, taken again
+/// there before the migration ends, and its counter continued on the new owner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_migrated_while_held_is_renewed_released_and_taken_again_on_its_target() {
+    let cluster = RedisCluster::start(3, 0);
+    let (a, b) = (registry(&cluster), registry(&cluster));
+    let ttl = Duration::from_millis(1500);
+    let held = a
+        .lock("deploy:7")
+        .ttl(ttl)
+        .fencing(true)
+        .acquire()
+        .await
+        .unwrap();
+    let first_fence = held.fence().unwrap();
+    let migration = cluster.migrate_slot_of(held.redis_key());
+    migration.move_keys(&[held.redis_key(), &format!("fence:{{{}}}", held.redis_key())]);
+    assert_eq!(migration.on_source(held.redis_key()), None);
+    assert!(b
+        .lock("deploy:7")
+        .fencing(true)
+        .acquire()
+        .await
+        .unwrap_err()
+        .is_busy());
+    // The migration lasts two ttls: the lease lives only if renewed on the target.
+    tokio::time::sleep(2 * ttl).await;
+    assert_eq!(
+        migration.on_target(held.redis_key()).as_deref(),
+        Some(held.token())
+    );
+    assert_eq!(held.lost_reason(), None);
+    let key = held.redis_key().to_owned();
+    held.release().await.unwrap();
+    assert_eq!(migration.on_target(&key), None);
+
+    // Without fencing the lock is one key, which the target serves during the migration.
+    let second = b.lock("deploy:7").ttl(ttl).acquire().await.unwrap();
+    assert_eq!(migration.on_target(&key).as_deref(), Some(second.token()));
+    assert!(a.lock("deploy:7").acquire().await.unwrap_err().is_busy());
+
+    let target = migration.target().port();
+    migration.finish();
+    let target = cluster.nodes.iter().find(|n| n.port() == target).unwrap();
+    let before = pttl(target, &key);
+    eventually(2 * ttl, "a renewal on the new owner", || async {
+        pttl(target, &key) > before
+    })
+    .await;
+    assert_eq!(second.lost_reason(), None);
+    second.release().await.unwrap();
+    assert_eq!(pttl(target, &key), -2, "left behind");
+    let third = a.lock("deploy:7").fencing(true).acquire().await.unwrap();
+    assert!(third.fence().unwrap() > first_fence, "the counter went on");
+    third.release().await.unwrap();
 }

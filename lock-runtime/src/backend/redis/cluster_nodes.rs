@@ -1,4 +1,5 @@
-//! Renewals in a Redis Cluster, sent straight to each master over a connection of its own.
+//! Renewals in a Redis Cluster, sent straight to each master over a connection of its own, and
+//! the cluster's redirects followed for every command.
 //!
 //! The cluster client funnels every request through one task, and after a master dies that
 //! task can stall in its own recovery (see `stall`): while it does, no lease on any master can
@@ -8,19 +9,31 @@
 //! master delays only its own leases. Any failed call marks the map stale: the next round reads
 //! it again from whichever node answers first, which is how a failover's new master is found.
 //! When no node answers at all, the caller falls back to the cluster client.
+//!
+//! During a slot migration the source answers `ASK` for the slot's keys it no longer has, and
+//! once it is over the source answers `MOVED`. [`Following`] follows both, for renewals and for
+//! the commands of the cluster client (whose own retries, which would follow them, are off; see
+//! `connection`): the command goes to the named node on that node's own connection, after
+//! `ASKING` in the same write for an `ASK`; a `MOVED` also marks the slot map stale. Redis
+//! refuses a script whose keys are not all on one node of a migrating slot with `TRYAGAIN`: a
+//! renewal then renews its keys one by one (each is on one node), an acquisition retries within
+//! its `wait`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use futures_util::future::{join_all, select_ok};
-use redis::aio::ConnectionManager;
-use redis::{ConnectionAddr, ConnectionInfo, Value};
+use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::{
+    Cmd, ConnectionAddr, ConnectionInfo, ErrorKind, Pipeline, RedisFuture, ServerErrorKind, Value,
+};
+use tokio::time::Instant;
 
 use super::config::ClusterSeeds;
 use super::connection::OnIo;
 use super::errors::timed_out;
-use super::manager::manager_config;
+use super::manager::{load_scripts, manager_config};
 use super::renewal::{renew_chunk, Round, RENEW_CHUNK};
 use crate::backend::contract::Renewal;
 use crate::io;
@@ -34,6 +47,10 @@ type Addr = (String, u16);
 
 /// Slot ranges (first, last) and their masters, sorted by first slot.
 type SlotMap = Vec<(u16, u16, Addr)>;
+
+/// Redirects followed for one command: an `ASK`, and a `MOVED` if the migration ended meanwhile,
+/// with room to spare; a longer chain is a cluster in flux, left to the callers' retries.
+const MAX_REDIRECTS: usize = 3;
 
 pub(crate) struct ClusterNodes {
     seeds: ClusterSeeds,
@@ -81,23 +98,25 @@ impl ClusterNodes {
                 Ok(Err(e)) => return Err(e),
                 Err(_) => return Err(timed_out(budget)),
             };
+            let deadline = Instant::now() + budget;
             let calls = groups
                 .values()
                 .flat_map(|members| members.chunks(RENEW_CHUNK))
                 .map(|chunk| {
-                    let mut con = con.clone();
-                    async move {
-                        let flags = renew_chunk(&mut con, batch, chunk, budget).await;
-                        (chunk.to_vec(), flags)
-                    }
+                    self.renew_group(
+                        Following::new(con.clone(), Some(self)),
+                        batch,
+                        chunk,
+                        deadline,
+                    )
                 });
             Ok(join_all(calls).await)
         });
         let mut round = Round::new(batch.len());
         for master in join_all(calls).await {
             match master {
-                Ok(chunks) => {
-                    for (chunk, flags) in chunks {
+                Ok(groups) => {
+                    for (chunk, flags) in groups.into_iter().flatten() {
                         round.record(&chunk, flags);
                     }
                 }
@@ -109,6 +128,60 @@ impl ClusterNodes {
             *self.map.lock().unwrap_or_else(PoisonError::into_inner) = None;
         }
         Some(round)
+    }
+
+    /// Renews `chunk` (one slot's keys) in one script call, or key by key when a migration has
+    /// split them between two nodes (`TRYAGAIN`), all by `deadline`.
+    async fn renew_group<C>(
+        &self,
+        mut con: Following<'_, C>,
+        batch: &[Renewal<'_>],
+        chunk: &[usize],
+        deadline: Instant,
+    ) -> Vec<(Vec<usize>, redis::RedisResult<Vec<i64>>)>
+    where
+        C: ConnectionLike + Clone + Send,
+    {
+        let left = || deadline.saturating_duration_since(Instant::now());
+        let flags = renew_chunk(&mut con, batch, chunk, left()).await;
+        let split = chunk.len() > 1
+            && matches!(&flags, Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::TryAgain));
+        if !split {
+            return vec![(chunk.to_vec(), flags)];
+        }
+        let calls = chunk.iter().map(|&i| {
+            let mut con = con.clone();
+            async move { (vec![i], renew_chunk(&mut con, batch, &[i], left()).await) }
+        });
+        join_all(calls).await
+    }
+
+    /// Sends `cmd` where a node redirected it: for an `ASK`, after `ASKING` in the same write
+    /// (the target serves an importing slot only to a command that follows `ASKING` on its
+    /// connection); for a `MOVED`, as is, and the slot map is read again before the next round.
+    async fn redirected(&self, to: Redirect, cmd: &Cmd) -> redis::RedisResult<Value> {
+        let (addr, asking) = match to {
+            Redirect::Ask(addr) => (addr, true),
+            Redirect::Moved(addr) => {
+                *self.map.lock().unwrap_or_else(PoisonError::into_inner) = None;
+                (addr, false)
+            }
+        };
+        let bound = self.timeouts.round();
+        let send = async {
+            let mut con = self.connection(&addr).await?;
+            let mut reply = send(&mut con, cmd, asking).await;
+            if matches!(&reply, Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript))
+            {
+                // Scripts run by hash; this node has not seen ours yet.
+                load_scripts(&mut con).await?;
+                reply = send(&mut con, cmd, asking).await;
+            }
+            reply
+        };
+        tokio::time::timeout(bound, send)
+            .await
+            .unwrap_or_else(|_| Err(timed_out(bound)))
     }
 
     /// The slot map, read from the first node to answer when stale.
@@ -244,5 +317,97 @@ impl ClusterNodes {
             return redis::Client::build_with_tls(info, certs.clone());
         }
         redis::Client::open(info)
+    }
+}
+
+/// `cmd` on `con`, after `ASKING` in the same write when `asking`; a server's refusal as `Err`.
+async fn send(
+    con: &mut OnIo<ConnectionManager>,
+    cmd: &Cmd,
+    asking: bool,
+) -> redis::RedisResult<Value> {
+    let reply = if asking {
+        let mut pipe = redis::pipe();
+        pipe.cmd("ASKING").add_command(cmd.clone());
+        con.req_packed_commands(&pipe, 1, 1)
+            .await
+            .map(|mut replies| replies.pop().unwrap_or(Value::Nil))
+    } else {
+        con.req_packed_command(cmd).await
+    };
+    reply.and_then(Value::extract_error)
+}
+
+/// Where a cluster node sent a command instead of running it.
+enum Redirect {
+    /// The slot is migrating and the key is (or will be) on the target: ask it this once.
+    Ask(Addr),
+    /// The slot is served there now.
+    Moved(Addr),
+}
+
+impl Redirect {
+    fn of(e: &redis::RedisError) -> Option<Self> {
+        let (node, _slot) = e.redirect_node()?;
+        let (host, port) = node.rsplit_once(':')?;
+        if host.is_empty() {
+            return None;
+        }
+        let addr = (host.to_owned(), port.parse().ok()?);
+        match e.kind() {
+            ErrorKind::Server(ServerErrorKind::Ask) => Some(Self::Ask(addr)),
+            ErrorKind::Server(ServerErrorKind::Moved) => Some(Self::Moved(addr)),
+            _ => None,
+        }
+    }
+}
+
+/// A connection whose single commands follow a cluster's `MOVED` and `ASK` (see the module
+/// docs); with no cluster (`None`), the connection as it is.
+#[derive(Clone)]
+pub(crate) struct Following<'n, C> {
+    con: C,
+    nodes: Option<&'n ClusterNodes>,
+}
+
+impl<'n, C> Following<'n, C> {
+    pub(crate) fn new(con: C, nodes: Option<&'n ClusterNodes>) -> Self {
+        Self { con, nodes }
+    }
+}
+
+impl<C: ConnectionLike + Send> ConnectionLike for Following<'_, C> {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        Box::pin(async move {
+            let mut reply = self
+                .con
+                .req_packed_command(cmd)
+                .await
+                .and_then(Value::extract_error);
+            let Some(nodes) = self.nodes else {
+                return reply;
+            };
+            for _ in 0..MAX_REDIRECTS {
+                match reply.as_ref().err().and_then(Redirect::of) {
+                    Some(to) => reply = nodes.redirected(to, cmd).await,
+                    None => break,
+                }
+            }
+            reply
+        })
+    }
+
+    /// Pipelines go as they are: the lock operations send single commands.
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        self.con.req_packed_commands(pipeline, offset, count)
+    }
+
+    fn get_db(&self) -> i64 {
+        self.con.get_db()
     }
 }

@@ -218,9 +218,10 @@ async fn connect(topology: Topology, timeouts: Timeouts) -> redis::RedisResult<C
             .connection_timeout(timeouts.connect)
             .response_timeout(timeouts.command)
             // The client's own retries against a dead master hold up every pending request,
-            // live masters' renewals included; our keeper and acquire loop retry anyway, and a
-            // client whose slot map is wrong is replaced (see `RedisBackend::error`), as is one
-            // that hangs in its recovery (see `stall`).
+            // live masters' renewals included; our keeper and acquire loop retry anyway. One
+            // count covers every kind of retry, so MOVED and ASK are followed around the client
+            // instead (see `cluster_nodes`). A client whose slot map is wrong is replaced (see
+            // `RedisBackend::error`), as is one that hangs in its recovery (see `stall`).
             .retries(0)
             .build()?
             .get_async_connection()

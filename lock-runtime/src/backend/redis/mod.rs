@@ -3,9 +3,9 @@
 //! beside it hold its parts.
 //!
 //! All three run the same scripts. In a cluster every script touches one hash slot only (the
-//! lock, its fencing counter and its sharded notification channel share the key's hash tag),
-//! MOVED/ASK and failover are the cluster client's job; renewals go straight to each master
-//! (see `cluster_nodes`), one script call per slot group.
+//! lock, its fencing counter and its sharded notification channel share the key's hash tag);
+//! failover is the cluster client's job, MOVED and ASK are followed by `cluster_nodes`, and
+//! renewals go straight to each master (see `cluster_nodes`), one script call per slot group.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -30,9 +30,9 @@ mod sentinel;
 mod stall;
 mod subscriber;
 
-use cluster_nodes::ClusterNodes;
+use cluster_nodes::{ClusterNodes, Following};
 use config::Topology;
-use connection::SharedConnection;
+use connection::{Connection, OnIo, SharedConnection};
 use renewal::{renew_chunk, Round, RENEW_CHUNK};
 use subscriber::Source;
 
@@ -107,13 +107,30 @@ impl RedisBackend {
         }
     }
 
+    /// The shared connection for one operation; in a cluster it follows MOVED and ASK.
+    async fn con(
+        &self,
+        command: &'static str,
+        key: Option<&str>,
+    ) -> Result<Following<'_, OnIo<Connection>>, LockError> {
+        let con = self.connection.get(command, key).await?;
+        Ok(Following::new(con, self.nodes.as_ref()))
+    }
+
     fn error(&self, command: &'static str, key: Option<&str>, e: redis::RedisError) -> LockError {
+        let migrating = matches!(
+            e.kind(),
+            redis::ErrorKind::Server(
+                redis::ServerErrorKind::TryAgain | redis::ServerErrorKind::Ask
+            )
+        );
         if self.is_cluster()
+            && !migrating
             && (e.is_cluster_error() || e.kind() == redis::ErrorKind::ClusterConnectionNotFound)
         {
-            // The client's slot map is wrong (a cluster still forming, a failover, a migrated
-            // slot) and it runs without retries of its own: the next operation builds a client
-            // that reads the map afresh.
+            // The client's slot map is wrong (a cluster still forming, a failover) and it runs
+            // without retries of its own: the next operation builds a client that reads the
+            // map afresh. A migration's refusals say nothing against the map.
             tracing::debug!(node = %self.node, error = %e, "replacing the cluster client");
             self.connection.reset();
         }
@@ -131,10 +148,7 @@ impl Store for RedisBackend {
     }
 
     async fn acquire(&self, attempt: &Acquire<'_>) -> Result<Attempt, LockError> {
-        let mut con = self
-            .connection
-            .get("acquire", Some(&attempt.key.key))
-            .await?;
+        let mut con = self.con("acquire", Some(&attempt.key.key)).await?;
         if !attempt.fencing && attempt.first {
             // The uncontended case is the plain protocol command: a script call costs Redis
             // measurably more than `SET` (see the benchmark), and most acquisitions find the
@@ -152,9 +166,13 @@ impl Store for RedisBackend {
                 return Ok(Attempt::Acquired { fence: None });
             }
         }
-        let reply: (i64, Value) = scripts::ACQUIRE
-            .key(&attempt.key.redis_key)
-            .key(&attempt.key.fence_key)
+        let mut call = scripts::ACQUIRE.key(&attempt.key.redis_key);
+        if attempt.fencing {
+            // Named only when used: during a slot migration Redis refuses a script whose keys
+            // are not all on one node, and a lock without fencing may have no counter at all.
+            call.key(&attempt.key.fence_key);
+        }
+        let reply: (i64, Value) = call
             .arg(attempt.token)
             .arg(ttl_ms(attempt.ttl))
             .arg(u8::from(attempt.fencing))
@@ -184,7 +202,7 @@ impl Store for RedisBackend {
     }
 
     async fn release(&self, key: &LockKey, token: &str) -> Result<bool, LockError> {
-        let mut con = self.connection.get("release", Some(&key.key)).await?;
+        let mut con = self.con("release", Some(&key.key)).await?;
         let deleted: i64 = scripts::RELEASE
             .key(&key.redis_key)
             .arg(token)
@@ -206,7 +224,7 @@ impl Store for RedisBackend {
                 return round.finish().map_err(|e| self.error("renew", None, e));
             }
         }
-        let con = self.connection.get("renew", None).await?;
+        let con = self.con("renew", None).await?;
         // Scripts touch one slot each in a cluster; a standalone server takes any batch.
         let mut groups: HashMap<&str, Vec<usize>> = HashMap::new();
         for (i, r) in batch.iter().enumerate() {
@@ -232,7 +250,7 @@ impl Store for RedisBackend {
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<LockInfo, LockError> {
-        let mut con = self.connection.get("inspect", Some(&key.key)).await?;
+        let mut con = self.con("inspect", Some(&key.key)).await?;
         let (owner, pttl, fence): (Option<String>, i64, Option<u64>) = scripts::INSPECT
             .key(&key.redis_key)
             .key(&key.fence_key)
@@ -247,7 +265,7 @@ impl Store for RedisBackend {
     }
 
     async fn force_unlock(&self, key: &LockKey) -> Result<bool, LockError> {
-        let mut con = self.connection.get("force_unlock", Some(&key.key)).await?;
+        let mut con = self.con("force_unlock", Some(&key.key)).await?;
         let deleted: i64 = scripts::FORCE_UNLOCK
             .key(&key.redis_key)
             .arg(self.publish_command())

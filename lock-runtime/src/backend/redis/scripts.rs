@@ -8,8 +8,9 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-/// `KEYS[1]` lock, `KEYS[2]` fencing counter; `ARGV[1]` token, `ARGV[2]` ttl ms, `ARGV[3]` `1` to
-/// take a fencing token. Used with fencing, and after a plain `SET NX PX` was refused.
+/// `KEYS[1]` lock, `KEYS[2]` fencing counter (needed only with fencing: without it the runtime
+/// names the lock alone); `ARGV[1]` token, `ARGV[2]` ttl ms, `ARGV[3]` `1` to take a fencing
+/// token. Used with fencing, and after a plain `SET NX PX` was refused.
 ///
 /// Returns `{1, fence}` when acquired (fence 0 without fencing), `{0, pttl}` when busy, `{2, type}`
 /// when the key holds something that is not a lock. A retry with the same token after a lost
