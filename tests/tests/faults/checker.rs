@@ -136,6 +136,8 @@ pub struct Minimums {
     pub renewals: usize,
     /// Client faults that hit the lock's holder while it held the lock.
     pub holder_hits: usize,
+    /// Commands that followed an `ASK` redirection during a slot migration.
+    pub asking: usize,
 }
 
 impl Minimums {
@@ -147,6 +149,7 @@ impl Minimums {
         hand_overs: 0,
         renewals: 0,
         holder_hits: 0,
+        asking: 0,
     };
 }
 
@@ -578,6 +581,7 @@ fn the_run_exercised_what_it_claims(
     let m = f.i.minimums;
     let renewals: usize = f.i.histories.iter().map(|h| h.renewals).sum();
     let holder_hits = f.i.faults.iter().filter(|fault| fault.held).count();
+    let asking: usize = f.i.histories.iter().map(|h| h.asking).sum();
     for (what, seen, least) in [
         ("critical sections", f.secs.len(), m.sections),
         (
@@ -588,6 +592,7 @@ fn the_run_exercised_what_it_claims(
         ("hand-overs judged by (c)", hand_overs.judged, m.hand_overs),
         ("renewals", renewals, m.renewals),
         ("faults that hit the holder", holder_hits, m.holder_hits),
+        ("commands that followed an ASK", asking, m.asking),
     ] {
         if seen < least {
             r.fail(
@@ -791,8 +796,8 @@ fn summary(f: &Facts<'_>, figures: &Figures<'_>) -> Vec<String> {
             long_kept, long_lost, long_continued
         ),
         format!(
-            "  server saw: {} client commands, {} script calls, {} renewals; the fenced store accepted {} writes (register {}) and refused {} stale operations",
-            commands, scripts, renewals, f.accepted(), i.register, i.rejected
+            "  server saw: {} client commands, {} script calls, {} renewals, {} commands that followed an ASK; the fenced store accepted {} writes (register {}) and refused {} stale operations",
+            commands, scripts, renewals, i.histories.iter().map(|h| h.asking).sum::<usize>(), f.accepted(), i.register, i.rejected
         ),
         format!(
             "  faults injected: {} {:?}; proxy dropped {} reply chunks, reset {} connections; {} hit the lock holder",

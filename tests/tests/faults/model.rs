@@ -57,6 +57,8 @@ pub struct History {
     pub scripts: usize,
     pub renewals: usize,
     pub server_losses: usize,
+    /// `ASKING`: commands redirected to a slot's new master while the slot migrated.
+    pub asking: usize,
 }
 
 impl History {
@@ -418,6 +420,9 @@ pub fn rebuild(streams: &[Vec<Event>], prefix: &str) -> History {
             }
             Unit::Command(e, body) => {
                 b.history.commands += 1;
+                if e.name() == "ASKING" {
+                    b.history.asking += 1;
+                }
                 if matches!(e.name().as_str(), "EVALSHA" | "EVAL") {
                     b.script(e, &body);
                 } else {

@@ -29,6 +29,11 @@ pub enum NodeFault {
     /// data it had (append-only file, fsync always). Where replicas take over, healing first
     /// waits for the failover and brings the old node back as a replica.
     Kill(Restart),
+    /// Redis Cluster: the key's slot starts moving to another master (`CLUSTER SETSLOT`
+    /// `IMPORTING`/`MIGRATING`) and its keys are moved at once (`MIGRATE`), so the old master
+    /// answers `ASK` for them; healing moves what is left and gives the slot to the new
+    /// master, which every node then names (`MOVED`).
+    MigrateSlot,
 }
 
 /// What a killed server comes back with.
@@ -51,6 +56,7 @@ impl NodeFault {
             Self::PauseServer => "server-sigstop",
             Self::Kill(Restart::Empty) => "server-kill-restart-empty",
             Self::Kill(Restart::FromDisk) => "server-kill-restart-from-disk",
+            Self::MigrateSlot => "slot-migration",
         }
     }
 }
@@ -110,6 +116,7 @@ impl Node {
             NodeFault::ResetConnections => self.proxy.reset_all(),
             NodeFault::PauseServer => self.server.pause(),
             NodeFault::Kill(_) => self.server.kill(),
+            NodeFault::MigrateSlot => panic!("a slot migration needs a cluster"),
         }
     }
 
@@ -122,6 +129,7 @@ impl Node {
             NodeFault::ResetConnections => {}
             NodeFault::Kill(Restart::FromDisk) => self.server.restart(),
             NodeFault::Kill(Restart::Empty) => self.server.restart_empty(),
+            NodeFault::MigrateSlot => panic!("a slot migration needs a cluster"),
         }
     }
 

@@ -4,6 +4,7 @@
 //! from its clients and its replica, not declared dead).
 //!
 //! Node 0 is the master serving the workload's key when the fault starts, node 1 its replica.
+//! Besides the faults every node suffers, the key's slot can be migrated to another master.
 
 use std::time::Duration;
 
@@ -19,6 +20,10 @@ pub struct Cluster {
     slot: i64,
     /// The node index (into `cluster.nodes`) each fault was applied to, for its heal.
     hit: Option<usize>,
+    /// The lock key and its fencing counter, which a slot migration moves.
+    keys: [String; 2],
+    /// A slot migration under way: (source, target) node indices.
+    migrating: Option<(usize, usize)>,
 }
 
 impl Cluster {
@@ -44,6 +49,8 @@ impl Cluster {
             proxies,
             slot,
             hit: None,
+            keys: [key.to_owned(), format!("fence:{{{key}}}")],
+            migrating: None,
         };
         system.wait_whole();
         system
@@ -129,6 +136,81 @@ impl Cluster {
     }
 }
 
+impl Cluster {
+    fn id(&self, node: usize) -> String {
+        redis::cmd("CLUSTER")
+            .arg("MYID")
+            .query(&mut self.cluster.nodes[node].connection())
+            .expect("CLUSTER MYID")
+    }
+
+    fn setslot(&self, node: usize, how: &str, id: &str) {
+        let () = redis::cmd("CLUSTER")
+            .arg("SETSLOT")
+            .arg(self.slot)
+            .arg(how)
+            .arg(id)
+            .query(&mut self.cluster.nodes[node].connection())
+            .unwrap_or_else(|e| panic!("CLUSTER SETSLOT {} {how}: {e}", self.slot));
+    }
+
+    /// Moves the lock key and its counter (those that exist), together, from `source` to
+    /// `target`, on direct connections.
+    fn move_keys(&self, source: usize, target: usize) {
+        let reply: String = redis::cmd("MIGRATE")
+            .arg("127.0.0.1")
+            .arg(self.cluster.nodes[target].port())
+            .arg("")
+            .arg(0)
+            .arg(5000)
+            .arg("KEYS")
+            .arg(&self.keys)
+            .query(&mut self.cluster.nodes[source].connection())
+            .expect("MIGRATE");
+        assert!(reply == "OK" || reply == "NOKEY", "MIGRATE: {reply}");
+    }
+
+    fn start_migration(&mut self, source: usize) {
+        let target = (0..self.cluster.nodes.len())
+            .find(|&i| {
+                i != source
+                    && redis::cmd("ROLE")
+                        .query::<Vec<redis::Value>>(&mut self.cluster.nodes[i].connection())
+                        .is_ok_and(|r| matches!(r.first(), Some(redis::Value::BulkString(b)) if b == b"master"))
+            })
+            .expect("another master");
+        self.setslot(target, "IMPORTING", &self.id(source));
+        self.setslot(source, "MIGRATING", &self.id(target));
+        self.move_keys(source, target);
+        self.migrating = Some((source, target));
+    }
+
+    fn finish_migration(&mut self) {
+        let (source, target) = self.migrating.take().expect("a migration under way");
+        self.move_keys(source, target);
+        let id = self.id(target);
+        // The target first, then the source, as `redis-cli --cluster reshard` does; then every
+        // other master.
+        self.setslot(target, "NODE", &id);
+        self.setslot(source, "NODE", &id);
+        for i in 0..self.cluster.nodes.len() {
+            let master = redis::cmd("ROLE")
+                .query::<Vec<redis::Value>>(&mut self.cluster.nodes[i].connection())
+                .is_ok_and(
+                    |r| matches!(r.first(), Some(redis::Value::BulkString(b)) if b == b"master"),
+                );
+            if i != source && i != target && master {
+                self.setslot(i, "NODE", &id);
+            }
+        }
+        poll(
+            "every node names the slot's new master",
+            Duration::from_secs(30),
+            || self.serving().is_some_and(|(master, _)| master == target),
+        );
+    }
+}
+
 /// Makes node `port` announce `proxy` to clients, with its cluster bus left direct.
 fn announce(port: u16, proxy: u16) {
     let mut con = quick_connection(port).expect("a started node answers");
@@ -183,6 +265,10 @@ impl LockSystem for Cluster {
     fn inject(&mut self, node: usize, fault: NodeFault) {
         let i = self.resolve(node);
         self.hit = Some(i);
+        if fault == NodeFault::MigrateSlot {
+            self.start_migration(i);
+            return;
+        }
         let (server, proxy) = (&mut self.cluster.nodes[i], &self.proxies[i]);
         match fault {
             NodeFault::Latency(d) => proxy.set_latency(d),
@@ -191,6 +277,7 @@ impl LockSystem for Cluster {
             NodeFault::ResetConnections => proxy.reset_all(),
             NodeFault::PauseServer => server.pause(),
             NodeFault::Kill(_) => server.kill(),
+            NodeFault::MigrateSlot => unreachable!("started above"),
         }
     }
 
@@ -201,6 +288,7 @@ impl LockSystem for Cluster {
                 self.proxies[i].heal();
             }
             NodeFault::ResetConnections => {}
+            NodeFault::MigrateSlot => self.finish_migration(),
             NodeFault::PauseServer => self.cluster.nodes[i].resume(),
             NodeFault::Kill(restart) => {
                 // Its replica takes over first; the node then comes back and follows it.
