@@ -2,7 +2,9 @@ use std::time::Duration;
 
 use lock_runtime::{LockError, Registry};
 use lock_tests::sentinel::{RedisSentinels, SERVICE};
-use lock_tests::{eventually, free_port, subscribers, with_timeouts, RedisServer};
+use lock_tests::{
+    eventually, free_port, spawn_hung_body_holding, subscribers, with_timeouts, RedisServer,
+};
 
 /// Short timeouts, so operations on a dead master fail quickly and are retried by the library
 /// while the sentinels promote the replica.
@@ -15,6 +17,13 @@ fn registry(deployment: &RedisSentinels) -> Registry {
 
 fn value(server: &RedisServer, key: &str) -> Option<String> {
     redis::cmd("GET")
+        .arg(key)
+        .query(&mut server.connection())
+        .unwrap()
+}
+
+fn pttl(server: &RedisServer, key: &str) -> i64 {
+    redis::cmd("PTTL")
         .arg(key)
         .query(&mut server.connection())
         .unwrap()
@@ -107,6 +116,66 @@ async fn after_a_failover_locks_are_taken_on_the_promoted_replica() {
         "held: {}, on the new master: {on_new_master:?}",
         !before.is_lost()
     );
+}
+
+/// The split brain no Redis lock avoids by itself: the old master is cut off from the sentinels
+/// and from its replica, but not from the process that holds a lock on it. The sentinels
+/// promote the replica; once the key's replicated expiry has passed there, a second client
+/// takes the lock on the new master, while the first goes on renewing on the old one, with
+/// success, and is never told: two holders at once for as long as the partition lasts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_cut_off_with_its_old_master_renews_there_unaware_while_the_promoted_replica_grants_the_lock_again(
+) {
+    let deployment = RedisSentinels::start_partitionable();
+    let ttl = Duration::from_secs(2);
+    let (first, body) = spawn_hung_body_holding(registry(&deployment).lock("split").ttl(ttl)).await;
+    // The key reached the replica before the partition, as a lock held for a while has.
+    eventually(Duration::from_secs(10), "the lock replicated", || async {
+        value(&deployment.replica, "lock:split").as_deref() == Some(first.token())
+    })
+    .await;
+    let switch = deployment.watch_switch().await;
+    deployment.partition_master();
+    assert_eq!(
+        switch.wait().await,
+        deployment.replica.port(),
+        "the replica was promoted"
+    );
+    // A client that asks the sentinels now is sent to the promoted replica, where the lock is
+    // free once the first holder's replicated expiry has passed.
+    let second = registry(&deployment)
+        .lock("split")
+        .ttl(ttl)
+        .wait(Duration::from_secs(20))
+        .acquire()
+        .await
+        .expect("the second client gets the lock on the new master");
+    assert_eq!(
+        value(&deployment.replica, "lock:split").as_deref(),
+        Some(second.token())
+    );
+    assert!(
+        !first.is_lost(),
+        "the first holder believes it still holds the lock"
+    );
+    assert_eq!(
+        value(&deployment.master, "lock:split").as_deref(),
+        Some(first.token()),
+        "and its key lives on the old master"
+    );
+    // It keeps renewing there: the key's expiry on the old master moves forward again.
+    let before = pttl(&deployment.master, "lock:split");
+    eventually(ttl * 2, "a renewal on the old master", || async {
+        pttl(&deployment.master, "lock:split") > before
+    })
+    .await;
+    assert!(
+        !first.is_lost() && !body.is_finished(),
+        "the first holder is never told while the partition lasts"
+    );
+    assert!(!second.is_lost());
+    body.abort();
+    second.release().await.unwrap();
 }
 
 #[tokio::test]
