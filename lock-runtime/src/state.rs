@@ -27,6 +27,7 @@ impl std::fmt::Debug for RegistryInner {
         f.debug_struct("Registry")
             .field("node", &self.backend.node())
             .field("prefix", &self.prefix)
+            .field("confirm_replicas", &self.backend.confirm_replicas())
             .finish_non_exhaustive()
     }
 }

@@ -1,5 +1,5 @@
-//! Lock steps tests share: a warm-up cycle, a holder whose body hangs, and the check that a
-//! lease was lost for the expected reason.
+//! Lock steps tests share: a warm-up cycle, a holder whose body hangs (with or without a handle
+//! on its lease), and the check that a lease was lost for the expected reason.
 
 /// One lock cycle, so `registry`'s connection is made and its scripts loaded before a fault is
 /// injected: the fault then hits the operation under test, not the handshake.
@@ -31,6 +31,27 @@ pub async fn spawn_hung_body(
     }));
     started.await.expect("the body started");
     task
+}
+
+/// As [`spawn_hung_body`], and also returns the body's [`CurrentLock`](lock_runtime::CurrentLock):
+/// its token, and whether its lease is lost as the body would see it.
+///
+/// # Panics
+/// When the body never starts.
+pub async fn spawn_hung_body_holding(
+    request: lock_runtime::LockRequest,
+) -> (
+    lock_runtime::CurrentLock,
+    tokio::task::JoinHandle<Result<(), lock_runtime::LockError>>,
+) {
+    let (started_tx, started) = tokio::sync::oneshot::channel();
+    let task = tokio::spawn(request.run(async move {
+        let held = lock_runtime::current().expect("a locked body has a current lock");
+        started_tx.send(held).expect("the test waits for the body");
+        std::future::pending().await
+    }));
+    let held = started.await.expect("the body started");
+    (held, task)
 }
 
 /// Fails unless `err` is `Lost` for `expected`.

@@ -13,11 +13,16 @@
 //!   never be resynchronised, so every connection that lost a reply delivers nothing more and is
 //!   reset by [`heal`](Proxy::heal), as a real connection that lost data would break.
 //! - [`reset_all`](Proxy::reset_all): every open connection is closed with a TCP RST at once.
+//! - [`partition`](Proxy::partition): a black hole for the connections from some source
+//!   addresses only, while everyone else's traffic flows. Linux routes all of `127.0.0.0/8` to
+//!   the loopback interface, so a peer that connects from its own loopback address (redis'
+//!   `bind-source-addr`, for replication and sentinel links) can be told apart from the others,
+//!   which connect from `127.0.0.1`: a network partition between some servers, in one process.
 //!
 //! The proxy runs on its own thread and Tokio runtime, so it keeps relaying whatever the test's
 //! runtime does, and works from synchronous tests as well as async ones.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -38,12 +43,21 @@ pub struct Faults {
     pub drop_replies: bool,
 }
 
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 struct Control {
     faults: Faults,
+    /// Source addresses whose connections are black-holed (see [`Proxy::partition`]).
+    partitioned: Vec<IpAddr>,
     /// Bumped by `reset_all`: every connection older than the bump is reset.
     reset_epoch: u64,
     stop: bool,
+}
+
+impl Control {
+    /// Whether traffic of a connection from `peer` is held back now.
+    fn holds(&self, peer: IpAddr) -> bool {
+        self.faults.blackhole || self.partitioned.contains(&peer)
+    }
 }
 
 /// Counters of what the proxy did, for test assertions and the suite's summary.
@@ -166,9 +180,20 @@ impl Proxy {
         self.control.send_modify(|c| c.faults.drop_replies = true);
     }
 
+    /// Black-holes, in both directions, every connection whose client connects from one of
+    /// `peers` (those open now and new ones) until [`heal`](Self::heal); connections from other
+    /// addresses flow as before. What was sent meanwhile is held, as by
+    /// [`blackhole`](Self::blackhole).
+    pub fn partition(&self, peers: &[IpAddr]) {
+        self.control.send_modify(|c| c.partitioned = peers.to_vec());
+    }
+
     /// Removes every fault: held traffic is delivered, connections that lost replies are reset.
     pub fn heal(&self) {
-        self.control.send_modify(|c| c.faults = Faults::default());
+        self.control.send_modify(|c| {
+            c.faults = Faults::default();
+            c.partitioned.clear();
+        });
     }
 
     /// Closes every open connection with a TCP reset.
@@ -208,9 +233,9 @@ async fn accept_loop(
     loop {
         tokio::select! {
             accepted = listener.accept() => {
-                let Ok((client, _)) = accepted else { continue };
+                let Ok((client, peer)) = accepted else { continue };
                 stats.accepted.fetch_add(1, Ordering::SeqCst);
-                connections.spawn(relay(client, upstream, control.clone(), stats.clone()));
+                connections.spawn(relay(client, peer.ip(), upstream, control.clone(), stats.clone()));
             }
             changed = control.changed() => {
                 if changed.is_err() || control.borrow().stop {
@@ -231,6 +256,7 @@ enum Direction {
 
 async fn relay(
     mut client: TcpStream,
+    peer: IpAddr,
     upstream: SocketAddr,
     control: watch::Receiver<Control>,
     stats: Arc<ProxyStats>,
@@ -248,8 +274,8 @@ async fn relay(
         let (client_read, client_write) = client.split();
         let (server_read, server_write) = server.split();
         tokio::select! {
-            () = pump(client_read, server_write, Direction::Request, control.clone(), &poisoned, &stats) => false,
-            () = pump(server_read, client_write, Direction::Reply, control.clone(), &poisoned, &stats) => false,
+            () = pump(client_read, server_write, Direction::Request, peer, control.clone(), &poisoned, &stats) => false,
+            () = pump(server_read, client_write, Direction::Reply, peer, control.clone(), &poisoned, &stats) => false,
             () = reset_requested(control, epoch, &poisoned) => true,
         }
     };
@@ -276,13 +302,14 @@ async fn reset_requested(mut control: watch::Receiver<Control>, epoch: u64, pois
     }
 }
 
-/// Relays one direction: a reader that timestamps chunks and a writer that delivers them when
-/// due and not black-holed. Ends when the source closed and everything was delivered, or the
-/// destination failed.
+/// Relays one direction of a connection from `peer`: a reader that timestamps chunks and a
+/// writer that delivers them when due and not held back. Ends when the source closed and
+/// everything was delivered, or the destination failed.
 async fn pump(
     mut from: tokio::net::tcp::ReadHalf<'_>,
     mut to: tokio::net::tcp::WriteHalf<'_>,
     direction: Direction,
+    peer: IpAddr,
     control: watch::Receiver<Control>,
     poisoned: &AtomicBool,
     stats: &ProxyStats,
@@ -316,11 +343,7 @@ async fn pump(
     let write = async move {
         while let Some((at, bytes)) = due.recv().await {
             tokio::time::sleep_until(at).await;
-            if writer_control
-                .wait_for(|c| !c.faults.blackhole)
-                .await
-                .is_err()
-            {
+            if writer_control.wait_for(|c| !c.holds(peer)).await.is_err() {
                 return;
             }
             if direction == Direction::Reply && poisoned.load(Ordering::SeqCst) {

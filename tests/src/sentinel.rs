@@ -1,19 +1,36 @@
 //! A Redis Sentinel deployment on loopback: a master, one replica, and three sentinels that
 //! monitor the master as `mymaster` with a quorum of two.
+//!
+//! [`RedisSentinels::start_partitionable`] puts the master behind a fault [`Proxy`] that can cut
+//! it off from the sentinels and the replica while every other client still reaches it: the
+//! replica and the sentinels connect from loopback addresses of their own
+//! ([`REPLICA_SOURCE`], [`SENTINEL_SOURCE`], through redis' `bind-source-addr`), clients from
+//! `127.0.0.1`, and the proxy black-holes connections by source address.
 
+use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 
+use crate::proxy::Proxy;
 use crate::RedisServer;
 
 /// The service name the sentinels monitor.
 pub const SERVICE: &str = "mymaster";
 
+/// Where the replica's replication link comes from in a partitionable deployment.
+pub const REPLICA_SOURCE: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
+
+/// Where every sentinel's links come from in a partitionable deployment.
+pub const SENTINEL_SOURCE: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 3));
+
 pub struct RedisSentinels {
     pub master: RedisServer,
     pub replica: RedisServer,
     pub sentinels: Vec<RedisServer>,
+    /// In front of the master, in a partitionable deployment: the address the replica follows
+    /// and the sentinels monitor, and so the one clients are given.
+    front: Option<Proxy>,
 }
 
 impl RedisSentinels {
@@ -24,18 +41,50 @@ impl RedisSentinels {
     /// When `redis-server` is missing or the deployment does not come together in 30 s.
     #[must_use]
     pub fn start() -> Self {
+        Self::start_inner(false)
+    }
+
+    /// As [`start`](Self::start), with the master reached through a proxy that
+    /// [`partition_master`](Self::partition_master) can cut for the sentinels and the replica
+    /// alone.
+    ///
+    /// Redis 7 binds replication links and sentinel links (to masters, replicas and other
+    /// sentinels) to `bind-source-addr`; the sentinels announce `127.0.0.1` to each other,
+    /// where they listen.
+    ///
+    /// # Panics
+    /// As [`start`](Self::start).
+    #[must_use]
+    pub fn start_partitionable() -> Self {
+        Self::start_inner(true)
+    }
+
+    fn start_inner(partitionable: bool) -> Self {
         let master = RedisServer::start();
-        let replica =
-            RedisServer::start_with(&["--replicaof", "127.0.0.1", &master.port().to_string()]);
+        let front = partitionable.then(|| Proxy::start(master.port()));
+        // The master's address as the replica and the sentinels know it.
+        let master_port = front.as_ref().map_or(master.port(), Proxy::port);
+        let replica_source = REPLICA_SOURCE.to_string();
+        let mut replica_args = vec!["--replicaof", "127.0.0.1"];
+        let master_port_arg = master_port.to_string();
+        replica_args.push(&master_port_arg);
+        if partitionable {
+            replica_args.extend(["--bind-source-addr", replica_source.as_str()]);
+        }
+        let replica = RedisServer::start_with(&replica_args);
         poll("the replica linked to the master", || {
             info(&replica, "replication").contains("master_link_status:up")
         });
-        let config = format!(
-            "sentinel monitor {SERVICE} 127.0.0.1 {} 2\n\
+        let mut config = format!(
+            "sentinel monitor {SERVICE} 127.0.0.1 {master_port} 2\n\
              sentinel down-after-milliseconds {SERVICE} 500\n\
-             sentinel failover-timeout {SERVICE} 5000\n",
-            master.port()
+             sentinel failover-timeout {SERVICE} 5000\n"
         );
+        if partitionable {
+            config.push_str(&format!(
+                "bind-source-addr {SENTINEL_SOURCE}\nsentinel announce-ip 127.0.0.1\n"
+            ));
+        }
         let sentinels: Vec<RedisServer> = (0..3)
             .map(|_| RedisServer::start_configured(&config, &["--sentinel"], "+monitor master"))
             .collect();
@@ -59,7 +108,22 @@ impl RedisSentinels {
             master,
             replica,
             sentinels,
+            front,
         }
+    }
+
+    /// Cuts the master off from the sentinels and the replica, in both directions, while every
+    /// other client (connecting from `127.0.0.1`) still reaches it: the sentinels see it down
+    /// and promote the replica, the replica hears nothing more from it, and a lock holder goes
+    /// on talking to it.
+    ///
+    /// # Panics
+    /// For a deployment not started with [`start_partitionable`](Self::start_partitionable).
+    pub fn partition_master(&self) {
+        self.front
+            .as_ref()
+            .expect("a deployment started with start_partitionable")
+            .partition(&[REPLICA_SOURCE, SENTINEL_SOURCE]);
     }
 
     /// The sentinels' URLs, as a registry is given them.

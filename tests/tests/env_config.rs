@@ -12,6 +12,7 @@ fn the_environment_selects_single_node_redlock_cluster_or_sentinel() {
             "LOCK_REDIS_CLUSTER",
             "LOCK_REDIS_SENTINEL",
             "LOCK_REDIS_SENTINEL_MASTER",
+            "LOCK_REDIS_CONFIRM_REPLICAS",
         ] {
             std::env::remove_var(var);
         }
@@ -28,6 +29,27 @@ fn the_environment_selects_single_node_redlock_cluster_or_sentinel() {
         "10.0.0.5:6379",
         "LOCK_REDIS_URL first"
     );
+    assert!(format!("{:?}", Registry::from_env().unwrap()).contains("confirm_replicas: 0"));
+
+    // Replica confirmation rides along with any mode that has it.
+    std::env::set_var("LOCK_REDIS_CONFIRM_REPLICAS", "2");
+    assert!(format!("{:?}", Registry::from_env().unwrap()).contains("confirm_replicas: 2"));
+    std::env::set_var("LOCK_REDIS_CONFIRM_REPLICAS", "two");
+    let err = Registry::from_env().unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("LOCK_REDIS_CONFIRM_REPLICAS is `two`"),
+        "{err}"
+    );
+    std::env::set_var("LOCK_REDIS_CONFIRM_REPLICAS", "1");
+    std::env::set_var("LOCK_REDIS_CLUSTER", "redis://10.0.1.1:7000/");
+    let err = Registry::from_env().unwrap_err();
+    assert!(
+        err.to_string().contains("LOCK_REDIS_CONFIRM_REPLICAS"),
+        "a cluster refuses it, naming the variable: {err}"
+    );
+    std::env::remove_var("LOCK_REDIS_CLUSTER");
+    std::env::remove_var("LOCK_REDIS_CONFIRM_REPLICAS");
 
     std::env::set_var(
         "LOCK_REDIS_URL",

@@ -29,10 +29,19 @@ pub(crate) enum Backend {
 }
 
 impl Backend {
-    /// One Redis server.
-    pub(crate) fn server(url: &str, tls: &Tls, timeouts: Timeouts) -> Result<Self, LockError> {
+    /// One Redis server; its writes count once `replicas` of its replicas acknowledged them.
+    pub(crate) fn server(
+        url: &str,
+        tls: &Tls,
+        timeouts: Timeouts,
+        replicas: u32,
+    ) -> Result<Self, LockError> {
         let client = tls.client(url)?;
-        Ok(Self::redis(Topology::Server(Box::new(client)), timeouts))
+        Ok(Self::redis(
+            Topology::Server(Box::new(client)),
+            timeouts,
+            replicas,
+        ))
     }
 
     /// A Redis Cluster, found through these seeds.
@@ -42,17 +51,19 @@ impl Backend {
         timeouts: Timeouts,
     ) -> Result<Self, LockError> {
         let seeds = ClusterSeeds::parse(seeds, tls)?;
-        Ok(Self::redis(Topology::Cluster(seeds), timeouts))
+        Ok(Self::redis(Topology::Cluster(seeds), timeouts, 0))
     }
 
-    /// The master these sentinels name for the service `master`.
+    /// The master these sentinels name for the service `master`; its writes count once
+    /// `replicas` of its replicas acknowledged them.
     pub(crate) fn sentinel(
         master: &str,
         sentinels: Vec<String>,
         timeouts: Timeouts,
+        replicas: u32,
     ) -> Result<Self, LockError> {
         let setup = redis::config::sentinel_setup(master, sentinels)?;
-        Ok(Self::redis(Topology::Sentinel(setup), timeouts))
+        Ok(Self::redis(Topology::Sentinel(setup), timeouts, replicas))
     }
 
     /// Redlock over these independent masters.
@@ -67,8 +78,10 @@ impl Backend {
         ))))
     }
 
-    fn redis(topology: Topology, timeouts: Timeouts) -> Self {
-        Self::Redis(Box::new(redis::RedisBackend::new(topology, timeouts)))
+    fn redis(topology: Topology, timeouts: Timeouts, replicas: u32) -> Self {
+        Self::Redis(Box::new(redis::RedisBackend::new(
+            topology, timeouts, replicas,
+        )))
     }
 
     /// Where this backend's background work runs.
@@ -76,6 +89,14 @@ impl Backend {
         match self {
             Self::Memory(_) => Home::Caller,
             Self::Redis(_) | Self::Redlock(_) => Home::Io,
+        }
+    }
+
+    /// How many replicas must acknowledge each acquisition and renewal (0: none).
+    pub(crate) fn confirm_replicas(&self) -> u32 {
+        match self {
+            Self::Redis(n) => n.confirm_replicas(),
+            Self::Redlock(_) | Self::Memory(_) => 0,
         }
     }
 

@@ -54,6 +54,7 @@ pub struct RegistryBuilder {
     prefix: Option<String>,
     connect_timeout: Option<Duration>,
     command_timeout: Option<Duration>,
+    confirm_replicas: u32,
 }
 
 #[derive(Debug, Default)]
@@ -173,6 +174,68 @@ impl RegistryBuilder {
         self
     }
 
+    /// Counts an acquisition or a renewal only once `replicas` replicas of the master
+    /// acknowledged it (Redis `WAIT`), so that a failover cannot promote a replica that lets a
+    /// lock go while its holder still believes it holds it. `0` (the default) turns it off. For
+    /// one server with replicas ([`url`](Self::url)) and Sentinel ([`sentinel`](Self::sentinel));
+    /// [`build`](Self::build) refuses it for other modes.
+    ///
+    /// **What it closes.** Replication is asynchronous. When a master is cut off from the
+    /// sentinels and its replicas but not from a lock holder, the sentinels promote a replica,
+    /// which lets the key expire and grants the lock to a second client, while the first renews
+    /// on the old master with success and never learns it (shown by
+    /// `deployments::sentinel::a_holder_cut_off_with_its_old_master_renews_there_unaware_while_the_promoted_replica_grants_the_lock_again`).
+    /// With this option such renewals are not confirmed, so the holder's lease runs out at its
+    /// deadline (with `on_lost = "cancel"` its body is dropped) before the replica's copy of the
+    /// key expires: Redis 7 replicates expiries as absolute times (`SET .. PX` as `PXAT`,
+    /// `PEXPIRE` as `PEXPIREAT`), and the deadline counts only confirmed writes. Shown by
+    /// `deployments::sentinel::a_holder_that_confirms_with_the_replica_is_lost_before_the_promoted_replica_grants_the_lock_again`.
+    ///
+    /// **What it needs.** The replica that is promoted must be one that acknowledged: ask for
+    /// every replica that may be promoted (with fewer, a replica that missed the write can still
+    /// win the election). The replicas' clocks must not run ahead of the master's by more than
+    /// the drift allowance (1 % of the ttl + 2 ms). The ACL needs `+wait`.
+    ///
+    /// **What it costs.** Each acquisition and each renewal batch waits for the replicas' round
+    /// trip, on a connection of its own (a `WAIT` blocks its connection; writes asked for while
+    /// one is pending share the next one). Locking stops while fewer than `replicas` replicas
+    /// answer, right after a failover too, until a replica has joined the new master. An
+    /// acquisition that is not acknowledged within ttl/20 is released and retried within
+    /// `wait`, then fails naming the key, the node and the count; a renewal that is not
+    /// acknowledged within ttl/6 is retried, never turned into a delete, and the lease is lost
+    /// at its deadline (both waits at most half the command timeout).
+    ///
+    /// **Or on the server: `min-replicas-to-write`.** A master configured with
+    /// `min-replicas-to-write 1` and `min-replicas-max-lag 10` refuses writes once no replica
+    /// has acknowledged for 10 s: that bounds the time a cut-off master goes on renewing, for
+    /// every client and at no cost per command, but the lag is counted in whole seconds from
+    /// replica pings, so a second holder can still get in for up to about that long. Use the
+    /// server setting to bound the window for all clients; use `confirm_replicas` when the lock
+    /// must never be held twice across a failover (fencing tokens remain the way to make a late
+    /// write harmless).
+    ///
+    /// ```
+    /// let registry = lock_runtime::Registry::builder()
+    ///     .sentinel("mymaster", ["redis://10.0.0.1:26379", "redis://10.0.0.2:26379"])
+    ///     .confirm_replicas(1)
+    ///     .build()
+    ///     .unwrap();
+    /// # let _ = registry;
+    /// // A cluster is refused: its renewals go straight to each master, unconfirmed.
+    /// let refused = lock_runtime::Registry::builder()
+    ///     .cluster(["redis://10.0.0.1:7000"])
+    ///     .confirm_replicas(1)
+    ///     .build()
+    ///     .unwrap_err();
+    /// assert!(refused.to_string().contains("confirm_replicas"));
+    /// ```
+    ///
+    /// From the environment: `LOCK_REDIS_CONFIRM_REPLICAS=1` (see [`Registry::from_env`]).
+    pub fn confirm_replicas(mut self, replicas: u32) -> Self {
+        self.confirm_replicas = replicas;
+        self
+    }
+
     /// Builds the registry. Nothing connects yet: the first lock does.
     ///
     /// # Errors
@@ -180,19 +243,41 @@ impl RegistryBuilder {
     /// URL cannot be parsed (the message never repeats the URL, which may hold a password), a
     /// node list has an empty entry, or a Redlock has fewer than 3 distinct servers;
     /// [`LockError::InvalidKey`] for a prefix that could collide with fencing counters;
-    /// [`LockError::Backend`] (command `configure`) for a zero timeout.
+    /// [`LockError::Backend`] (command `configure`) for a zero timeout, and for
+    /// [`confirm_replicas`](Self::confirm_replicas) in a mode other than one server or Sentinel.
     pub fn build(self) -> Result<Registry, LockError> {
         let prefix = self.prefix.unwrap_or_else(|| "lock:".to_owned());
         key::validate_prefix(&prefix)?;
         let timeouts = Timeouts::new(self.connect_timeout, self.command_timeout)?;
+        let replicas = self.confirm_replicas;
+        if replicas > 0 {
+            let why = match &self.mode {
+                Mode::Cluster(_) => Some(
+                    "a Redis Cluster's renewals go straight to each master and are not \
+                     confirmed yet; use `min-replicas-to-write` on its masters instead",
+                ),
+                Mode::Redlock(_) => Some(
+                    "Redlock's nodes are independent masters without failover: a node that \
+                     restarts without persistence must stay down for one max ttl instead",
+                ),
+                Mode::Memory(_) => Some("an in-memory store has no replicas"),
+                _ => None,
+            };
+            if let Some(why) = why {
+                return Err(LockError::configure(format!(
+                    "`confirm_replicas({replicas})` applies to a single server with replicas or \
+                     to Sentinel: {why}; remove the option (or LOCK_REDIS_CONFIRM_REPLICAS)"
+                )));
+            }
+        }
         let backend = match self.mode {
             Mode::Unset => return Err(LockError::NotConfigured { registry: None }),
             Mode::Memory(store) => Backend::Memory(store),
-            Mode::Server(url) => Backend::server(&url, &self.tls, timeouts)?,
+            Mode::Server(url) => Backend::server(&url, &self.tls, timeouts, replicas)?,
             Mode::Cluster(seeds) => Backend::cluster(seeds, &self.tls, timeouts)?,
             Mode::Redlock(nodes) => Backend::redlock(nodes, &self.tls, timeouts)?,
             Mode::Sentinel { master, sentinels } => {
-                Backend::sentinel(&master, sentinels, timeouts)?
+                Backend::sentinel(&master, sentinels, timeouts, replicas)?
             }
         };
         Ok(Registry {

@@ -16,6 +16,9 @@ impl Registry {
     /// An empty entry in a comma list (`redis://a:6379,`) is an error naming its position, never
     /// skipped: a stray comma must not turn one server into a Redlock.
     ///
+    /// `LOCK_REDIS_CONFIRM_REPLICAS=1` sets [`RegistryBuilder::confirm_replicas`](super::builder::RegistryBuilder::confirm_replicas)
+    /// (one server or Sentinel; unset or `0` is off).
+    ///
     /// # Errors
     /// [`LockError::NotConfigured`] when none is set; see [`RegistryBuilder::build`](super::builder::RegistryBuilder::build).
     pub fn from_env() -> Result<Self, LockError> {
@@ -25,6 +28,17 @@ impl Registry {
                 .filter(|v: &String| !v.trim().is_empty())
         };
         let list = |v: String| v.split(',').map(str::to_owned).collect::<Vec<_>>();
+        let replicas = match var("LOCK_REDIS_CONFIRM_REPLICAS") {
+            None => 0,
+            Some(n) => n.trim().parse::<u32>().map_err(|_| {
+                LockError::configure(format!(
+                    "LOCK_REDIS_CONFIRM_REPLICAS is `{}`, not a number of replicas; set it to \
+                     how many replicas must acknowledge each lock write (e.g. 1), or unset it",
+                    crate::error::shown(&n)
+                ))
+            })?,
+        };
+        let builder = Self::builder().confirm_replicas(replicas);
         if let Some(sentinels) = var("LOCK_REDIS_SENTINEL") {
             let master = var("LOCK_REDIS_SENTINEL_MASTER").ok_or_else(|| {
                 LockError::configure(
@@ -33,18 +47,18 @@ impl Registry {
                         .into(),
                 )
             })?;
-            return Self::builder().sentinel(master, list(sentinels)).build();
+            return builder.sentinel(master, list(sentinels)).build();
         }
         if let Some(seeds) = var("LOCK_REDIS_CLUSTER") {
-            return Self::builder().cluster(list(seeds)).build();
+            return builder.cluster(list(seeds)).build();
         }
         let url = var("LOCK_REDIS_URL")
             .or_else(|| var("REDIS_URL"))
             .ok_or(LockError::NotConfigured { registry: None })?;
         if url.contains(',') {
-            Self::builder().redlock(list(url)).build()
+            builder.redlock(list(url)).build()
         } else {
-            Self::from_url(&url)
+            builder.url(url).build()
         }
     }
 }

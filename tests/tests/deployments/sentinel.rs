@@ -2,7 +2,9 @@ use std::time::Duration;
 
 use lock_runtime::{LockError, Registry};
 use lock_tests::sentinel::{RedisSentinels, SERVICE};
-use lock_tests::{eventually, free_port, subscribers, with_timeouts, RedisServer};
+use lock_tests::{
+    eventually, free_port, spawn_hung_body_holding, subscribers, with_timeouts, RedisServer,
+};
 
 /// Short timeouts, so operations on a dead master fail quickly and are retried by the library
 /// while the sentinels promote the replica.
@@ -13,8 +15,25 @@ fn registry(deployment: &RedisSentinels) -> Registry {
     )
 }
 
+/// As [`registry`], counting only what `replicas` replicas acknowledged.
+fn confirming(deployment: &RedisSentinels, replicas: u32) -> Registry {
+    with_timeouts(
+        Registry::builder()
+            .sentinel(SERVICE, deployment.urls())
+            .confirm_replicas(replicas),
+        Duration::from_millis(300),
+    )
+}
+
 fn value(server: &RedisServer, key: &str) -> Option<String> {
     redis::cmd("GET")
+        .arg(key)
+        .query(&mut server.connection())
+        .unwrap()
+}
+
+fn pttl(server: &RedisServer, key: &str) -> i64 {
+    redis::cmd("PTTL")
         .arg(key)
         .query(&mut server.connection())
         .unwrap()
@@ -107,6 +126,157 @@ async fn after_a_failover_locks_are_taken_on_the_promoted_replica() {
         "held: {}, on the new master: {on_new_master:?}",
         !before.is_lost()
     );
+}
+
+/// The split brain no Redis lock avoids by itself: the old master is cut off from the sentinels
+/// and from its replica, but not from the process that holds a lock on it. The sentinels
+/// promote the replica; once the key's replicated expiry has passed there, a second client
+/// takes the lock on the new master, while the first goes on renewing on the old one, with
+/// success, and is never told: two holders at once for as long as the partition lasts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_cut_off_with_its_old_master_renews_there_unaware_while_the_promoted_replica_grants_the_lock_again(
+) {
+    let deployment = RedisSentinels::start_partitionable();
+    let ttl = Duration::from_secs(2);
+    let (first, body) = spawn_hung_body_holding(registry(&deployment).lock("split").ttl(ttl)).await;
+    // The key reached the replica before the partition, as a lock held for a while has.
+    eventually(Duration::from_secs(10), "the lock replicated", || async {
+        value(&deployment.replica, "lock:split").as_deref() == Some(first.token())
+    })
+    .await;
+    let switch = deployment.watch_switch().await;
+    deployment.partition_master();
+    assert_eq!(
+        switch.wait().await,
+        deployment.replica.port(),
+        "the replica was promoted"
+    );
+    // A client that asks the sentinels now is sent to the promoted replica, where the lock is
+    // free once the first holder's replicated expiry has passed.
+    let second = registry(&deployment)
+        .lock("split")
+        .ttl(ttl)
+        .wait(Duration::from_secs(20))
+        .acquire()
+        .await
+        .expect("the second client gets the lock on the new master");
+    assert_eq!(
+        value(&deployment.replica, "lock:split").as_deref(),
+        Some(second.token())
+    );
+    assert!(
+        !first.is_lost(),
+        "the first holder believes it still holds the lock"
+    );
+    assert_eq!(
+        value(&deployment.master, "lock:split").as_deref(),
+        Some(first.token()),
+        "and its key lives on the old master"
+    );
+    // It keeps renewing there: the key's expiry on the old master moves forward again.
+    let before = pttl(&deployment.master, "lock:split");
+    eventually(ttl * 2, "a renewal on the old master", || async {
+        pttl(&deployment.master, "lock:split") > before
+    })
+    .await;
+    assert!(
+        !first.is_lost() && !body.is_finished(),
+        "the first holder is never told while the partition lasts"
+    );
+    assert!(!second.is_lost());
+    body.abort();
+    second.release().await.unwrap();
+}
+
+/// The same partition, with the holder's registry counting only what the replica acknowledged:
+/// its renewals on the cut-off master are never confirmed, so its lease runs out before the
+/// replica's copy of the key, and its body is cancelled before the promoted replica can give
+/// the lock to anyone else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_that_confirms_with_the_replica_is_lost_before_the_promoted_replica_grants_the_lock_again(
+) {
+    let deployment = RedisSentinels::start_partitionable();
+    let ttl = Duration::from_secs(2);
+    let confirmed = confirming(&deployment, 1);
+    let (first, body) = spawn_hung_body_holding(confirmed.lock("split").ttl(ttl)).await;
+    // Acknowledged by the replica before the acquisition returned.
+    assert_eq!(
+        value(&deployment.replica, "lock:split").as_deref(),
+        Some(first.token())
+    );
+    let switch = deployment.watch_switch().await;
+    deployment.partition_master();
+    assert_eq!(
+        switch.wait().await,
+        deployment.replica.port(),
+        "the replica was promoted"
+    );
+    // A client without the option (the new master has no replica left to confirm with).
+    let second = registry(&deployment)
+        .lock("split")
+        .ttl(ttl)
+        .wait(Duration::from_secs(20))
+        .acquire()
+        .await
+        .expect("the second client gets the lock on the new master");
+    assert!(
+        first.is_lost(),
+        "the first holder's lease ran out before the second got the lock"
+    );
+    let outcome = tokio::time::timeout(Duration::from_secs(10), body)
+        .await
+        .expect("the cancelled body's task ends")
+        .unwrap();
+    lock_tests::assert_lost(&outcome.unwrap_err(), lock_runtime::LostReason::Expired);
+    second.release().await.unwrap();
+}
+
+/// Both connections of a confirming registry (the shared one and the one that waits for
+/// replicas) follow the sentinels to the promoted replica. It has no replica of its own, so
+/// nothing is confirmed there; once the old master is back and the sentinels have made it a
+/// replica of the new one, locks are taken again, acknowledged by it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_confirming_registry_follows_a_failover_and_locks_again_once_a_replica_has_joined() {
+    let mut deployment = RedisSentinels::start();
+    let reg = confirming(&deployment, 1);
+    let ttl = Duration::from_secs(2);
+    let before = reg.lock("before").ttl(ttl).acquire().await.unwrap();
+    assert_eq!(
+        value(&deployment.replica, "lock:before").as_deref(),
+        Some(before.token())
+    );
+    before.release().await.unwrap();
+    let switch = deployment.watch_switch().await;
+    deployment.master.kill();
+    assert_eq!(switch.wait().await, deployment.replica.port());
+    let err = reg
+        .lock("after")
+        .ttl(ttl)
+        .wait(Duration::from_secs(5))
+        .acquire()
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("0 of the 1 replicas asked for acknowledged it"),
+        "the new master was reached, and has no replica to confirm with: {err}"
+    );
+    assert_eq!(value(&deployment.replica, "lock:after"), None, "released");
+    // Back empty; the sentinels turn it into a replica of the new master.
+    deployment.master.restart();
+    let after = reg
+        .lock("after")
+        .ttl(ttl)
+        .wait(Duration::from_secs(60))
+        .acquire()
+        .await
+        .expect("confirmed once the old master replicates the new one");
+    assert_eq!(
+        value(&deployment.master, "lock:after").as_deref(),
+        Some(after.token()),
+        "acknowledged by the old master, now a replica"
+    );
+    after.release().await.unwrap();
 }
 
 #[tokio::test]

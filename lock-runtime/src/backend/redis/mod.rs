@@ -6,8 +6,12 @@
 //! lock, its fencing counter and its sharded notification channel share the key's hash tag);
 //! failover is the cluster client's job, MOVED and ASK are followed by `cluster_nodes`, and
 //! renewals go straight to each master (see `cluster_nodes`), one script call per slot group.
+//!
+//! With `confirm_replicas` (a server or Sentinel), acquisitions and renewals go through
+//! `confirm` instead: each counts only once `WAIT` says enough replicas hold it.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::join_all;
@@ -21,6 +25,7 @@ use crate::LockError;
 
 mod cluster_nodes;
 pub(crate) mod config;
+mod confirm;
 mod connection;
 mod errors;
 mod manager;
@@ -32,6 +37,7 @@ mod subscriber;
 
 use cluster_nodes::{ClusterNodes, Following};
 use config::Topology;
+use confirm::{evalsha, Confirmed, Confirmer, Route};
 use connection::{Connection, OnIo, SharedConnection};
 use renewal::{renew_chunk, Round, RENEW_CHUNK};
 use subscriber::Source;
@@ -39,17 +45,38 @@ use subscriber::Source;
 pub(crate) struct RedisBackend {
     topology: Topology,
     node: String,
-    connection: SharedConnection,
+    connection: Arc<SharedConnection>,
     /// In a cluster: renewals straight to each master.
     nodes: Option<ClusterNodes>,
+    /// With `confirm_replicas`: acquisitions and renewals, acknowledged by replicas.
+    confirm: Option<Confirmer>,
     hub: WaitHub,
 }
 
 impl RedisBackend {
-    /// A backend for `topology` whose waiters are fed by its own subscriber.
-    pub(crate) fn new(topology: Topology, timeouts: Timeouts) -> Self {
+    /// A backend for `topology` whose waiters are fed by its own subscriber; with `replicas`
+    /// above zero (a server or Sentinel), its writes count once that many replicas acknowledged
+    /// them.
+    pub(crate) fn new(topology: Topology, timeouts: Timeouts, replicas: u32) -> Self {
         let hub = subscriber::hub(Self::source(&topology).into_iter().collect(), timeouts);
-        Self::with_hub(topology, timeouts, hub)
+        let mut backend = Self::with_hub(topology, timeouts, hub);
+        if replicas > 0 {
+            let route = match &backend.topology {
+                Topology::Sentinel(_) => Route::Sentinel(backend.connection.clone()),
+                other => Route::Server(SharedConnection::new(
+                    other.clone(),
+                    backend.node.clone(),
+                    timeouts,
+                )),
+            };
+            backend.confirm = Some(Confirmer::new(
+                replicas,
+                route,
+                backend.node.clone(),
+                timeouts,
+            ));
+        }
+        backend
     }
 
     /// A Redlock node: its waiters are the Redlock's, fed by every node (see [`Self::source`]).
@@ -68,10 +95,15 @@ impl RedisBackend {
             _ => None,
         };
         Self {
-            connection: SharedConnection::new(topology.clone(), node.clone(), timeouts),
+            connection: Arc::new(SharedConnection::new(
+                topology.clone(),
+                node.clone(),
+                timeouts,
+            )),
             topology,
             node,
             nodes,
+            confirm: None,
             hub,
         }
     }
@@ -92,6 +124,11 @@ impl RedisBackend {
             Topology::Cluster(seeds) => Some(Source::Cluster(seeds.clone())),
             Topology::Sentinel(setup) => Some(Source::Sentinel(setup.clone())),
         }
+    }
+
+    /// How many replicas must acknowledge each acquisition and renewal (0: none).
+    pub(crate) fn confirm_replicas(&self) -> u32 {
+        self.confirm.as_ref().map_or(0, Confirmer::replicas)
     }
 
     pub(crate) fn is_cluster(&self) -> bool {
@@ -115,6 +152,150 @@ impl RedisBackend {
     ) -> Result<Following<'_, OnIo<Connection>>, LockError> {
         let con = self.connection.get(command, key).await?;
         Ok(Following::new(con, self.nodes.as_ref()))
+    }
+
+    /// An acquisition on the confirming connection: the acquire script, then `WAIT`. A lock
+    /// taken but not acknowledged by enough replicas is released (before the caller may retry
+    /// with the same token) and the attempt fails, so the acquire loop retries within `wait`.
+    async fn acquire_confirmed(
+        &self,
+        confirm: &Confirmer,
+        attempt: &Acquire<'_>,
+    ) -> Result<Attempt, LockError> {
+        let mut cmd = evalsha(&scripts::ACQUIRE, 2);
+        cmd.arg(&attempt.key.redis_key)
+            .arg(&attempt.key.fence_key)
+            .arg(attempt.token)
+            .arg(ttl_ms(attempt.ttl))
+            .arg(u8::from(attempt.fencing));
+        // Small against the ttl: the lease's deadline runs from before the acquisition was sent.
+        let wait = attempt.ttl / 20;
+        let confirmed = confirm
+            .send(cmd, wait, "acquire", Some(&attempt.key.key))
+            .await?;
+        let reply = confirmed
+            .reply
+            .clone()
+            .extract_error()
+            .and_then(|v| Ok(redis::from_redis_value::<(i64, Value)>(v)?))
+            .map_err(|e| self.error("acquire", Some(&attempt.key.key), e))?;
+        let outcome = self.attempt(attempt, reply)?;
+        if matches!(outcome, Attempt::Acquired { .. }) && !confirmed.by(confirm.replicas()) {
+            return Err(self
+                .unconfirmed_acquisition(confirm, attempt, &confirmed)
+                .await);
+        }
+        Ok(outcome)
+    }
+
+    /// Releases a lock that enough replicas did not acknowledge, and says so.
+    async fn unconfirmed_acquisition(
+        &self,
+        confirm: &Confirmer,
+        attempt: &Acquire<'_>,
+        confirmed: &Confirmed,
+    ) -> LockError {
+        let released = match self.release(attempt.key, attempt.token).await {
+            Ok(_) => "it was released".to_owned(),
+            Err(e) => format!("releasing it failed too ({e}), so it expires within its ttl"),
+        };
+        LockError::Backend {
+            node: self.node.clone(),
+            command: "acquire",
+            key: Some(attempt.key.key.clone()),
+            message: format!(
+                "took the lock, but {} (`confirm_replicas`), and a failover could hand an \
+                 unacknowledged lock to a second holder: {released}. Check that the master has \
+                 at least {} connected replica(s) in sync (`INFO replication`), or lower \
+                 `confirm_replicas`",
+                confirmed.describe(confirm.replicas()),
+                confirm.replicas()
+            ),
+            source: None,
+        }
+    }
+
+    /// A renewal round on the confirming connection: one script call per chunk, each followed
+    /// by `WAIT`. A lock renewed but not acknowledged by enough replicas is neither renewed nor
+    /// lost (`None`): the keeper retries, and the lease runs out at its deadline if no renewal
+    /// is ever confirmed. Nothing is deleted.
+    async fn renew_confirmed(
+        &self,
+        confirm: &Confirmer,
+        batch: &[Renewal<'_>],
+        budget: Duration,
+    ) -> Result<Vec<Option<Renewed>>, LockError> {
+        let chunks: Vec<Vec<usize>> = (0..batch.len())
+            .collect::<Vec<_>>()
+            .chunks(RENEW_CHUNK)
+            .map(<[usize]>::to_vec)
+            .collect();
+        let calls = chunks.iter().map(|chunk| async move {
+            let mut cmd = evalsha(&scripts::RENEW, chunk.len());
+            for &i in chunk {
+                cmd.arg(batch[i].redis_key);
+            }
+            for &i in chunk {
+                cmd.arg(batch[i].token).arg(batch[i].ttl_ms);
+            }
+            let sent = tokio::time::timeout(budget, confirm.send(cmd, budget / 2, "renew", None));
+            (chunk, sent.await)
+        });
+        let mut round = Round::new(batch.len());
+        for (chunk, sent) in join_all(calls).await {
+            let confirmed = match sent {
+                Ok(Ok(confirmed)) => confirmed,
+                Ok(Err(e)) => {
+                    round.fail(redis_error(&e));
+                    continue;
+                }
+                Err(_) => {
+                    round.fail(errors::timed_out(budget));
+                    continue;
+                }
+            };
+            let flags = confirmed
+                .reply
+                .clone()
+                .extract_error()
+                .and_then(|v| Ok(redis::from_redis_value::<Vec<i64>>(v)?));
+            if confirmed.by(confirm.replicas()) {
+                round.record(chunk, flags);
+            } else {
+                let why = format!(
+                    "renewed on {}, but {} (`confirm_replicas`), so not counted: the leases run \
+                     out at their deadlines unless a renewal is acknowledged before",
+                    self.node,
+                    confirmed.describe(confirm.replicas()),
+                );
+                round.record_unconfirmed(chunk, flags, why);
+            }
+        }
+        round.finish().map_err(|e| self.error("renew", None, e))
+    }
+
+    /// The acquire script's reply, read.
+    fn attempt(&self, attempt: &Acquire<'_>, reply: (i64, Value)) -> Result<Attempt, LockError> {
+        match reply {
+            (1, Value::Int(fence)) => Ok(Attempt::Acquired {
+                fence: attempt.fencing.then_some(u64::try_from(fence).unwrap_or(0)),
+            }),
+            (0, Value::Int(pttl)) => Ok(Attempt::Busy {
+                retry_after: u64::try_from(pttl).ok().map(Duration::from_millis),
+            }),
+            (_, other) => {
+                let kind = redis::from_redis_value::<String>(other).unwrap_or_default();
+                Err(LockError::InvalidKey {
+                    key: attempt.key.key.clone(),
+                    reason: format!(
+                        "Redis key `{}` on {} holds a {kind}, not a lock; it was left untouched. \
+                         Pick a registry prefix or key that no application data uses",
+                        crate::error::shown(&attempt.key.redis_key),
+                        self.node
+                    ),
+                })
+            }
+        }
     }
 
     fn error(&self, command: &'static str, key: Option<&str>, e: redis::RedisError) -> LockError {
@@ -148,6 +329,9 @@ impl Store for RedisBackend {
     }
 
     async fn acquire(&self, attempt: &Acquire<'_>) -> Result<Attempt, LockError> {
+        if let Some(confirm) = &self.confirm {
+            return self.acquire_confirmed(confirm, attempt).await;
+        }
         let mut con = self.con("acquire", Some(&attempt.key.key)).await?;
         if !attempt.fencing && attempt.first {
             // The uncontended case is the plain protocol command: a script call costs Redis
@@ -179,26 +363,7 @@ impl Store for RedisBackend {
             .invoke_async(&mut con)
             .await
             .map_err(|e| self.error("acquire", Some(&attempt.key.key), e))?;
-        match reply {
-            (1, Value::Int(fence)) => Ok(Attempt::Acquired {
-                fence: attempt.fencing.then_some(u64::try_from(fence).unwrap_or(0)),
-            }),
-            (0, Value::Int(pttl)) => Ok(Attempt::Busy {
-                retry_after: u64::try_from(pttl).ok().map(Duration::from_millis),
-            }),
-            (_, other) => {
-                let kind = redis::from_redis_value::<String>(other).unwrap_or_default();
-                Err(LockError::InvalidKey {
-                    key: attempt.key.key.clone(),
-                    reason: format!(
-                        "Redis key `{}` on {} holds a {kind}, not a lock; it was left untouched. \
-                         Pick a registry prefix or key that no application data uses",
-                        crate::error::shown(&attempt.key.redis_key),
-                        self.node
-                    ),
-                })
-            }
-        }
+        self.attempt(attempt, reply)
     }
 
     async fn release(&self, key: &LockKey, token: &str) -> Result<bool, LockError> {
@@ -219,6 +384,9 @@ impl Store for RedisBackend {
         batch: &[Renewal<'_>],
         budget: Duration,
     ) -> Result<Vec<Option<Renewed>>, LockError> {
+        if let Some(confirm) = &self.confirm {
+            return self.renew_confirmed(confirm, batch, budget).await;
+        }
         if let Some(nodes) = &self.nodes {
             if let Some(round) = nodes.renew(batch, budget).await {
                 return round.finish().map_err(|e| self.error("renew", None, e));
@@ -273,5 +441,21 @@ impl Store for RedisBackend {
             .await
             .map_err(|e| self.error("force_unlock", Some(&key.key), e))?;
         Ok(deleted == 1)
+    }
+}
+
+/// A failure already told as a [`LockError`], back as the client's error for a renewal round.
+fn redis_error(e: &LockError) -> redis::RedisError {
+    match e {
+        LockError::Backend {
+            source: Some(source),
+            ..
+        } => (**source).clone(),
+        other => (
+            redis::ErrorKind::Client,
+            "confirmed renewal",
+            other.to_string(),
+        )
+            .into(),
     }
 }

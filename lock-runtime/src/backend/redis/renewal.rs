@@ -54,6 +54,28 @@ impl Round {
         }
     }
 
+    /// A chunk that Redis renewed but too few replicas acknowledged (`why`): locks found gone
+    /// or taken are recorded so, renewed ones stay unknown (retried, never lost on this alone).
+    pub(crate) fn record_unconfirmed(
+        &mut self,
+        chunk: &[usize],
+        flags: redis::RedisResult<Vec<i64>>,
+        why: String,
+    ) {
+        match flags {
+            Ok(flags) => {
+                for (&i, flag) in chunk.iter().zip(flags) {
+                    let found = renewed(flag);
+                    if found != Renewed::Yes {
+                        self.renewed[i] = Some(found);
+                    }
+                }
+                self.fail((redis::ErrorKind::Client, "not confirmed", why).into());
+            }
+            Err(e) => self.fail(e),
+        }
+    }
+
     pub(crate) fn fail(&mut self, error: redis::RedisError) {
         self.last_error = Some(error);
     }

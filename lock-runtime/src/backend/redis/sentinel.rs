@@ -12,7 +12,11 @@
 //! not have reached the replica that replaces it. The lease keeper then finds the key gone at
 //! its next renewal and reports the lease lost (`Gone`, or `Stolen` if another holder took it
 //! first). No Redis lock avoids that window on a failover; fencing tokens make it harmless to
-//! storage.
+//! storage, and `confirm_replicas` (see `confirm`) closes it.
+//!
+//! Writes confirmed with `WAIT` go on a second connection (a `WAIT` blocks the connection it is
+//! sent on), the confirming lane of the same [`SentinelConnection`]: both lanes always talk to
+//! the master the sentinels named last, and a failure on either moves both.
 
 use redis::aio::ConnectionManager;
 use redis::sentinel::{SentinelClientBuilder, SentinelServerType};
@@ -80,14 +84,32 @@ impl SentinelSetup {
 #[derive(Clone)]
 pub(crate) struct SentinelConnection {
     shared: Arc<Shared>,
+    lane: Lane,
+}
+
+/// Which of the two connections to the current master a handle sends on.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Lane {
+    /// The shared connection, for every operation.
+    Shared,
+    /// The connection of confirmed writes, which `WAIT` blocks (made on first use).
+    Confirming,
 }
 
 struct Shared {
     setup: Arc<SentinelSetup>,
     timeouts: Timeouts,
-    current: Mutex<(ConnectionManager, ConnectionAddr)>,
+    current: Mutex<Master>,
     /// One rediscovery at a time; failures during it do not start more.
     rediscovering: AtomicBool,
+}
+
+/// The master the sentinels named last, and the connections to it.
+struct Master {
+    client: redis::Client,
+    addr: ConnectionAddr,
+    shared: ConnectionManager,
+    confirming: Option<ConnectionManager>,
 }
 
 impl SentinelConnection {
@@ -97,36 +119,50 @@ impl SentinelConnection {
     ) -> redis::RedisResult<Self> {
         let client = setup.master().await?;
         let addr = client.get_connection_info().addr().clone();
-        let manager = manager(client, timeouts).await?;
+        let shared = manager(client.clone(), timeouts).await?;
         Ok(Self {
             shared: Arc::new(Shared {
                 setup,
                 timeouts,
-                current: Mutex::new((manager, addr)),
+                current: Mutex::new(Master {
+                    client,
+                    addr,
+                    shared,
+                    confirming: None,
+                }),
                 rediscovering: AtomicBool::new(false),
             }),
+            lane: Lane::Shared,
         })
     }
 
-    fn current(&self) -> ConnectionManager {
-        self.shared
-            .current
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .0
-            .clone()
+    /// A handle on the confirming lane: a connection of its own to the same master, which
+    /// follows every move of this one.
+    pub(crate) fn confirming(&self) -> Self {
+        Self {
+            shared: self.shared.clone(),
+            lane: Lane::Confirming,
+        }
     }
 
-    /// `reply`, whose failure may start a rediscovery.
-    fn checked<'a, T: Send + 'a>(
-        &'a self,
-        reply: impl std::future::Future<Output = redis::RedisResult<T>> + Send + 'a,
-    ) -> RedisFuture<'a, T> {
-        Box::pin(async move {
-            let result = reply.await;
-            self.check(&result);
-            result
-        })
+    /// This lane's connection to the current master, made first if the lane has none yet.
+    async fn current(&self) -> redis::RedisResult<ConnectionManager> {
+        let client = {
+            let master = self.shared.master();
+            match (self.lane, &master.confirming) {
+                (Lane::Shared, _) => return Ok(master.shared.clone()),
+                (Lane::Confirming, Some(con)) => return Ok(con.clone()),
+                (Lane::Confirming, None) => master.client.clone(),
+            }
+        };
+        let addr = client.get_connection_info().addr().clone();
+        let con = manager(client, self.shared.timeouts).await?;
+        let mut master = self.shared.master();
+        // Unless the master moved meanwhile (then the new one's lane is made next time).
+        if master.addr == addr && master.confirming.is_none() {
+            master.confirming = Some(con.clone());
+        }
+        Ok(con)
     }
 
     /// A failure that says the master may have moved starts a rediscovery.
@@ -135,7 +171,29 @@ impl SentinelConnection {
         let moved = unanswered(e)
             || e.is_connection_refusal()
             || e.kind() == ErrorKind::Server(redis::ServerErrorKind::ReadOnly);
-        if moved && !self.shared.rediscovering.swap(true, Ordering::AcqRel) {
+        if moved {
+            self.rediscover();
+        }
+    }
+
+    /// A pipeline's replies come back one by one: a write in it refused with `READONLY` says
+    /// the master was demoted.
+    fn check_replies(&self, result: &redis::RedisResult<Vec<Value>>) {
+        let demoted = result.as_ref().is_ok_and(|replies| {
+            replies.iter().any(|r| {
+                matches!(r, Value::ServerError(e) if e.kind() == Some(redis::ServerErrorKind::ReadOnly))
+            })
+        });
+        if demoted {
+            self.rediscover();
+        } else {
+            self.check(result);
+        }
+    }
+
+    /// Asks the sentinels again in the background, unless that is under way.
+    fn rediscover(&self) {
+        if !self.shared.rediscovering.swap(true, Ordering::AcqRel) {
             let shared = self.shared.clone();
             tokio::spawn(async move {
                 shared.rediscover().await;
@@ -146,6 +204,10 @@ impl SentinelConnection {
 }
 
 impl Shared {
+    fn master(&self) -> std::sync::MutexGuard<'_, Master> {
+        self.current.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// Asks the sentinels again and moves to the master they name, if it is another server.
     async fn rediscover(&self) {
         let bound = self.timeouts.connect * 2;
@@ -161,20 +223,21 @@ impl Shared {
             }
         };
         let addr = client.get_connection_info().addr().clone();
-        let old = self
-            .current
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .1
-            .clone();
+        let old = self.master().addr.clone();
         if addr == old {
-            // Same master: its connection manager reconnects on its own.
+            // Same master: its connection managers reconnect on their own.
             return;
         }
-        match tokio::time::timeout(bound, manager(client, self.timeouts)).await {
+        match tokio::time::timeout(bound, manager(client.clone(), self.timeouts)).await {
             Ok(Ok(manager)) => {
                 tracing::warn!(node = %self.setup.node_name(), from = %old, to = %addr, "the master moved");
-                *self.current.lock().unwrap_or_else(PoisonError::into_inner) = (manager, addr);
+                // The confirming lane is made anew on its next use, to the new master.
+                *self.master() = Master {
+                    client,
+                    addr,
+                    shared: manager,
+                    confirming: None,
+                };
             }
             Ok(Err(error)) => {
                 tracing::warn!(node = %self.setup.node_name(), master = %addr, %error, "could not connect to the new master");
@@ -188,8 +251,11 @@ impl Shared {
 
 impl redis::aio::ConnectionLike for SentinelConnection {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        let mut con = self.current();
-        self.checked(async move { con.req_packed_command(cmd).await })
+        Box::pin(async move {
+            let result = async { self.current().await?.req_packed_command(cmd).await }.await;
+            self.check(&result);
+            result
+        })
     }
 
     fn req_packed_commands<'a>(
@@ -198,8 +264,17 @@ impl redis::aio::ConnectionLike for SentinelConnection {
         offset: usize,
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
-        let mut con = self.current();
-        self.checked(async move { con.req_packed_commands(pipeline, offset, count).await })
+        Box::pin(async move {
+            let result = async {
+                self.current()
+                    .await?
+                    .req_packed_commands(pipeline, offset, count)
+                    .await
+            }
+            .await;
+            self.check_replies(&result);
+            result
+        })
     }
 
     fn get_db(&self) -> i64 {

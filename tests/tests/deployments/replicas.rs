@@ -1,0 +1,157 @@
+//! `confirm_replicas`: acquisitions and renewals count only once replicas acknowledged them
+//! (Redis `WAIT`), on one server with a replica. The Sentinel cases, a partition and a failover,
+//! are in `sentinel.rs`.
+
+use std::time::Duration;
+
+use lock_runtime::{LockError, LostReason, Registry};
+use lock_tests::{assert_lost, command_calls, with_timeouts, RedisServer};
+
+fn master_and_replica() -> (RedisServer, RedisServer) {
+    let master = RedisServer::start();
+    let replica =
+        RedisServer::start_with(&["--replicaof", "127.0.0.1", &master.port().to_string()]);
+    let mut con = replica.connection();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    // The link has no event to await: poll it.
+    while !redis::cmd("INFO")
+        .arg("replication")
+        .query::<String>(&mut con)
+        .unwrap()
+        .contains("master_link_status:up")
+    {
+        assert!(std::time::Instant::now() < deadline, "the replica linked");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    (master, replica)
+}
+
+fn confirming(master: &RedisServer, replicas: u32) -> Registry {
+    with_timeouts(
+        Registry::builder()
+            .url(master.url())
+            .confirm_replicas(replicas),
+        Duration::from_millis(500),
+    )
+}
+
+fn value(server: &RedisServer, key: &str) -> Option<String> {
+    redis::cmd("GET")
+        .arg(key)
+        .query(&mut server.connection())
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquisition_returns_once_the_replica_holds_the_lock_and_fails_clearly_while_it_cannot()
+{
+    let (master, replica) = master_and_replica();
+    let registry = confirming(&master, 1);
+    let guard = registry
+        .lock("job:1")
+        .ttl(Duration::from_secs(2))
+        .acquire()
+        .await
+        .unwrap();
+    // No polling: WAIT answered before the acquisition returned.
+    assert_eq!(
+        value(&replica, "lock:job:1").as_deref(),
+        Some(guard.token())
+    );
+    assert!(command_calls(&mut master.connection())["wait"] >= 1);
+    guard.release().await.unwrap();
+
+    // A replica that does not answer confirms nothing: each attempt within `wait` takes the
+    // lock, is not acknowledged, gives it back; the caller is told why and what to do.
+    replica.pause();
+    let err = registry
+        .lock("job:2")
+        .ttl(Duration::from_secs(2))
+        .wait(Duration::from_millis(400))
+        .acquire()
+        .await
+        .unwrap_err();
+    replica.resume();
+    let message = err.to_string();
+    for part in [
+        "job:2",
+        &format!("127.0.0.1:{}", master.port()),
+        "0 of the 1 replicas asked for acknowledged it",
+        "it was released",
+        "INFO replication",
+        "confirm_replicas",
+    ] {
+        assert!(message.contains(part), "{part:?} missing from: {message}");
+    }
+    assert!(matches!(err, LockError::Backend { .. }));
+    assert_eq!(value(&master, "lock:job:2"), None, "nothing left behind");
+    assert!(registry.held().is_empty());
+
+    // Asking for more replicas than the master has is the same failure, named by its count.
+    let err = confirming(&master, 2)
+        .lock("job:3")
+        .ttl(Duration::from_secs(2))
+        .acquire()
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("1 of the 2 replicas asked for acknowledged it"),
+        "{err}"
+    );
+    assert_eq!(value(&master, "lock:job:3"), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewals_the_replica_does_not_acknowledge_lose_the_lease_at_its_deadline_and_delete_nothing(
+) {
+    let (master, replica) = master_and_replica();
+    let registry = confirming(&master, 1);
+    let guard = registry
+        .lock("job")
+        .ttl(Duration::from_secs(1))
+        .acquire()
+        .await
+        .unwrap();
+    replica.pause();
+    let lost = tokio::time::timeout(Duration::from_secs(10), guard.lost())
+        .await
+        .expect("the lease is lost once no renewal is confirmed");
+    assert_lost(&lost, LostReason::Expired);
+    // The master renewed every time (unconfirmed renewals are retried, never turned into a
+    // delete): the key is still ours there, with an expiry.
+    assert_eq!(value(&master, "lock:job").as_deref(), Some(guard.token()));
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg("lock:job")
+        .query(&mut master.connection())
+        .unwrap();
+    assert!(pttl > 0, "{pttl}");
+    replica.resume();
+    drop(guard);
+}
+
+#[test]
+fn confirm_replicas_is_refused_where_it_cannot_hold_with_the_reason() {
+    let refused = |builder: lock_runtime::RegistryBuilder| {
+        builder.confirm_replicas(1).build().unwrap_err().to_string()
+    };
+    let cluster = refused(Registry::builder().cluster(["redis://127.0.0.1:7000"]));
+    assert!(cluster.contains("min-replicas-to-write"), "{cluster}");
+    let redlock = refused(Registry::builder().redlock([
+        "redis://127.0.0.1:7001",
+        "redis://127.0.0.1:7002",
+        "redis://127.0.0.1:7003",
+    ]));
+    assert!(redlock.contains("independent masters"), "{redlock}");
+    let memory = refused(Registry::builder().memory(lock_runtime::MemoryStore::new()));
+    assert!(memory.contains("no replicas"), "{memory}");
+    for message in [cluster, redlock, memory] {
+        assert!(message.contains("confirm_replicas(1)"), "{message}");
+    }
+    // Zero is off, everywhere.
+    Registry::builder()
+        .cluster(["redis://127.0.0.1:7000"])
+        .confirm_replicas(0)
+        .build()
+        .unwrap();
+}
