@@ -4,7 +4,9 @@
 //! answer with `ROLE`), connects to it, and runs the same commands and scripts as on a single
 //! server. When the master stops answering, or answers `READONLY` because it was demoted to a
 //! replica, the connection asks the sentinels again in the background and moves to the new
-//! master once they have promoted one. Meanwhile operations fail and are retried by their
+//! master once they have promoted one. That includes an old master back on its address as a
+//! replica, which the connection may have reached again on its own: every `READONLY` asks again,
+//! until the sentinels name another server. Meanwhile operations fail and are retried by their
 //! callers (the acquire loop within `wait`, the keeper before each lease's deadline), exactly as
 //! during a single server's outage.
 //!
@@ -16,7 +18,9 @@
 
 use redis::aio::ConnectionManager;
 use redis::sentinel::{SentinelClientBuilder, SentinelServerType};
-use redis::{Cmd, ConnectionAddr, ConnectionInfo, ErrorKind, Pipeline, RedisFuture, Value};
+use redis::{
+    Cmd, ConnectionAddr, ConnectionInfo, ErrorKind, Pipeline, RedisFuture, ServerErrorKind, Value,
+};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -117,24 +121,35 @@ impl SentinelConnection {
             .clone()
     }
 
-    /// `reply`, whose failure may start a rediscovery.
+    /// `reply`, whose failure may start a rediscovery; `answers` are its server replies.
     fn checked<'a, T: Send + 'a>(
         &'a self,
         reply: impl std::future::Future<Output = redis::RedisResult<T>> + Send + 'a,
+        answers: fn(&T) -> &[Value],
     ) -> RedisFuture<'a, T> {
         Box::pin(async move {
             let result = reply.await;
-            self.check(&result);
+            self.check(result.as_ref().map(answers));
             result
         })
     }
 
-    /// A failure that says the master may have moved starts a rediscovery.
-    fn check<T>(&self, result: &redis::RedisResult<T>) {
-        let Err(e) = result else { return };
-        let moved = unanswered(e)
-            || e.is_connection_refusal()
-            || e.kind() == ErrorKind::Server(redis::ServerErrorKind::ReadOnly);
+    /// A failure that says the master may have moved starts a rediscovery: no answer, a refused
+    /// connection, or `READONLY`. redis-rs returns a server's error reply as an answer
+    /// (`Value::ServerError`) and makes it an error only when the caller reads the reply, so a
+    /// `READONLY` is looked for among the answers.
+    fn check(&self, result: Result<&[Value], &redis::RedisError>) {
+        let read_only = |kind| kind == Some(ServerErrorKind::ReadOnly);
+        let moved = match result {
+            Ok(answers) => answers
+                .iter()
+                .any(|a| matches!(a, Value::ServerError(e) if read_only(e.kind()))),
+            Err(e) => {
+                unanswered(e)
+                    || e.is_connection_refusal()
+                    || e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly)
+            }
+        };
         if moved && !self.shared.rediscovering.swap(true, Ordering::AcqRel) {
             let shared = self.shared.clone();
             tokio::spawn(async move {
@@ -189,7 +204,10 @@ impl Shared {
 impl redis::aio::ConnectionLike for SentinelConnection {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         let mut con = self.current();
-        self.checked(async move { con.req_packed_command(cmd).await })
+        self.checked(
+            async move { con.req_packed_command(cmd).await },
+            std::slice::from_ref,
+        )
     }
 
     fn req_packed_commands<'a>(
@@ -199,7 +217,10 @@ impl redis::aio::ConnectionLike for SentinelConnection {
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
         let mut con = self.current();
-        self.checked(async move { con.req_packed_commands(pipeline, offset, count).await })
+        self.checked(
+            async move { con.req_packed_commands(pipeline, offset, count).await },
+            Vec::as_slice,
+        )
     }
 
     fn get_db(&self) -> i64 {
