@@ -1,3 +1,5 @@
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use lock_runtime::{LockError, Registry};
@@ -277,6 +279,118 @@ async fn a_confirming_registry_follows_a_failover_and_locks_again_once_a_replica
         "acknowledged by the old master, now a replica"
     );
     after.release().await.unwrap();
+}
+
+/// Makes the old master, back on its address, a replica of the promoted one: what the sentinels
+/// do once they see it again, done at once so the test need not wait for them.
+fn demote_old_master(deployment: &RedisSentinels) {
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(deployment.replica.port())
+        .query(&mut deployment.master.connection())
+        .unwrap();
+}
+
+/// Starts a failover with `fault` on the master, and waits until the replica is promoted.
+async fn fail_over(deployment: &mut RedisSentinels, fault: impl FnOnce(&mut RedisServer)) {
+    let switch = deployment.watch_switch().await;
+    fault(&mut deployment.master);
+    assert_eq!(
+        switch.wait().await,
+        deployment.replica.port(),
+        "the replica was promoted"
+    );
+}
+
+/// A lock taken now lands on the promoted replica, not on the old master that is back on its
+/// address as a replica (and answers writes with `READONLY`).
+async fn locks_on_the_new_master(reg: &Registry, deployment: &RedisSentinels) {
+    let after = reg
+        .lock("after")
+        .wait(Duration::from_secs(5))
+        .acquire()
+        .await
+        .expect("acquired on the new master");
+    assert_eq!(
+        value(&deployment.replica, "lock:after").as_deref(),
+        Some(after.token())
+    );
+    after.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_the_old_master_returns_as_a_replica_locks_are_taken_on_the_new_master() {
+    let mut deployment = RedisSentinels::start();
+    let reg = registry(&deployment);
+    reg.lock("before")
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    // The registry is idle from the kill until the old master is back, empty, as a replica.
+    fail_over(&mut deployment, RedisServer::kill).await;
+    deployment.master.restart();
+    demote_old_master(&deployment);
+    locks_on_the_new_master(&reg, &deployment).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attempts_through_the_failover_do_not_leave_the_registry_on_the_returned_old_master() {
+    let mut deployment = RedisSentinels::start();
+    let reg = registry(&deployment);
+    // Workers lock one key in a loop, as the fault workload does: their attempts meet the dead
+    // master before the sentinels switch, and keep the connection reconnecting to its address
+    // until the old master is back there.
+    let stop = Arc::new(AtomicBool::new(false));
+    let (locked, mut first_lock) = tokio::sync::mpsc::unbounded_channel();
+    let workers: Vec<_> = (0..3)
+        .map(|_| {
+            let (reg, stop, locked) = (reg.clone(), stop.clone(), locked.clone());
+            tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    let attempt = reg.lock("register").wait(Duration::from_millis(200));
+                    if let Ok(guard) = attempt.acquire().await {
+                        let _ = guard.release().await;
+                        let _ = locked.send(());
+                    }
+                }
+            })
+        })
+        .collect();
+    // The registry is connected to the master before it dies.
+    first_lock
+        .recv()
+        .await
+        .expect("a worker locked on the master");
+    fail_over(&mut deployment, RedisServer::kill).await;
+    deployment.master.restart();
+    demote_old_master(&deployment);
+    locks_on_the_new_master(&reg, &deployment).await;
+    stop.store(true, Ordering::Relaxed);
+    for worker in workers {
+        worker.await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_demoted_under_an_open_connection_is_left_for_the_new_one() {
+    let mut deployment = RedisSentinels::start();
+    let reg = registry(&deployment);
+    reg.lock("before")
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    // The old master stalls long enough to be replaced, then comes back as a replica: the
+    // registry's connection to it never broke, and writes on it now answer `READONLY`.
+    fail_over(&mut deployment, |master| master.pause()).await;
+    deployment.master.resume();
+    demote_old_master(&deployment);
+    locks_on_the_new_master(&reg, &deployment).await;
 }
 
 #[tokio::test]

@@ -4,7 +4,9 @@
 //! answer with `ROLE`), connects to it, and runs the same commands and scripts as on a single
 //! server. When the master stops answering, or answers `READONLY` because it was demoted to a
 //! replica, the connection asks the sentinels again in the background and moves to the new
-//! master once they have promoted one. Meanwhile operations fail and are retried by their
+//! master once they have promoted one. That includes an old master back on its address as a
+//! replica, which the connection may have reached again on its own: every `READONLY` asks again,
+//! until the sentinels name another server. Meanwhile operations fail and are retried by their
 //! callers (the acquire loop within `wait`, the keeper before each lease's deadline), exactly as
 //! during a single server's outage.
 //!
@@ -20,7 +22,9 @@
 
 use redis::aio::ConnectionManager;
 use redis::sentinel::{SentinelClientBuilder, SentinelServerType};
-use redis::{Cmd, ConnectionAddr, ConnectionInfo, ErrorKind, Pipeline, RedisFuture, Value};
+use redis::{
+    Cmd, ConnectionAddr, ConnectionInfo, ErrorKind, Pipeline, RedisFuture, ServerErrorKind, Value,
+};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -165,29 +169,24 @@ impl SentinelConnection {
         Ok(con)
     }
 
-    /// A failure that says the master may have moved starts a rediscovery.
-    fn check<T>(&self, result: &redis::RedisResult<T>) {
-        let Err(e) = result else { return };
-        let moved = unanswered(e)
-            || e.is_connection_refusal()
-            || e.kind() == ErrorKind::Server(redis::ServerErrorKind::ReadOnly);
+    /// A failure that says the master may have moved starts a rediscovery: no answer, a refused
+    /// connection, or `READONLY`. redis-rs returns a server's error reply as an answer
+    /// (`Value::ServerError`) and makes it an error only when the caller reads the reply, so a
+    /// `READONLY` is looked for among the answers.
+    fn check(&self, result: Result<&[Value], &redis::RedisError>) {
+        let read_only = |kind| kind == Some(ServerErrorKind::ReadOnly);
+        let moved = match result {
+            Ok(answers) => answers
+                .iter()
+                .any(|a| matches!(a, Value::ServerError(e) if read_only(e.kind()))),
+            Err(e) => {
+                unanswered(e)
+                    || e.is_connection_refusal()
+                    || e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly)
+            }
+        };
         if moved {
             self.rediscover();
-        }
-    }
-
-    /// A pipeline's replies come back one by one: a write in it refused with `READONLY` says
-    /// the master was demoted.
-    fn check_replies(&self, result: &redis::RedisResult<Vec<Value>>) {
-        let demoted = result.as_ref().is_ok_and(|replies| {
-            replies.iter().any(|r| {
-                matches!(r, Value::ServerError(e) if e.kind() == Some(redis::ServerErrorKind::ReadOnly))
-            })
-        });
-        if demoted {
-            self.rediscover();
-        } else {
-            self.check(result);
         }
     }
 
@@ -253,7 +252,7 @@ impl redis::aio::ConnectionLike for SentinelConnection {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         Box::pin(async move {
             let result = async { self.current().await?.req_packed_command(cmd).await }.await;
-            self.check(&result);
+            self.check(result.as_ref().map(std::slice::from_ref));
             result
         })
     }
@@ -272,7 +271,7 @@ impl redis::aio::ConnectionLike for SentinelConnection {
                     .await
             }
             .await;
-            self.check_replies(&result);
+            self.check(result.as_ref().map(Vec::as_slice));
             result
         })
     }
