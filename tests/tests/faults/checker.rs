@@ -414,14 +414,20 @@ fn no_fencing_token_is_handed_out_twice(f: &Facts<'_>, r: &mut Report) {
 /// (b) Fencing tokens strictly increase in the order the server (the first node) granted the
 /// lock to their sections.
 fn fencing_tokens_increase_in_the_servers_order_of_holders(f: &Facts<'_>, r: &mut Report) {
-    let fence_of: HashMap<&str, u64> = f.secs.iter().map(|s| (s.token.as_str(), s.fence)).collect();
-    let mut order: Vec<(i64, u64)> = f.i.histories[0]
-        .tenures
+    let by_token = f.i.histories[0].by_token();
+    // Each section's fence belongs to the tenure its body ran in: the token's last tenure
+    // begun by its start. An earlier tenure of the same token (an acquisition whose reply was
+    // lost, retried with the same token) took a fence of its own, which no section reports.
+    let mut order: Vec<(i64, u64)> = f
+        .secs
         .iter()
-        .filter_map(|t| {
-            fence_of
-                .get(t.token.as_str())
-                .map(|fence| (t.since_us, *fence))
+        .filter_map(|s| {
+            let tenure = by_token
+                .get(s.token.as_str())?
+                .iter()
+                .filter(|t| t.since_us <= s.start)
+                .max_by_key(|t| t.since_us)?;
+            Some((tenure.since_us, s.fence))
         })
         .collect();
     order.sort_unstable();
@@ -998,4 +1004,63 @@ fn a_section_killed_during_its_release_ends_where_its_body_was_over() {
         .map(|s| (s.fence, s.end, s.outcome.as_str()))
         .collect();
     assert_eq!(ends, [(1, 200, "killed"), (2, 1000, "killed")]);
+}
+
+#[test]
+fn fences_follow_the_servers_order_of_tenures_also_when_a_token_was_granted_twice() {
+    let acquire = |at: &str, token: &str| {
+        [
+            format!(
+                r#"+{at}00 [0 127.0.0.1:1] "evalsha" "s" "2" "lock:register" "fence:{{lock:register}}" "{token}" "1000" "1""#
+            ),
+            format!(r#"+{at}10 [0 lua] "SET" "lock:register" "{token}" "NX" "PX" "1000""#),
+            format!(r#"+{at}20 [0 lua] "INCR" "fence:{{lock:register}}""#),
+        ]
+    };
+    // A's first grant (fence 1) lost its reply and expired; B got fence 2; A's retry with the
+    // same token got fence 3. Only B's and A's second tenure have sections.
+    let events: Vec<super::monitor::Event> = [
+        acquire("10.0000", "h:1:a"),
+        acquire("12.0000", "h:2:b"),
+        acquire("14.0000", "h:1:a"),
+    ]
+    .iter()
+    .flatten()
+    .map(|l| {
+        super::monitor::Event::Command(
+            super::monitor::parse_line(format!("{l}\r\n").as_bytes()).expect("line"),
+        )
+    })
+    .collect();
+    let histories = [model::rebuild(&[events], "lock:")];
+    let line = |worker: u32, text: &str| Line {
+        worker,
+        text: text.to_owned(),
+    };
+    let run = |fences: (u64, u64)| {
+        let lines = [
+            line(2, &format!("end w=2.0 seq=1 token=h:2:b fence={} start=12000100 end=12000200 outcome=ok lost_seen=0 read=ok write=none", fences.0)),
+            line(1, &format!("end w=1.0 seq=1 token=h:1:a fence={} start=14000100 end=14000200 outcome=ok lost_seen=0 read=ok write=none", fences.1)),
+        ];
+        check(&Inputs {
+            name: "synthetic",
+            fencing: true,
+            minimums: Minimums::NONE,
+            bad_exits: &[],
+            lines: &lines,
+            killed: &HashMap::new(),
+            histories: &histories,
+            quorum: 1,
+            faults: &[],
+            register: 0,
+            rejected: 0,
+            log: &[],
+            leftover_without_ttl: &[],
+            proxy: (0, 0),
+            ran_for: Duration::from_secs(1),
+        })
+        .violations
+    };
+    assert_eq!(run((2, 3)), Vec::<String>::new());
+    assert_eq!(run((3, 2)), ["(b) fencing token 2 was granted after 3"]);
 }
