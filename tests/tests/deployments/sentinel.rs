@@ -146,22 +146,7 @@ async fn a_holder_cut_off_with_its_old_master_renews_there_unaware_while_the_pro
         value(&deployment.replica, "lock:split").as_deref() == Some(first.token())
     })
     .await;
-    let switch = deployment.watch_switch().await;
-    deployment.partition_master();
-    assert_eq!(
-        switch.wait().await,
-        deployment.replica.port(),
-        "the replica was promoted"
-    );
-    // A client that asks the sentinels now is sent to the promoted replica, where the lock is
-    // free once the first holder's replicated expiry has passed.
-    let second = registry(&deployment)
-        .lock("split")
-        .ttl(ttl)
-        .wait(Duration::from_secs(20))
-        .acquire()
-        .await
-        .expect("the second client gets the lock on the new master");
+    let second = partition_and_lock_on_the_promoted_replica(&deployment, ttl).await;
     assert_eq!(
         value(&deployment.replica, "lock:split").as_deref(),
         Some(second.token())
@@ -190,6 +175,30 @@ async fn a_holder_cut_off_with_its_old_master_renews_there_unaware_while_the_pro
     second.release().await.unwrap();
 }
 
+/// Cuts the master off from the sentinels and the replica, waits for the replica's promotion,
+/// and takes lock `split` there with a registry that asks the sentinels afresh (and confirms
+/// nothing: the new master has no replica left): the lock is free there once the first
+/// holder's replicated expiry has passed.
+async fn partition_and_lock_on_the_promoted_replica(
+    deployment: &RedisSentinels,
+    ttl: Duration,
+) -> lock_runtime::LockGuard {
+    let switch = deployment.watch_switch().await;
+    deployment.partition_master();
+    assert_eq!(
+        switch.wait().await,
+        deployment.replica.port(),
+        "the replica was promoted"
+    );
+    registry(deployment)
+        .lock("split")
+        .ttl(ttl)
+        .wait(Duration::from_secs(20))
+        .acquire()
+        .await
+        .expect("the second client gets the lock on the new master")
+}
+
 /// The same partition, with the holder's registry counting only what the replica acknowledged:
 /// its renewals on the cut-off master are never confirmed, so its lease runs out before the
 /// replica's copy of the key, and its body is cancelled before the promoted replica can give
@@ -206,21 +215,7 @@ async fn a_holder_that_confirms_with_the_replica_is_lost_before_the_promoted_rep
         value(&deployment.replica, "lock:split").as_deref(),
         Some(first.token())
     );
-    let switch = deployment.watch_switch().await;
-    deployment.partition_master();
-    assert_eq!(
-        switch.wait().await,
-        deployment.replica.port(),
-        "the replica was promoted"
-    );
-    // A client without the option (the new master has no replica left to confirm with).
-    let second = registry(&deployment)
-        .lock("split")
-        .ttl(ttl)
-        .wait(Duration::from_secs(20))
-        .acquire()
-        .await
-        .expect("the second client gets the lock on the new master");
+    let second = partition_and_lock_on_the_promoted_replica(&deployment, ttl).await;
     assert!(
         first.is_lost(),
         "the first holder's lease ran out before the second got the lock"

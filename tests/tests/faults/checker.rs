@@ -140,6 +140,32 @@ pub struct Minimums {
     pub asking: usize,
 }
 
+#[cfg(test)]
+impl<'a> Inputs<'a> {
+    /// A run with nothing in it but `lines` and `histories`, for checks of synthetic histories.
+    fn synthetic(lines: &'a [Line], histories: &'a [History]) -> Self {
+        static NO_KILLS: std::sync::LazyLock<HashMap<u32, i64>> =
+            std::sync::LazyLock::new(HashMap::new);
+        Self {
+            name: "synthetic",
+            fencing: true,
+            minimums: Minimums::NONE,
+            bad_exits: &[],
+            lines,
+            killed: &NO_KILLS,
+            histories,
+            quorum: 1,
+            faults: &[],
+            register: 0,
+            rejected: 0,
+            log: &[],
+            leftover_without_ttl: &[],
+            proxy: (0, 0),
+            ran_for: Duration::from_secs(1),
+        }
+    }
+}
+
 impl Minimums {
     /// For checks of synthetic histories.
     #[cfg(test)]
@@ -906,24 +932,15 @@ fn the_checks_catch_overlaps_lost_increments_slow_hand_overs_late_cancels_blocki
     }];
     let log = ["1:1".to_owned(), "2:1".to_owned()];
     let report = check(&Inputs {
-        name: "synthetic",
-        fencing: true,
         minimums: Minimums {
             sections: 100,
             ..Minimums::NONE
         },
         bad_exits: &["worker 3: exit status: 101".to_owned()],
-        lines: &lines,
-        killed: &HashMap::new(),
-        histories: &histories,
-        quorum: 1,
         faults: &faults,
         register: 1,
-        rejected: 0,
         log: &log,
-        leftover_without_ttl: &[],
-        proxy: (0, 0),
-        ran_for: Duration::from_secs(1),
+        ..Inputs::synthetic(&lines, &histories)
     });
     let all = report.violations.join("\n");
     for expected in [
@@ -950,22 +967,10 @@ fn the_checks_report_the_models_findings_and_lock_keys_left_without_a_ttl() {
         "(model) DEL of lock:register by h:2:b at 2 while h:1:a held it until 3 ms".to_owned(),
         "(f) PERSIST of lock key lock:register at 4".to_owned(),
     ];
+    let histories = [history];
     let report = check(&Inputs {
-        name: "synthetic",
-        fencing: true,
-        minimums: Minimums::NONE,
-        bad_exits: &[],
-        lines: &[],
-        killed: &HashMap::new(),
-        histories: &[history],
-        quorum: 1,
-        faults: &[],
-        register: 0,
-        rejected: 0,
-        log: &[],
         leftover_without_ttl: &["lock:register on port 1 (PTTL -1)".to_owned()],
-        proxy: (0, 0),
-        ran_for: Duration::from_secs(1),
+        ..Inputs::synthetic(&[], &histories)
     });
     assert_eq!(
         report.violations,
@@ -1042,24 +1047,7 @@ fn fences_follow_the_servers_order_of_tenures_also_when_a_token_was_granted_twic
             line(2, &format!("end w=2.0 seq=1 token=h:2:b fence={} start=12000100 end=12000200 outcome=ok lost_seen=0 read=ok write=none", fences.0)),
             line(1, &format!("end w=1.0 seq=1 token=h:1:a fence={} start=14000100 end=14000200 outcome=ok lost_seen=0 read=ok write=none", fences.1)),
         ];
-        check(&Inputs {
-            name: "synthetic",
-            fencing: true,
-            minimums: Minimums::NONE,
-            bad_exits: &[],
-            lines: &lines,
-            killed: &HashMap::new(),
-            histories: &histories,
-            quorum: 1,
-            faults: &[],
-            register: 0,
-            rejected: 0,
-            log: &[],
-            leftover_without_ttl: &[],
-            proxy: (0, 0),
-            ran_for: Duration::from_secs(1),
-        })
-        .violations
+        check(&Inputs::synthetic(&lines, &histories)).violations
     };
     assert_eq!(run((2, 3)), Vec::<String>::new());
     assert_eq!(run((3, 2)), ["(b) fencing token 2 was granted after 3"]);
