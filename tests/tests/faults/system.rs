@@ -7,6 +7,9 @@
 
 use std::time::Duration;
 
+use lock_tests::proxy::Proxy;
+use lock_tests::RedisServer;
+
 pub mod cluster;
 pub mod redlock;
 pub mod sentinel;
@@ -90,15 +93,15 @@ pub trait LockSystem {
 
 /// One server behind one proxy: the network and process faults every mode shares.
 pub struct Node {
-    pub server: lock_tests::RedisServer,
-    pub proxy: lock_tests::proxy::Proxy,
+    pub server: RedisServer,
+    pub proxy: Proxy,
 }
 
 impl Node {
     /// A server (with `extra` arguments) behind a fault proxy.
     pub fn start(extra: &[&str]) -> Self {
-        let server = lock_tests::RedisServer::start_with(extra);
-        let proxy = lock_tests::proxy::Proxy::start(server.port());
+        let server = RedisServer::start_with(extra);
+        let proxy = Proxy::start(server.port());
         Self { server, proxy }
     }
 
@@ -107,35 +110,43 @@ impl Node {
         Self::start(&["--appendonly", "yes", "--appendfsync", "always"])
     }
 
-    /// Applies the faults that need no knowledge of the deployment.
     pub fn inject(&mut self, fault: NodeFault) {
-        match fault {
-            NodeFault::Latency(d) => self.proxy.set_latency(d),
-            NodeFault::Blackhole => self.proxy.blackhole(),
-            NodeFault::DropReplies => self.proxy.drop_replies(),
-            NodeFault::ResetConnections => self.proxy.reset_all(),
-            NodeFault::PauseServer => self.server.pause(),
-            NodeFault::Kill(_) => self.server.kill(),
-            NodeFault::MigrateSlot => panic!("a slot migration needs a cluster"),
-        }
+        inject(&mut self.server, &self.proxy, fault);
     }
 
     pub fn heal(&mut self, fault: NodeFault) {
-        match fault {
-            NodeFault::Latency(_) | NodeFault::Blackhole | NodeFault::DropReplies => {
-                self.proxy.heal();
-            }
-            NodeFault::PauseServer => self.server.resume(),
-            NodeFault::ResetConnections => {}
-            NodeFault::Kill(Restart::FromDisk) => self.server.restart(),
-            NodeFault::Kill(Restart::Empty) => self.server.restart_empty(),
-            NodeFault::MigrateSlot => panic!("a slot migration needs a cluster"),
-        }
+        heal(&mut self.server, &self.proxy, fault);
     }
 
     pub fn proxy_counts(&self) -> (u64, u64) {
         let s = self.proxy.stats();
         (s.replies_dropped(), s.resets())
+    }
+}
+
+/// Applies `fault` to one server and the proxy in front of it: every fault but a slot
+/// migration, which needs a cluster.
+pub fn inject(server: &mut RedisServer, proxy: &Proxy, fault: NodeFault) {
+    match fault {
+        NodeFault::Latency(d) => proxy.set_latency(d),
+        NodeFault::Blackhole => proxy.blackhole(),
+        NodeFault::DropReplies => proxy.drop_replies(),
+        NodeFault::ResetConnections => proxy.reset_all(),
+        NodeFault::PauseServer => server.pause(),
+        NodeFault::Kill(_) => server.kill(),
+        NodeFault::MigrateSlot => panic!("a slot migration needs a cluster"),
+    }
+}
+
+/// Ends what [`inject`] did; a killed server comes back as `Restart` says.
+pub fn heal(server: &mut RedisServer, proxy: &Proxy, fault: NodeFault) {
+    match fault {
+        NodeFault::Latency(_) | NodeFault::Blackhole | NodeFault::DropReplies => proxy.heal(),
+        NodeFault::PauseServer => server.resume(),
+        NodeFault::ResetConnections => {}
+        NodeFault::Kill(Restart::FromDisk) => server.restart(),
+        NodeFault::Kill(Restart::Empty) => server.restart_empty(),
+        NodeFault::MigrateSlot => panic!("a slot migration needs a cluster"),
     }
 }
 

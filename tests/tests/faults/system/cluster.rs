@@ -269,39 +269,22 @@ impl LockSystem for Cluster {
             self.start_migration(i);
             return;
         }
-        let (server, proxy) = (&mut self.cluster.nodes[i], &self.proxies[i]);
-        match fault {
-            NodeFault::Latency(d) => proxy.set_latency(d),
-            NodeFault::Blackhole => proxy.blackhole(),
-            NodeFault::DropReplies => proxy.drop_replies(),
-            NodeFault::ResetConnections => proxy.reset_all(),
-            NodeFault::PauseServer => server.pause(),
-            NodeFault::Kill(_) => server.kill(),
-            NodeFault::MigrateSlot => unreachable!("started above"),
-        }
+        super::inject(&mut self.cluster.nodes[i], &self.proxies[i], fault);
     }
 
     fn heal(&mut self, _node: usize, fault: NodeFault) {
         let i = self.hit.take().expect("a fault to heal");
         match fault {
-            NodeFault::Latency(_) | NodeFault::Blackhole | NodeFault::DropReplies => {
-                self.proxies[i].heal();
-            }
-            NodeFault::ResetConnections => {}
             NodeFault::MigrateSlot => self.finish_migration(),
-            NodeFault::PauseServer => self.cluster.nodes[i].resume(),
-            NodeFault::Kill(restart) => {
+            NodeFault::Kill(_) => {
                 // Its replica takes over first; the node then comes back and follows it.
                 poll("a replica promoted", Duration::from_secs(30), || {
                     self.serving().is_some_and(|(master, _)| master != i)
                 });
-                let server = &mut self.cluster.nodes[i];
-                match restart {
-                    super::Restart::Empty => server.restart_empty(),
-                    super::Restart::FromDisk => server.restart(),
-                }
-                announce(server.port(), self.proxies[i].port());
+                super::heal(&mut self.cluster.nodes[i], &self.proxies[i], fault);
+                announce(self.cluster.nodes[i].port(), self.proxies[i].port());
             }
+            _ => super::heal(&mut self.cluster.nodes[i], &self.proxies[i], fault),
         }
         self.wait_whole();
     }
