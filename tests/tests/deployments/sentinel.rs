@@ -297,6 +297,19 @@ async fn fail_over(deployment: &mut RedisSentinels, fault: impl FnOnce(&mut Redi
     );
 }
 
+/// A registry that locked once, so it is connected to the master before the fault.
+async fn connected_registry(deployment: &RedisSentinels) -> Registry {
+    let reg = registry(deployment);
+    reg.lock("before")
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    reg
+}
+
 /// A lock taken now lands on the promoted replica, not on the old master that is back on its
 /// address as a replica (and answers writes with `READONLY`).
 async fn locks_on_the_new_master(reg: &Registry, deployment: &RedisSentinels) {
@@ -316,14 +329,7 @@ async fn locks_on_the_new_master(reg: &Registry, deployment: &RedisSentinels) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_the_old_master_returns_as_a_replica_locks_are_taken_on_the_new_master() {
     let mut deployment = RedisSentinels::start();
-    let reg = registry(&deployment);
-    reg.lock("before")
-        .acquire()
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    let reg = connected_registry(&deployment).await;
     // The registry is idle from the kill until the old master is back, empty, as a replica.
     fail_over(&mut deployment, RedisServer::kill).await;
     deployment.master.restart();
@@ -372,14 +378,7 @@ async fn attempts_through_the_failover_do_not_leave_the_registry_on_the_returned
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_master_demoted_under_an_open_connection_is_left_for_the_new_one() {
     let mut deployment = RedisSentinels::start();
-    let reg = registry(&deployment);
-    reg.lock("before")
-        .acquire()
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    let reg = connected_registry(&deployment).await;
     // The old master stalls long enough to be replaced, then comes back as a replica: the
     // registry's connection to it never broke, and writes on it now answer `READONLY`.
     fail_over(&mut deployment, |master| master.pause()).await;
