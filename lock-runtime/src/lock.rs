@@ -205,7 +205,7 @@ async fn acquire_on_io(
         .unwrap_or_else(|_| panic!("lock-runtime: the acquisition task ended without an outcome"))
 }
 
-/// Acquires with `token`, waiting for notifications while the lock is busy.
+/// Acquires, waiting for notifications while the lock is busy.
 async fn acquire_lease(
     inner: Arc<RegistryInner>,
     key: String,
@@ -215,7 +215,7 @@ async fn acquire_lease(
     options.validate(&key)?;
     inner.ensure_open(&key)?;
     let key = inner.lock_key(key)?;
-    let token = token::new_token();
+    let mut token = token::new_token();
     let started = Instant::now();
     // `Duration::MAX` is the natural "wait as long as it takes": beyond the clock's range means
     // no deadline at all (a century stands in for it).
@@ -241,6 +241,11 @@ async fn acquire_lease(
             })
             .await;
         let now = Instant::now();
+        if !matches!(attempt, Ok(Attempt::Acquired { .. }))
+            && inner.backend.undoes_failed_attempts()
+        {
+            token = token::new_token();
+        }
         let wake_at = match attempt {
             Ok(Attempt::Acquired { fence }) => {
                 let lease = Lease::new(inner.next_lease_id(), key, token, fence, options, sent_at);
@@ -254,7 +259,7 @@ async fn acquire_lease(
                 );
                 return Ok(lease);
             }
-            Ok(Attempt::Busy { retry_after }) => {
+            Ok(Attempt::Busy { retry_after, .. }) => {
                 if now >= give_up_at {
                     if failed_attempt {
                         forget_token_in_background(inner.clone(), key.clone_names(), token);

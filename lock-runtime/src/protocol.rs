@@ -3,10 +3,13 @@
 //! - A lock is one Redis string, `<prefix><key>` (prefix `lock:` by default), holding the
 //!   owner's token, with a `PX` expiry: `SET <prefix><key> <token> NX PX <ttl_ms>` takes it, as
 //!   redis-py's `Lock`, redsync and node-redlock do, so their holders and ours exclude each other.
-//! - A release is [`RELEASE_LUA`]: an owner-checked delete that also publishes `released` on the
-//!   channel named like the lock key (`SPUBLISH` in a cluster), which wakes our waiters at once.
-//!   A peer that deletes with its own script is still safe; our waiters then notice the release
-//!   when the holder's lease would have ended.
+//! - A release is [`RELEASE_LUA`]: an owner-checked delete that also publishes on the channel
+//!   named like the lock key (`SPUBLISH` in a cluster), which wakes our waiters at once. The
+//!   message is the SHA-1 (lowercase hex) of the released token; any other message wakes a
+//!   waiter too. A peer that deletes with its own script is still safe; our waiters then notice
+//!   the release when the holder's lease would have ended.
+//! - Redlock takes back an attempt that won only a minority with [`UNDO_LUA`], which wakes
+//!   nobody.
 //! - A renewal is [`RENEW_LUA`] (an owner-checked `PEXPIRE`), an inspection [`INSPECT_LUA`],
 //!   an operator's unconditional unlock [`FORCE_UNLOCK_LUA`].
 //! - Fencing counters live at `fence:{<prefix><key>}` (`fence:<prefix><key>` when the key has
@@ -19,5 +22,5 @@
 //! ```
 
 pub use crate::backend::redis::scripts::{
-    ACQUIRE_LUA, FORCE_UNLOCK_LUA, INSPECT_LUA, RELEASE_LUA, RENEW_LUA,
+    ACQUIRE_LUA, FORCE_UNLOCK_LUA, INSPECT_LUA, RELEASE_LUA, RENEW_LUA, UNDO_LUA,
 };

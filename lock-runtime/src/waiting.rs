@@ -7,14 +7,16 @@
 //! A channel is followed while at least one local task waits for that key, and given up when
 //! the last one leaves. A notification wakes one local waiter per release (tokio's
 //! `notify_one`, whose permit passes on if that waiter was cancelled), so a release costs one
-//! retry per process rather than one per waiting task.
+//! retry per process rather than one per waiting task. A notification that names its tenure
+//! (see [`tenure_name`]) wakes nobody the second time it arrives: a Redlock release is
+//! published by every node that held the lock, and still costs one retry per process.
 //!
 //! A waiter registers its interest *before* its next attempt, so a release between a failed
 //! attempt and the subscription is never missed. Every wait is also bounded by the holder's
 //! remaining lease, so a lost message (a reconnect, a crashed holder that never released)
 //! costs at most one lease.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
@@ -44,6 +46,50 @@ struct Slot {
     notify: Notify,
     /// Whether a feed confirmed following the channel; set once by the first waiter.
     followed: tokio::sync::OnceCell<bool>,
+    /// The tenures whose release woke a waiter here, newest last: one release arrives once
+    /// per node that held it, within moments of each other.
+    released: Mutex<VecDeque<String>>,
+}
+
+/// How many released tenures a slot remembers; far more than releases of one key that can
+/// be in flight between its nodes at once.
+const REMEMBERED: usize = 8;
+
+impl Slot {
+    fn released(&self) -> MutexGuard<'_, VecDeque<String>> {
+        self.released.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Wakes one waiter, unless this notification names a tenure whose release already did.
+    fn wake_one(&self, tenure: Option<&str>) {
+        if let Some(tenure) = tenure {
+            let mut released = self.released();
+            if released.iter().any(|seen| seen == tenure) {
+                return;
+            }
+            if released.len() == REMEMBERED {
+                released.pop_front();
+            }
+            released.push_back(tenure.to_owned());
+        }
+        self.notify.notify_one();
+    }
+}
+
+/// How a release notification names the tenure it ended: the SHA-1 (lowercase hex) of the
+/// holder's token, as `RELEASE_LUA` publishes it. The token itself is a credential, so it never
+/// goes out on a channel.
+pub(crate) fn tenure_name(token: &str) -> String {
+    sha1_smol::Sha1::from(token).digest().to_string()
+}
+
+/// Whether a notification's message names a tenure: 40 lowercase hex digits. Anything else
+/// (another client's `released`, say) wakes a waiter every time it arrives.
+fn names_a_tenure(message: &str) -> bool {
+    message.len() == 40
+        && message
+            .bytes()
+            .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }
 
 impl Slots {
@@ -55,9 +101,10 @@ impl Slots {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn wake_one(&self, channel: &str) {
-        if let Some(entry) = self.lock().get(channel) {
-            entry.slot.notify.notify_one();
+    fn wake_one(&self, channel: &str, tenure: Option<&str>) {
+        let slot = self.lock().get(channel).map(|entry| entry.slot.clone());
+        if let Some(slot) = slot {
+            slot.wake_one(tenure);
         }
     }
 
@@ -81,9 +128,14 @@ pub(crate) enum FeedCommand {
 pub(crate) struct Waiters(Weak<Slots>);
 
 impl Waiters {
-    /// Wakes one waiter of `channel`. `false` once the hub is gone: the feed may stop.
-    pub(crate) fn wake_one(&self, channel: &str) -> bool {
-        self.0.upgrade().map(|s| s.wake_one(channel)).is_some()
+    /// Wakes one waiter of `channel` for a release notification carrying `message`. `false`
+    /// once the hub is gone: the feed may stop.
+    pub(crate) fn wake_one(&self, channel: &str, message: &str) -> bool {
+        let tenure = names_a_tenure(message).then_some(message);
+        self.0
+            .upgrade()
+            .map(|s| s.wake_one(channel, tenure))
+            .is_some()
     }
 
     /// Wakes one waiter of every channel, for notifications that may have been missed.
@@ -189,7 +241,18 @@ impl WaitHub {
 
     /// Wakes one waiter for `channel` (the in-memory backend calls this on release).
     pub(crate) fn notify(&self, channel: &str) {
-        self.shared.wake_one(channel);
+        self.shared.wake_one(channel, None);
+    }
+
+    /// Whether a release notification for the tenure of `token` on `channel` has arrived
+    /// while someone here waited for it: the holder is letting go, though some of its nodes
+    /// may not have deleted the lock yet.
+    pub(crate) fn released_recently(&self, channel: &str, token: &str) -> bool {
+        let slot = self.shared.lock().get(channel).map(|e| e.slot.clone());
+        slot.is_some_and(|slot| {
+            let tenure = tenure_name(token);
+            slot.released().iter().any(|seen| *seen == tenure)
+        })
     }
 
     /// Registers interest in `channel` and returns once notifications for it can arrive, or
@@ -207,6 +270,7 @@ impl WaitHub {
                     slot: Arc::new(Slot {
                         notify: Notify::new(),
                         followed: tokio::sync::OnceCell::new(),
+                        released: Mutex::default(),
                     }),
                     interest: 0,
                 });
@@ -248,5 +312,45 @@ impl WaitHub {
             .await
             .is_ok_and(|followed| *followed);
         interest
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tenure_is_named_as_redis_sha1hex_names_it() {
+        // `redis.sha1hex('abc')`, the FIPS 180 test vector.
+        assert_eq!(
+            tenure_name("abc"),
+            "a9993e364706816aba3e25717850c26c9cd0d89d"
+        );
+        assert!(names_a_tenure(&tenure_name("host:1:00ff")));
+        assert!(!names_a_tenure("released"));
+        assert!(!names_a_tenure(&tenure_name("x").to_uppercase()));
+    }
+
+    #[tokio::test]
+    async fn a_tenure_announced_by_several_nodes_wakes_one_waiter() {
+        let hub = WaitHub::fed_by(Vec::<fn(Waiters, _) -> std::future::Ready<()>>::new());
+        let waiters = Waiters(Arc::downgrade(&hub.shared));
+        let far = Instant::now() + std::time::Duration::from_secs(60);
+        let (first, second) = (hub.interest("k", far).await, hub.interest("k", far).await);
+        let tenure = tenure_name("holder-token");
+        assert!(!hub.released_recently("k", "holder-token"));
+        for _ in 0..3 {
+            assert!(waiters.wake_one("k", &tenure));
+        }
+        assert!(hub.released_recently("k", "holder-token"));
+        let woken = |interest: &Interest<'_>| {
+            let notified = interest.slot.notify.notified();
+            futures_util::FutureExt::now_or_never(notified).is_some()
+        };
+        assert!(woken(&first), "the first announcement wakes a waiter");
+        assert!(!woken(&second), "its copies from other nodes wake nobody");
+        // Messages that name no tenure wake a waiter each time.
+        waiters.wake_one("k", "released");
+        assert!(woken(&second));
     }
 }

@@ -15,12 +15,16 @@ use crate::LockError;
 pub(crate) const FENCE_EXPIRY_MS: u64 = 24 * 3600 * 1000;
 
 /// The outcome of one acquisition attempt.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Attempt {
     /// Ours; with the fencing token when one was asked for.
     Acquired { fence: Option<u64> },
-    /// Someone else's; with the holder's remaining lease (`None`: the key has no expiry).
-    Busy { retry_after: Option<Duration> },
+    /// Someone else's; with the holder's remaining lease (`None`: the key has no expiry) and
+    /// token, where the store reports it (a plain `SET NX` refusal does not).
+    Busy {
+        retry_after: Option<Duration>,
+        holder: Option<String>,
+    },
 }
 
 /// What a renewal found for one lock.
@@ -37,8 +41,9 @@ pub(crate) enum Renewed {
 /// One acquisition attempt.
 pub(crate) struct Acquire<'a> {
     pub key: &'a LockKey,
-    /// This acquisition's owner token, the same for all its attempts: a retry after a lost
-    /// reply finds its own token and takes the lock rather than waiting for itself.
+    /// The owner token. An acquisition keeps it across attempts (a retry after a lost reply
+    /// finds its own token and takes the lock rather than waiting for itself), unless its store
+    /// undoes failed attempts in the background (Redlock).
     pub token: &'a str,
     pub ttl: Duration,
     /// Take a fencing token with the lock.

@@ -163,6 +163,7 @@ impl Store for MemoryStore {
             if entry.token != attempt.token {
                 return Ok(Attempt::Busy {
                     retry_after: entry.expires_at.map(|t| t - now),
+                    holder: Some(entry.token.clone()),
                 });
             }
         }

@@ -100,6 +100,13 @@ impl Backend {
         }
     }
 
+    /// Whether a failed attempt is taken back in the background (Redlock's undo). The next
+    /// attempt then needs a token of its own: with the same one, a late undo could delete what
+    /// it won.
+    pub(crate) fn undoes_failed_attempts(&self) -> bool {
+        matches!(self, Self::Redlock(_))
+    }
+
     /// Whether keys must keep the lock, its counter and its channel in one hash slot.
     pub(crate) fn is_cluster(&self) -> bool {
         matches!(self, Self::Redis(n) if n.is_cluster())

@@ -2,7 +2,11 @@
 //!
 //! An acquisition sends `SET NX PX` to every node in parallel, each bounded by a timeout small
 //! against the ttl, and holds only if a quorum (N/2 + 1) granted it with validity left
-//! (ttl - elapsed - drift, drift = ttl/100 + 2 ms); otherwise it undoes itself on every node.
+//! (ttl - elapsed - drift, drift = ttl/100 + 2 ms); otherwise it undoes itself on every node
+//! (silently, unless it had won a quorum: nobody can be waiting for a minority to end).
+//! A refused attempt waits for a release notification while one holder keeps a quorum, and
+//! otherwise (contenders split the vote) retries after a short random pause. Each attempt has
+//! a token of its own, so a late undo can never delete what a later attempt won.
 //! A renewal counts only when a quorum confirms; a partial failure never unlocks anything, and
 //! the lease is lost once a quorum can no longer be kept. Releases go to every node.
 //!
@@ -119,10 +123,35 @@ impl Redlock {
         }
     }
 
-    /// Sends the release to every node; `fan_out` has started each node's task already, so
-    /// dropping the replies leaves them to finish on the I/O runtime.
-    fn release_in_background(&self, key: &LockKey, token: &str) {
-        drop(self.fan_out(self.timeouts.command, release_on(key, token)));
+    /// Takes a failed attempt back on every node, waking waiters only if `announce`;
+    /// `fan_out` has started each node's task already, so dropping the replies leaves them to
+    /// finish on the I/O runtime.
+    fn undo_in_background(&self, key: &LockKey, token: &str, announce: bool) {
+        if announce {
+            drop(self.fan_out(self.timeouts.command, release_on(key, token)));
+        } else {
+            let (key, token) = (key.clone_names(), token.to_owned());
+            drop(self.fan_out(self.timeouts.command, move |node| {
+                let (key, token) = (key.clone_names(), token.clone());
+                async move { node.undo(&key, &token).await }
+            }));
+        }
+    }
+
+    /// The owner that holds a quorum of the busy nodes, with its leases there.
+    fn quorum_holder<'b>(
+        &self,
+        busy: &'b [(Option<Duration>, Option<String>)],
+    ) -> Option<(&'b str, Vec<Option<Duration>>)> {
+        busy.iter().find_map(|(_, candidate)| {
+            let candidate = candidate.as_deref()?;
+            let leases: Vec<Option<Duration>> = busy
+                .iter()
+                .filter(|(_, holder)| holder.as_deref() == Some(candidate))
+                .map(|(left, _)| *left)
+                .collect();
+            (leases.len() >= self.quorum).then_some((candidate, leases))
+        })
     }
 }
 
@@ -169,18 +198,24 @@ impl Store for Redlock {
         let n = self.nodes.len();
         let (mut won, mut busy, mut errors, mut refused) =
             (0, Vec::new(), Vec::<String>::new(), None);
-        // Read on while a quorum may still grant, or while it is open whether a failure is
-        // contention (busy) or too few nodes answering.
-        while won < self.quorum
-            && (n - busy.len() - errors.len() >= self.quorum
-                || (won + busy.len() < self.quorum && errors.len() <= n - self.quorum))
-        {
+        // Read on while a quorum may still grant. Once it cannot, read on (each reply bounded
+        // by `per_node`) until a holder with a quorum shows or too few nodes answer: who holds
+        // the lock decides how to wait.
+        while won < self.quorum {
+            let can_win = n - busy.len() - errors.len() >= self.quorum;
+            let majority_down = errors.len() > n - self.quorum;
+            if !can_win && (majority_down || self.quorum_holder(&busy).is_some()) {
+                break;
+            }
             let Some(reply) = replies.next().await else {
                 break;
             };
             match reply {
                 Ok(Attempt::Acquired { .. }) => won += 1,
-                Ok(Attempt::Busy { retry_after }) => busy.push(retry_after),
+                Ok(Attempt::Busy {
+                    retry_after,
+                    holder,
+                }) => busy.push((retry_after, holder)),
                 Err(e @ LockError::InvalidKey { .. }) => {
                     errors.push(e.to_string());
                     refused = Some(e);
@@ -198,24 +233,32 @@ impl Store for Redlock {
             return Ok(Attempt::Acquired { fence: None });
         }
         // Undo everywhere, also where no answer came: the SET may have landed anyway. In the
-        // background: a silent node must not hold up the answer.
-        self.release_in_background(key, token);
+        // background: a silent node must not hold up the answer. Only an attempt that held a
+        // quorum can have made someone wait for it, so only its undo wakes waiters.
+        self.undo_in_background(key, token, won >= self.quorum);
         if let Some(e) = refused {
             return Err(e);
         }
         if won + busy.len() < self.quorum {
             return Err(self.majority_down("acquire", key, &errors));
         }
-        // A quorum frees up when enough of the busy nodes' leases have run out.
-        busy.sort_by_key(|left| left.unwrap_or(Duration::MAX));
-        let need = self.quorum.saturating_sub(won);
-        let retry_after = match need {
-            // Granted but too slowly, or split between contenders: retry after a short,
-            // random pause so contenders do not split again in lockstep.
-            0 => Some(per_node * (getrandom::u32().unwrap_or(0) % 100 + 1) / 100),
-            n => busy.get(n - 1).copied().flatten(),
+        let retry_after = match self.quorum_holder(&busy) {
+            // A release notification ends the wait. Until then only expiry frees a quorum: once
+            // enough of the holder's nodes have let its lease run out. A holder whose release
+            // has already been announced is still deleting the lock on its other nodes.
+            Some((holder, mut leases)) if !self.hub.released_recently(key.channel(), holder) => {
+                leases.sort_by_key(|left| left.unwrap_or(Duration::MAX));
+                leases[leases.len() - self.quorum]
+            }
+            // Nobody holds a quorum (contenders split the vote, or the lock is being let go),
+            // or ours came too late: retry after a short, random pause, so contenders do not
+            // split again in lockstep. No release will announce the end of a split.
+            _ => Some(per_node * (getrandom::u32().unwrap_or(0) % 100 + 1) / 100),
         };
-        Ok(Attempt::Busy { retry_after })
+        Ok(Attempt::Busy {
+            retry_after,
+            holder: None,
+        })
     }
 
     /// `Ok` once a quorum answered (whether any of them still held our token); an error when

@@ -379,3 +379,178 @@ async fn a_slow_node_connects_although_its_share_of_a_short_ttl_is_shorter_than_
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
+
+/// `SET`s a node has run, counting those inside scripts: one per acquisition attempt there.
+fn sets_on(node: &RedisServer) -> u64 {
+    lock_tests::command_calls(&mut node.connection())
+        .get("set")
+        .copied()
+        .unwrap_or(0)
+}
+
+/// Spawns `n` tasks that each wait for `key` on `registry` and hold it for a moment.
+fn spawn_waiters(
+    registry: &Registry,
+    key: &'static str,
+    n: usize,
+) -> Vec<tokio::task::JoinHandle<Result<(), LockError>>> {
+    (0..n)
+        .map(|_| {
+            let registry = registry.clone();
+            tokio::spawn(async move {
+                registry
+                    .lock(key)
+                    .ttl(Duration::from_secs(30))
+                    .wait(Duration::from_secs(60))
+                    .run(async { Ok::<_, LockError>(()) })
+                    .await
+            })
+        })
+        .collect()
+}
+
+/// Waits until `node` has run at least `n` attempts since `base`.
+async fn until_attempts(node: &RedisServer, base: u64, n: u64, what: &str) {
+    lock_tests::eventually(Duration::from_secs(20), what, || async {
+        sets_on(node) - base >= n
+    })
+    .await;
+}
+
+/// Regression (issue 12): while a holder kept the lock on a bare quorum, every waiter's retry
+/// won the free node, undid the win, and the undo's notification woke the next waiter: the
+/// waiters polled each other for the holder's whole tenure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_do_not_wake_each_other_while_a_holder_keeps_a_bare_quorum() {
+    let nodes = nodes(3);
+    // Another service holds the lock on nodes 0 and 1 only: a quorum, with node 2 free.
+    let holder = "other-service:1:bare-quorum";
+    for node in &nodes[..2] {
+        let _: () = redis::cmd("SET")
+            .arg("lock:bare")
+            .arg(holder)
+            .arg("PX")
+            .arg(60_000)
+            .query(&mut node.connection())
+            .unwrap();
+    }
+    let free = &nodes[2];
+    let base = sets_on(free);
+    let (a, b) = (registry(&nodes), registry(&nodes));
+    let mut waiters = spawn_waiters(&a, "bare", 4);
+    waiters.extend(spawn_waiters(&b, "bare", 2));
+    // Each waiter tries once, subscribes, and tries once more before it parks.
+    until_attempts(free, base, 12, "every waiter parked").await;
+    let parked = sets_on(free);
+    // Give a polling implementation every chance to show itself.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let polled = sets_on(free) - parked;
+    assert!(
+        polled <= 6,
+        "waiters must stay parked while the holder keeps its quorum: {polled} attempts on the \
+         free node"
+    );
+    for node in &nodes[..2] {
+        let _: i64 = redis::cmd("EVAL")
+            .arg(lock_runtime::protocol::RELEASE_LUA)
+            .arg(1)
+            .arg("lock:bare")
+            .arg(holder)
+            .arg("PUBLISH")
+            .query(&mut node.connection())
+            .unwrap();
+    }
+    for waiter in waiters {
+        waiter
+            .await
+            .unwrap()
+            .expect("every waiter gets the lock once the holder releases");
+    }
+}
+
+/// Regression (issue 12): a release publishes on every node, and each notification woke
+/// another waiter of the same process, so each tenure cost several losing attempts (whose
+/// undos woke yet more waiters).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_notified_by_every_node_wakes_one_waiter_per_process() {
+    let nodes = nodes(3);
+    let (holder, waiting) = (registry(&nodes), registry(&nodes));
+    let held = holder
+        .lock("fanout")
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    let token = held.token().to_owned();
+    lock_tests::eventually(Duration::from_secs(5), "held on every node", || async {
+        let mut held_on = 0;
+        for node in &nodes {
+            let value: Option<String> = redis::cmd("GET")
+                .arg("lock:fanout")
+                .query(&mut node.connection())
+                .unwrap();
+            held_on += usize::from(value.as_deref() == Some(token.as_str()));
+        }
+        held_on == 3
+    })
+    .await;
+    const WAITERS: u64 = 8;
+    let base = sets_on(&nodes[0]);
+    let waiters = spawn_waiters(&waiting, "fanout", 8);
+    until_attempts(&nodes[0], base, 2 * WAITERS, "every waiter parked").await;
+    let parked = sets_on(&nodes[0]);
+    held.release().await.unwrap();
+    for waiter in waiters {
+        waiter.await.unwrap().expect("every waiter gets its turn");
+    }
+    let attempts = sets_on(&nodes[0]) - parked;
+    // One woken waiter per release, which wins; a release's notifications arrive from every
+    // node, and each extra wake-up would cost a losing attempt.
+    assert!(
+        attempts <= WAITERS + WAITERS / 2,
+        "{WAITERS} tenures took {attempts} attempts on one node"
+    );
+}
+
+/// Regression (issue 12): every attempt of one acquisition used the same token, and a failed
+/// attempt's undo runs in the background, so an undo that reached a node late could delete
+/// what a later attempt had won there: that attempt counted a node it no longer held.
+#[tokio::test]
+async fn every_attempt_of_a_redlock_acquisition_has_a_token_of_its_own() {
+    use futures_util::StreamExt;
+
+    let nodes = nodes(3);
+    let (holder, waiter) = (registry(&nodes), registry(&nodes));
+    let held = holder
+        .lock("retries")
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    let monitor = nodes[0].client().get_async_monitor().await.unwrap();
+    let mut lines = monitor.into_on_message::<String>();
+    // Tries, subscribes, tries again, and once more when its `wait` runs out.
+    let err = waiter
+        .lock("retries")
+        .wait(Duration::from_millis(300))
+        .acquire()
+        .await
+        .unwrap_err();
+    assert!(err.is_busy(), "{err:?}");
+    let mut tokens = Vec::new();
+    while tokens.len() < 3 {
+        let line = lines
+            .next()
+            .await
+            .expect("MONITOR ends only with the server");
+        let args: Vec<&str> = line.split('"').skip(1).step_by(2).collect();
+        if let ["SET", "lock:retries", token, "NX", ..] = args.as_slice() {
+            if *token != held.token() {
+                tokens.push((*token).to_owned());
+            }
+        }
+    }
+    tokens.sort();
+    tokens.dedup();
+    assert_eq!(tokens.len(), 3, "one token per attempt: {tokens:?}");
+}

@@ -154,6 +154,18 @@ impl RedisBackend {
         Ok(Following::new(con, self.nodes.as_ref()))
     }
 
+    /// Deletes the lock if `token` still holds it, without waking anyone ([`scripts::UNDO_LUA`]).
+    pub(crate) async fn undo(&self, key: &LockKey, token: &str) -> Result<bool, LockError> {
+        let mut con = self.con("undo", Some(&key.key)).await?;
+        let deleted: i64 = scripts::UNDO
+            .key(&key.redis_key)
+            .arg(token)
+            .invoke_async(&mut con)
+            .await
+            .map_err(|e| self.error("undo", Some(&key.key), e))?;
+        Ok(deleted == 1)
+    }
+
     /// An acquisition on the confirming connection: the acquire script, then `WAIT`. A lock
     /// taken but not acknowledged by enough replicas is released (before the caller may retry
     /// with the same token) and the attempt fails, so the acquire loop retries within `wait`.
@@ -177,7 +189,7 @@ impl RedisBackend {
             .reply
             .clone()
             .extract_error()
-            .and_then(|v| Ok(redis::from_redis_value::<(i64, Value)>(v)?))
+            .and_then(|v| Ok(redis::from_redis_value::<Vec<Value>>(v)?))
             .map_err(|e| self.error("acquire", Some(&attempt.key.key), e))?;
         let outcome = self.attempt(attempt, reply)?;
         if matches!(outcome, Attempt::Acquired { .. }) && !confirmed.by(confirm.replicas()) {
@@ -275,16 +287,24 @@ impl RedisBackend {
     }
 
     /// The acquire script's reply, read.
-    fn attempt(&self, attempt: &Acquire<'_>, reply: (i64, Value)) -> Result<Attempt, LockError> {
-        match reply {
-            (1, Value::Int(fence)) => Ok(Attempt::Acquired {
-                fence: attempt.fencing.then_some(u64::try_from(fence).unwrap_or(0)),
+    fn attempt(&self, attempt: &Acquire<'_>, reply: Vec<Value>) -> Result<Attempt, LockError> {
+        match reply.as_slice() {
+            [Value::Int(1), Value::Int(fence)] => Ok(Attempt::Acquired {
+                fence: attempt
+                    .fencing
+                    .then_some(u64::try_from(*fence).unwrap_or(0)),
             }),
-            (0, Value::Int(pttl)) => Ok(Attempt::Busy {
-                retry_after: u64::try_from(pttl).ok().map(Duration::from_millis),
+            [Value::Int(0), Value::Int(pttl), owner @ ..] => Ok(Attempt::Busy {
+                retry_after: u64::try_from(*pttl).ok().map(Duration::from_millis),
+                holder: owner
+                    .first()
+                    .and_then(|o| redis::from_redis_value_ref::<String>(o).ok()),
             }),
-            (_, other) => {
-                let kind = redis::from_redis_value::<String>(other).unwrap_or_default();
+            other => {
+                let kind = other
+                    .get(1)
+                    .and_then(|v| redis::from_redis_value_ref::<String>(v).ok())
+                    .unwrap_or_default();
                 Err(LockError::InvalidKey {
                     key: attempt.key.key.clone(),
                     reason: format!(
@@ -356,7 +376,7 @@ impl Store for RedisBackend {
             // are not all on one node, and a lock without fencing may have no counter at all.
             call.key(&attempt.key.fence_key);
         }
-        let reply: (i64, Value) = call
+        let reply: Vec<Value> = call
             .arg(attempt.token)
             .arg(ttl_ms(attempt.ttl))
             .arg(u8::from(attempt.fencing))

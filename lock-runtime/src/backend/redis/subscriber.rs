@@ -173,12 +173,13 @@ impl Subscriber {
         move |push: PushInfo| {
             let alive = match push.kind {
                 PushKind::Message | PushKind::SMessage => {
-                    match push
-                        .data
-                        .first()
-                        .and_then(|v| redis::from_redis_value_ref::<String>(v).ok())
-                    {
-                        Some(channel) => waiters.wake_one(&channel),
+                    let text = |i: usize| {
+                        push.data
+                            .get(i)
+                            .and_then(|v| redis::from_redis_value_ref::<String>(v).ok())
+                    };
+                    match text(0) {
+                        Some(channel) => waiters.wake_one(&channel, &text(1).unwrap_or_default()),
                         None => true,
                     }
                 }
