@@ -5,7 +5,7 @@
 //! mode's schedule hurts the network, the servers and the clients, one fault at a time. The
 //! servers' own histories (MONITOR on direct connections) and the workers' records are then
 //! checked for the invariants of `checker`. Bodies are short (0-2 ms) so that a run covers at
-//! least [`SECTIONS`] critical sections (Redlock: [`REDLOCK_SECTIONS`]); before each fault, one worker is asked for a long
+//! least [`SECTIONS`] critical sections; before each fault, one worker is asked for a long
 //! body (2 ttl) so the fault catches a lease mid-body. `LOCK_SOAK_SECS=<n>` adds `n` seconds of
 //! faults after the fixed schedule: randomly drawn where every node has a fault proxy and a
 //! long server pause cannot start a failover (single node, Redlock), the schedule repeated
@@ -33,9 +33,6 @@ const GAP: Duration = Duration::from_millis(800);
 const KEY: &str = "register";
 /// Critical sections a mode's run covers at least.
 const SECTIONS: usize = 10_000;
-/// Redlock's, until its waiters stop retrying while a lock is held on a bare quorum (each
-/// retry wins the free node, undoes it and wakes the next waiter).
-const REDLOCK_SECTIONS: usize = 1_000;
 /// How long a run may keep going after its schedule to reach [`SECTIONS`].
 const VOLUME_LIMIT: Duration = Duration::from_secs(240);
 
@@ -589,7 +586,7 @@ fn redlock_over_three_masters_keeps_every_promise_when_a_minority_or_a_majority_
         &redlock_schedule(3),
         soak(),
         true,
-        at_least(REDLOCK_SECTIONS),
+        at_least(SECTIONS),
     ));
 }
 
@@ -601,7 +598,7 @@ fn redlock_over_five_masters_keeps_every_promise_when_a_minority_or_a_majority_f
         &redlock_schedule(5),
         soak(),
         true,
-        at_least(REDLOCK_SECTIONS),
+        at_least(SECTIONS),
     ));
 }
 
