@@ -45,6 +45,31 @@ impl RedisServer {
         Self::start_inner(extra, false)
     }
 
+    /// Starts a replica of `master` and returns once its replication link is up.
+    ///
+    /// # Panics
+    /// As [`RedisServer::start`], or when the link is not up within 30 s.
+    #[must_use]
+    pub fn start_replica_of(master: &Self) -> Self {
+        let replica = Self::start_with(&["--replicaof", "127.0.0.1", &master.port().to_string()]);
+        let mut con = replica.connection();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        // The link has no event to await: poll it.
+        while !redis::cmd("INFO")
+            .arg("replication")
+            .query::<String>(&mut con)
+            .expect("INFO replication")
+            .contains("master_link_status:up")
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the replica did not link"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        replica
+    }
+
     /// Starts a server that speaks only TLS, with a certificate for `127.0.0.1` signed by a
     /// throwaway CA ([`ca_pem`](Self::ca_pem)); made with the `openssl` command.
     ///

@@ -9,20 +9,7 @@ use lock_tests::{assert_lost, command_calls, with_timeouts, RedisServer};
 
 fn master_and_replica() -> (RedisServer, RedisServer) {
     let master = RedisServer::start();
-    let replica =
-        RedisServer::start_with(&["--replicaof", "127.0.0.1", &master.port().to_string()]);
-    let mut con = replica.connection();
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    // The link has no event to await: poll it.
-    while !redis::cmd("INFO")
-        .arg("replication")
-        .query::<String>(&mut con)
-        .unwrap()
-        .contains("master_link_status:up")
-    {
-        assert!(std::time::Instant::now() < deadline, "the replica linked");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let replica = RedisServer::start_replica_of(&master);
     (master, replica)
 }
 

@@ -387,6 +387,43 @@ async fn the_minimal_acl_for_a_lock_user_is_these_commands_on_the_lock_keys_and_
     assert!(denied.contains("no permissions to access"), "{denied}");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn confirming_with_replicas_needs_wait_on_top_of_the_minimal_acl() {
+    let master = RedisServer::start();
+    let _replica = RedisServer::start_replica_of(&master);
+    let mut admin = master.connection();
+    let url = format!("redis://locker:s3cret-pw@127.0.0.1:{}/", master.port());
+    let confirming = || {
+        lock_tests::with_timeouts(
+            Registry::builder().url(&url).confirm_replicas(1),
+            Duration::from_millis(500),
+        )
+    };
+    let with_wait: Vec<&str> = MINIMAL_COMMANDS.iter().copied().chain(["wait"]).collect();
+    acl_setuser(&mut admin, &with_wait);
+    let guard = confirming()
+        .lock("confirmed")
+        .acquire()
+        .await
+        .expect("the minimal ACL plus `+wait` confirms");
+    guard.release().await.unwrap();
+    assert_eq!(acl_denials(&mut admin), Vec::<String>::new());
+
+    acl_setuser(&mut admin, MINIMAL_COMMANDS);
+    let err = confirming()
+        .lock("confirmed")
+        .acquire()
+        .await
+        .expect_err("without `+wait` nothing can be confirmed");
+    assert!(err.to_string().contains("'wait'"), "{err}");
+    assert!(
+        acl_denials(&mut admin)
+            .iter()
+            .any(|d| d.starts_with("wait ")),
+        "Redis logged the denied WAIT"
+    );
+}
+
 /// Every tracing event, formatted with all its fields.
 #[derive(Clone, Default)]
 struct Capture(Arc<Mutex<Vec<String>>>);
