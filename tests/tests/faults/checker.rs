@@ -294,6 +294,36 @@ impl<'a> Facts<'a> {
         })
     }
 
+    /// Whether at every moment of `[from, to]` at least a quorum of nodes held `token`. Not
+    /// necessarily the same nodes throughout: a straggling node's grant may land just after the
+    /// section began, and another node may be lost in the middle of it.
+    fn held_by_a_quorum_throughout(&self, token: &str, from: i64, to: i64) -> bool {
+        let held: Vec<Vec<(i64, i64)>> = self
+            .tenures
+            .iter()
+            .map(|node| {
+                node.get(token).map_or_else(Vec::new, |ts| {
+                    ts.iter().map(|t| (t.since_us, t.held_until())).collect()
+                })
+            })
+            .collect();
+        let holders_at = |at: i64| {
+            held.iter()
+                .filter(|node| node.iter().any(|&(since, until)| since <= at && at < until))
+                .count()
+        };
+        // The count only changes where a tenure starts or ends.
+        let changes = held
+            .iter()
+            .flatten()
+            .flat_map(|&(since, until)| [since, until])
+            .filter(|&at| from < at && at <= to);
+        std::iter::once(from)
+            .chain(changes)
+            .chain(std::iter::once(to))
+            .all(|at| holders_at(at) >= self.i.quorum)
+    }
+
     fn accepted(&self) -> i64 {
         i64::try_from(self.log.len()).expect("fits")
     }
@@ -329,25 +359,30 @@ fn trusted_sections_never_overlap(f: &Facts<'_>, r: &mut Report) {
 fn trusted_sections_lie_inside_their_tenure(f: &Facts<'_>, r: &mut Report) -> i64 {
     let mut completed_margin = i64::MAX;
     for s in f.trusted() {
-        let covering = f
-            .tenures
-            .iter()
-            .filter(|t| {
-                t.get(s.token.as_str())
-                    .is_some_and(|ts| ts.iter().any(|t| t.covers(s.start, s.end)))
-            })
-            .count();
-        if covering < f.i.quorum {
+        if !f.held_by_a_quorum_throughout(&s.token, s.start, s.end) {
+            let per_node: Vec<String> = f
+                .tenures
+                .iter()
+                .enumerate()
+                .map(|(node, t)| format!("node {node}: {:?}", t.get(s.token.as_str())))
+                .collect();
+            let faults: Vec<String> =
+                f.i.faults
+                    .iter()
+                    .filter(|p| p.start_us <= s.end && s.start <= p.end_us)
+                    .map(|p| format!("{} [{}, {}]", p.kind, p.start_us, p.end_us))
+                    .collect();
             r.fail(
                 "a",
                 format!(
-                    "{} fence {} [{}, {}] ({}) ran outside its server-side tenure: {:?}",
+                    "{} fence {} [{}, {}] ({}) ran outside its server-side tenure on a quorum; \
+                     {}; faults meanwhile: {faults:?}",
                     s.task,
                     s.fence,
                     s.start,
                     s.end,
                     s.outcome,
-                    f.tenures[0].get(s.token.as_str())
+                    per_node.join("; ")
                 ),
             );
         }
@@ -957,6 +992,74 @@ fn the_checks_catch_overlaps_lost_increments_slow_hand_overs_late_cancels_blocki
     ] {
         assert!(all.contains(expected), "missing {expected:?} in:\n{all}");
     }
+}
+
+#[test]
+fn a_section_is_trusted_while_a_quorum_holds_it_even_if_the_nodes_change_midway() {
+    let line = |text: &str| Line {
+        worker: 1,
+        text: text.to_owned(),
+    };
+    // Node 1's grant lands just after the section began; node 2 is lost in the middle.
+    let lines = [line(
+        "end w=1.1 seq=1 token=h:1:a fence=0 start=10001000 end=11500000 outcome=ok lost_seen=0 read=ok write=acc",
+    )];
+    let node = |events: &[&[String]]| -> History {
+        let events: Vec<super::monitor::Event> = events
+            .iter()
+            .copied()
+            .flatten()
+            .map(|l| {
+                super::monitor::Event::Command(
+                    super::monitor::parse_line(format!("{l}\r\n").as_bytes()).expect("line"),
+                )
+            })
+            .collect();
+        model::rebuild(&[events], "lock:")
+    };
+    let grant = |at: &str| {
+        [
+            format!(
+                r#"+{at}00 [0 127.0.0.1:1] "evalsha" "s" "1" "lock:register" "h:1:a" "1000" "0""#
+            ),
+            format!(r#"+{at}10 [0 lua] "SET" "lock:register" "h:1:a" "NX" "PX" "1000""#),
+        ]
+    };
+    let renew = |at: &str| {
+        [
+            format!(r#"+{at}00 [0 127.0.0.1:1] "evalsha" "r" "1" "lock:register" "h:1:a" "1000""#),
+            format!(r#"+{at}10 [0 lua] "GET" "lock:register""#),
+            format!(r#"+{at}20 [0 lua] "PEXPIRE" "lock:register" "1000""#),
+        ]
+    };
+    let (early, late, renewed) = (grant("10.0005"), grant("10.0020"), renew("10.6000"));
+    let check_with = |histories: &[History]| {
+        check(&Inputs {
+            quorum: 2,
+            fencing: false,
+            log: &["0:1".to_owned()],
+            register: 1,
+            ..Inputs::synthetic(&lines, histories)
+        })
+        .violations
+    };
+    let held = [
+        node(&[&early, &renewed]),
+        node(&[&late, &renewed]),
+        node(&[&early]),
+    ];
+    assert_eq!(check_with(&held), Vec::<String>::new());
+    // Without node 2 the section's first moment had one holder only.
+    let gap = [
+        node(&[&early, &renewed]),
+        node(&[&late, &renewed]),
+        node(&[]),
+    ];
+    let violations = check_with(&gap).join("\n");
+    assert!(
+        violations.contains("(a) 1.1 fence 0") && violations.contains("on a quorum"),
+        "{violations}"
+    );
 }
 
 #[test]

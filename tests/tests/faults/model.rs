@@ -40,6 +40,14 @@ impl Tenure {
         (ms + 1) * 1000
     }
 
+    /// The first moment the server no longer held this token (µs): its end, or its last
+    /// expiry while it was never seen to end.
+    pub fn held_until(&self) -> i64 {
+        self.ended_us
+            .unwrap_or(i64::MAX)
+            .min(self.expires_at(i64::MAX))
+    }
+
     /// Whether the server held this token over the whole of `[from, to]`.
     pub fn covers(&self, from_us: i64, to_us: i64) -> bool {
         from_us >= self.since_us
