@@ -22,37 +22,46 @@ async fn a_lock_is_held_on_a_quorum_and_released_on_every_node() {
     let (a, b) = (registry(&nodes), registry(&nodes));
     assert!(a.node().starts_with("redlock(127.0.0.1:"), "{}", a.node());
     let guard = a.lock("job").acquire().await.unwrap();
-    let holding = |token: Option<String>| {
-        let nodes = &nodes;
-        move || {
-            let token = token.clone();
-            async move {
-                let mut holders = 0;
-                for node in nodes {
-                    let mut con = lock_tests::raw(&node.url()).await;
-                    let value: Option<String> = redis::AsyncCommands::get(&mut con, "lock:job")
-                        .await
-                        .unwrap();
-                    holders += usize::from(value == token);
-                }
-                holders
-            }
-        }
-    };
     // Acquisition returns once a quorum granted; the last node's SET lands right after.
-    assert!(holding(Some(guard.token().to_owned()))().await >= 2);
-    lock_tests::eventually(Duration::from_secs(5), "held on every node", || async {
-        holding(Some(guard.token().to_owned()))().await == 3
-    })
-    .await;
+    assert!(holders(&nodes, "job", Some(guard.token())) >= 2);
+    until_held_everywhere(&nodes, "job", Some(guard.token())).await;
     assert!(b.lock("job").acquire().await.unwrap_err().is_busy());
     guard.release().await.unwrap();
     // Likewise the release: a quorum at once, every node right after.
-    assert!(holding(None)().await >= 2);
-    lock_tests::eventually(Duration::from_secs(5), "released on every node", || async {
-        holding(None)().await == 3
+    assert!(holders(&nodes, "job", None) >= 2);
+    until_held_everywhere(&nodes, "job", None).await;
+}
+
+/// How many nodes have `token` under `key` (`None`: how many have no lock there).
+fn holders(nodes: &[RedisServer], key: &str, token: Option<&str>) -> usize {
+    nodes
+        .iter()
+        .filter(|node| {
+            let value: Option<String> = redis::cmd("GET")
+                .arg(format!("lock:{key}"))
+                .query(&mut node.connection())
+                .unwrap();
+            value.as_deref() == token
+        })
+        .count()
+}
+
+/// Waits until every node has `token` under `key` (`None`: until none has a lock there).
+async fn until_held_everywhere(nodes: &[RedisServer], key: &str, token: Option<&str>) {
+    lock_tests::eventually(Duration::from_secs(5), "the same on every node", || async {
+        holders(nodes, key, token) == nodes.len()
     })
     .await;
+}
+
+/// Takes `key` for 30 s.
+async fn hold(registry: &Registry, key: &str) -> lock_runtime::LockGuard {
+    registry
+        .lock(key)
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap()
 }
 
 #[tokio::test]
@@ -475,25 +484,8 @@ async fn waiters_do_not_wake_each_other_while_a_holder_keeps_a_bare_quorum() {
 async fn a_release_notified_by_every_node_wakes_one_waiter_per_process() {
     let nodes = nodes(3);
     let (holder, waiting) = (registry(&nodes), registry(&nodes));
-    let held = holder
-        .lock("fanout")
-        .ttl(Duration::from_secs(30))
-        .acquire()
-        .await
-        .unwrap();
-    let token = held.token().to_owned();
-    lock_tests::eventually(Duration::from_secs(5), "held on every node", || async {
-        let mut held_on = 0;
-        for node in &nodes {
-            let value: Option<String> = redis::cmd("GET")
-                .arg("lock:fanout")
-                .query(&mut node.connection())
-                .unwrap();
-            held_on += usize::from(value.as_deref() == Some(token.as_str()));
-        }
-        held_on == 3
-    })
-    .await;
+    let held = hold(&holder, "fanout").await;
+    until_held_everywhere(&nodes, "fanout", Some(held.token())).await;
     const WAITERS: u64 = 8;
     let base = sets_on(&nodes[0]);
     let waiters = spawn_waiters(&waiting, "fanout", 8);
@@ -521,12 +513,7 @@ async fn every_attempt_of_a_redlock_acquisition_has_a_token_of_its_own() {
 
     let nodes = nodes(3);
     let (holder, waiter) = (registry(&nodes), registry(&nodes));
-    let held = holder
-        .lock("retries")
-        .ttl(Duration::from_secs(30))
-        .acquire()
-        .await
-        .unwrap();
+    let held = hold(&holder, "retries").await;
     let monitor = nodes[0].client().get_async_monitor().await.unwrap();
     let mut lines = monitor.into_on_message::<String>();
     // Tries, subscribes, tries again, and once more when its `wait` runs out.

@@ -922,6 +922,20 @@ pub fn print_summary(r: &Report) {
     }
 }
 
+/// MONITOR lines, parsed as the monitor parses what a server sends.
+#[cfg(test)]
+fn monitored<S: AsRef<str>>(lines: impl IntoIterator<Item = S>) -> Vec<super::monitor::Event> {
+    lines
+        .into_iter()
+        .map(|l| {
+            let line = format!("{}\r\n", l.as_ref());
+            super::monitor::Event::Command(
+                super::monitor::parse_line(line.as_bytes()).expect("a MONITOR line"),
+            )
+        })
+        .collect()
+}
+
 #[test]
 fn the_checks_catch_overlaps_lost_increments_slow_hand_overs_late_cancels_blocking_drops_and_idle_runs(
 ) {
@@ -940,21 +954,14 @@ fn the_checks_catch_overlaps_lost_increments_slow_hand_overs_late_cancels_blocki
         // A cancel-mode body that saw its loss, and yet run() returned Ok.
         line(1, "end w=1.0 seq=2 token=h:1:d fence=4 start=15000000 end=15000100 outcome=ok lost_seen=1 read=ok write=none"),
     ];
-    let events: Vec<super::monitor::Event> = [
+    let events = monitored([
         r#"+10.000000 [0 127.0.0.1:1] "evalsha" "s" "2" "lock:register" "fence:{lock:register}" "h:1:a" "1000" "1""#,
         r#"+10.000010 [0 lua] "SET" "lock:register" "h:1:a" "NX" "PX" "1000""#,
         r#"+10.000020 [0 lua] "INCR" "fence:{lock:register}""#,
         r#"+12.000000 [0 127.0.0.1:1] "evalsha" "s" "2" "lock:register" "fence:{lock:register}" "h:2:c" "1000" "1""#,
         r#"+12.000010 [0 lua] "SET" "lock:register" "h:2:c" "NX" "PX" "1000""#,
         r#"+12.000020 [0 lua] "INCR" "fence:{lock:register}""#,
-    ]
-    .iter()
-    .map(|l| {
-        super::monitor::Event::Command(
-            super::monitor::parse_line(format!("{l}\r\n").as_bytes()).expect("line"),
-        )
-    })
-    .collect();
+    ]);
     let histories = [model::rebuild(&[events], "lock:")];
     let faults = [FaultRecord {
         kind: "client-kill-9".into(),
@@ -1005,17 +1012,7 @@ fn a_section_is_trusted_while_a_quorum_holds_it_even_if_the_nodes_change_midway(
         "end w=1.1 seq=1 token=h:1:a fence=0 start=10001000 end=11500000 outcome=ok lost_seen=0 read=ok write=acc",
     )];
     let node = |events: &[&[String]]| -> History {
-        let events: Vec<super::monitor::Event> = events
-            .iter()
-            .copied()
-            .flatten()
-            .map(|l| {
-                super::monitor::Event::Command(
-                    super::monitor::parse_line(format!("{l}\r\n").as_bytes()).expect("line"),
-                )
-            })
-            .collect();
-        model::rebuild(&[events], "lock:")
+        model::rebuild(&[monitored(events.iter().copied().flatten())], "lock:")
     };
     let grant = |at: &str| {
         [
@@ -1127,19 +1124,15 @@ fn fences_follow_the_servers_order_of_tenures_also_when_a_token_was_granted_twic
     };
     // A's first grant (fence 1) lost its reply and expired; B got fence 2; A's retry with the
     // same token got fence 3. Only B's and A's second tenure have sections.
-    let events: Vec<super::monitor::Event> = [
-        acquire("10.0000", "h:1:a"),
-        acquire("12.0000", "h:2:b"),
-        acquire("14.0000", "h:1:a"),
-    ]
-    .iter()
-    .flatten()
-    .map(|l| {
-        super::monitor::Event::Command(
-            super::monitor::parse_line(format!("{l}\r\n").as_bytes()).expect("line"),
-        )
-    })
-    .collect();
+    let events = monitored(
+        [
+            acquire("10.0000", "h:1:a"),
+            acquire("12.0000", "h:2:b"),
+            acquire("14.0000", "h:1:a"),
+        ]
+        .iter()
+        .flatten(),
+    );
     let histories = [model::rebuild(&[events], "lock:")];
     let line = |worker: u32, text: &str| Line {
         worker,
