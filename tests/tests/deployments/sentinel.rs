@@ -300,13 +300,7 @@ async fn fail_over(deployment: &mut RedisSentinels, fault: impl FnOnce(&mut Redi
 /// A registry that locked once, so it is connected to the master before the fault.
 async fn connected_registry(deployment: &RedisSentinels) -> Registry {
     let reg = registry(deployment);
-    reg.lock("before")
-        .acquire()
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    lock_tests::warm_up(&reg).await;
     reg
 }
 
