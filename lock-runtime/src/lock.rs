@@ -229,6 +229,9 @@ async fn acquire_lease(
     let mut failed_attempt = false;
     loop {
         attempts += 1;
+        if attempts > 1 && inner.backend.undoes_failed_attempts() {
+            token = token::new_token();
+        }
         let sent_at = Instant::now();
         let attempt = inner
             .backend
@@ -241,11 +244,6 @@ async fn acquire_lease(
             })
             .await;
         let now = Instant::now();
-        if !matches!(attempt, Ok(Attempt::Acquired { .. }))
-            && inner.backend.undoes_failed_attempts()
-        {
-            token = token::new_token();
-        }
         let wake_at = match attempt {
             Ok(Attempt::Acquired { fence }) => {
                 let lease = Lease::new(inner.next_lease_id(), key, token, fence, options, sent_at);

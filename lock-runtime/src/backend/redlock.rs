@@ -127,15 +127,7 @@ impl Redlock {
     /// `fan_out` has started each node's task already, so dropping the replies leaves them to
     /// finish on the I/O runtime.
     fn undo_in_background(&self, key: &LockKey, token: &str, announce: bool) {
-        if announce {
-            drop(self.fan_out(self.timeouts.command, release_on(key, token)));
-        } else {
-            let (key, token) = (key.clone_names(), token.to_owned());
-            drop(self.fan_out(self.timeouts.command, move |node| {
-                let (key, token) = (key.clone_names(), token.clone());
-                async move { node.undo(&key, &token).await }
-            }));
-        }
+        drop(self.fan_out(self.timeouts.command, delete_on(key, token, announce)));
     }
 
     /// The owner that holds a quorum of the busy nodes, with its leases there.
@@ -264,7 +256,7 @@ impl Store for Redlock {
     /// `Ok` once a quorum answered (whether any of them still held our token); an error when
     /// fewer did, so the caller retries: the lock may still stand on a majority.
     async fn release(&self, key: &LockKey, token: &str) -> Result<bool, LockError> {
-        let mut replies = self.fan_out(self.timeouts.command, release_on(key, token));
+        let mut replies = self.fan_out(self.timeouts.command, delete_on(key, token, true));
         let (mut answered, mut released, mut errors) = (0, false, Vec::new());
         while answered < self.quorum {
             match replies.next().await {
@@ -413,14 +405,22 @@ impl Store for Redlock {
     }
 }
 
-/// One node's owner-checked release of `key`, for [`Redlock::fan_out`].
-fn release_on(
+/// One node's owner-checked delete of `key`, for [`Redlock::fan_out`]: a release that wakes
+/// waiters if `announce`, else a silent undo.
+fn delete_on(
     key: &LockKey,
     token: &str,
+    announce: bool,
 ) -> impl Fn(Arc<RedisBackend>) -> BoxFuture<'static, Result<bool, LockError>> {
     let (key, token) = (key.clone_names(), token.to_owned());
     move |node| {
         let (key, token) = (key.clone_names(), token.clone());
-        Box::pin(async move { node.release(&key, &token).await })
+        Box::pin(async move {
+            if announce {
+                node.release(&key, &token).await
+            } else {
+                node.undo(&key, &token).await
+            }
+        })
     }
 }
