@@ -17,6 +17,10 @@ pub(crate) struct LockKey {
     pub redis_key: String,
     /// The fencing counter, in a namespace no lock key can reach.
     pub fence_key: String,
+    /// The waiters' queue: their tokens in order of arrival, and each one's deadline, ttl and
+    /// fencing choice (see `ACQUIRE_LUA`).
+    pub queue_key: String,
+    pub queued_key: String,
 }
 
 impl LockKey {
@@ -30,23 +34,23 @@ impl LockKey {
     pub(crate) fn new(prefix: &str, key: String, cluster: bool) -> Result<Self, LockError> {
         validate(&key)?;
         let redis_key = format!("{prefix}{key}");
-        let fence_key = if hash_tag(&redis_key).is_some() {
-            format!("{FENCE_NAMESPACE}{redis_key}")
-        } else if cluster && redis_key.contains(['{', '}']) {
+        if cluster && hash_tag(&redis_key).is_none() && redis_key.contains(['{', '}']) {
             return Err(LockError::InvalidKey {
                 key,
                 reason: "in Redis Cluster a key's braces must form a hash tag like `{tenant}` \
-                         (so the lock and its fencing counter share a slot); this key has a \
-                         stray or empty brace"
+                         (so the lock, its fencing counter and its waiters' queue share a \
+                         slot); this key has a stray or empty brace"
                     .to_owned(),
             });
-        } else {
-            format!("{FENCE_NAMESPACE}{{{redis_key}}}")
-        };
+        }
+        let [fence_key, queue_key, queued_key] =
+            NAMESPACES.map(|namespace| companion(namespace, &redis_key));
         Ok(Self {
             key,
             redis_key,
             fence_key,
+            queue_key,
+            queued_key,
         })
     }
 
@@ -55,6 +59,8 @@ impl LockKey {
             key: self.key.clone(),
             redis_key: self.redis_key.clone(),
             fence_key: self.fence_key.clone(),
+            queue_key: self.queue_key.clone(),
+            queued_key: self.queued_key.clone(),
         }
     }
 
@@ -74,18 +80,33 @@ pub(crate) fn hash_tag(key: &str) -> Option<&str> {
 }
 
 /// Fencing counters live at `fence:{<prefix><key>}` (`fence:<prefix><key>` when the key has a
-/// hash tag). The registry builder rejects prefixes that would let a lock key and a counter
-/// share a name.
+/// hash tag), waiters' queues at `queue:…` and `queued:…` alike. The registry builder rejects
+/// prefixes that would let a lock key and one of these share a name.
 pub(crate) const FENCE_NAMESPACE: &str = "fence:";
+const NAMESPACES: [&str; 3] = [FENCE_NAMESPACE, "queue:", "queued:"];
+
+/// The name of a key that belongs to the lock `redis_key`, in `namespace` and in the lock's
+/// cluster slot: a key with a hash tag keeps it, one without gets its whole name as the tag
+/// (which hashes exactly like the untagged lock key).
+fn companion(namespace: &str, redis_key: &str) -> String {
+    if hash_tag(redis_key).is_some() {
+        format!("{namespace}{redis_key}")
+    } else {
+        format!("{namespace}{{{redis_key}}}")
+    }
+}
 
 pub(crate) fn validate_prefix(prefix: &str) -> Result<(), LockError> {
-    let collides = format!("{FENCE_NAMESPACE}{prefix}").starts_with(prefix);
+    let collides = NAMESPACES
+        .iter()
+        .any(|namespace| format!("{namespace}{prefix}").starts_with(prefix));
     if prefix.is_empty() || collides {
         return Err(LockError::InvalidKey {
             key: prefix.to_owned(),
             reason: format!(
-                "the registry prefix must be non-empty and must not start the fencing namespace \
-                 `{FENCE_NAMESPACE}`; pick one like `lock:`"
+                "the registry prefix must be non-empty and must not start one of the namespaces \
+                 of fencing counters and waiters' queues ({}); pick one like `lock:`",
+                NAMESPACES.map(|n| format!("`{n}`")).join(", ")
             ),
         });
     }
@@ -224,6 +245,9 @@ mod tests {
         assert!(validate_prefix("").is_err());
         assert!(validate_prefix("fence:").is_err());
         assert!(validate_prefix("f").is_err());
+        assert!(validate_prefix("queue").is_err());
+        assert_eq!(k.queue_key, "queue:{lock:deploy:1}");
+        assert_eq!(k.queued_key, "queued:{lock:deploy:1}");
     }
 
     #[test]
@@ -238,6 +262,8 @@ mod tests {
         let tagged = LockKey::new("lock:", "{tenant:7}:job".into(), true).unwrap();
         assert_eq!(tagged.fence_key, "fence:lock:{tenant:7}:job");
         assert_eq!(hash_tag(&tagged.fence_key), hash_tag(&tagged.redis_key));
+        assert_eq!(hash_tag(&tagged.queued_key), hash_tag(&tagged.redis_key));
+        assert_eq!(hash_tag(&plain.queue_key), Some(plain.redis_key.as_str()));
         assert!(LockKey::new("lock:", "a}b".into(), true).is_err());
         assert!(LockKey::new("lock:", "{}b".into(), true).is_err());
         assert_eq!(hash_tag("a{}b{c}"), None, "an empty first tag means no tag");

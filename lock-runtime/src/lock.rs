@@ -206,6 +206,11 @@ async fn acquire_on_io(
 }
 
 /// Acquires, waiting for notifications while the lock is busy.
+///
+/// Where the store hands locks over, a waiter queues up with its first busy attempt and keeps
+/// its place with an attempt every ttl/3; a release then hands it the lock, and the
+/// notification alone says so. Its lease runs from the sending of the last attempt that still
+/// found it queued: the handoff came after that attempt ran, so the key expires no earlier.
 async fn acquire_lease(
     inner: Arc<RegistryInner>,
     key: String,
@@ -222,11 +227,17 @@ async fn acquire_lease(
     let give_up_at = started
         .checked_add(options.wait)
         .unwrap_or_else(|| started + Duration::from_secs(100 * 365 * 24 * 3600));
+    // A try-lock (no `wait`) never queues: it would only have to leave again.
+    let queue = inner.backend.hands_over() && !options.wait.is_zero();
     let hub = inner.backend.hub();
     let mut interest = None;
     let mut attempts = 0u32;
     let mut backoff = Backoff::new();
-    let mut failed_attempt = false;
+    // The token may be in the store without a lease to show for it: queued, or taken by an
+    // attempt whose reply was lost. Unless the lock is acquired, it is let go of on the way out.
+    let mut let_go = LetGo(None);
+    // When the last attempt that found this waiter queued was sent.
+    let mut queued_at = None;
     loop {
         attempts += 1;
         if attempts > 1 && inner.backend.undoes_failed_attempts() {
@@ -241,36 +252,37 @@ async fn acquire_lease(
                 ttl: options.ttl,
                 fencing: options.fencing,
                 first: attempts == 1,
+                queue,
             })
             .await;
         let now = Instant::now();
         let wake_at = match attempt {
             Ok(Attempt::Acquired { fence }) => {
-                let lease = Lease::new(inner.next_lease_id(), key, token, fence, options, sent_at);
-                inner.admit(&lease).await?;
-                tracing::debug!(
-                    key = %crate::error::shown(&lease.key.key),
-                    fence = lease.fence,
-                    attempts,
-                    waited_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
-                    "lock acquired"
-                );
-                return Ok(lease);
+                let_go.disarm();
+                return admitted(
+                    inner, key, token, fence, options, sent_at, attempts, started,
+                )
+                .await;
             }
             Ok(Attempt::Busy { retry_after, .. }) => {
+                if queue {
+                    queued_at = Some(sent_at);
+                    let_go.arm(inner, &key, &token);
+                }
                 if now >= give_up_at {
-                    if failed_attempt {
-                        forget_token_in_background(inner.clone(), key.clone_names(), token);
-                    }
                     return Err(LockError::Busy {
-                        key: key.key,
+                        key: key.key.clone(),
                         retry_after,
                     });
                 }
                 let Some(current) = &interest else {
                     // Subscribe first, then try again at once: a release that happened since the
                     // failed attempt would otherwise go unnoticed until the lease ran out.
-                    interest = Some(hub.interest(key.channel(), give_up_at).await);
+                    let mut fresh = hub.interest(key.channel(), give_up_at).await;
+                    if queue {
+                        fresh.expect_handoff(&token);
+                    }
+                    interest = Some(fresh);
                     continue;
                 };
                 // A lost message costs at most the holder's remaining lease.
@@ -281,35 +293,95 @@ async fn acquire_lease(
                 if !current.notified_by_server {
                     at = at.min(now + backoff.next_pause());
                 }
+                if queue {
+                    // Keeps this waiter's place, which lasts one ttl from each attempt.
+                    at = at.min(sent_at + options.ttl / 3);
+                }
                 at.min(give_up_at)
             }
             Err(error) => {
-                failed_attempt = true;
+                let_go.arm(inner, &key, &token);
                 if now >= give_up_at {
-                    forget_token_in_background(inner.clone(), key, token);
                     return Err(error);
                 }
                 tracing::debug!(%error, "lock attempt failed; retrying within `wait`");
                 (now + backoff.next_pause()).min(give_up_at)
             }
         };
-        match &interest {
-            Some(current) => {
-                tokio::select! {
-                    () = current.released() => {}
-                    () = tokio::time::sleep_until(wake_at) => {}
-                }
+        let Some(current) = &interest else {
+            tokio::time::sleep_until(wake_at).await;
+            continue;
+        };
+        tokio::select! {
+            fence = current.handed_over() => {
+                let_go.disarm();
+                // Set on every busy attempt of a queued waiter, and only such a waiter can be
+                // handed the lock.
+                let sent_at = queued_at.unwrap_or(started);
+                let fence = options.fencing.then_some(fence);
+                return admitted(inner, key, token, fence, options, sent_at, attempts, started)
+                    .await;
             }
-            None => tokio::time::sleep_until(wake_at).await,
+            () = current.released() => {}
+            () = tokio::time::sleep_until(wake_at) => {}
         }
     }
 }
 
-/// After a failed attempt the lock may exist with our token (the reply, not the command, was
-/// lost). Nobody will ever release it, so try once; it would expire by its ttl anyway.
-fn forget_token_in_background(inner: Arc<RegistryInner>, key: LockKey, token: String) {
-    let task = inner.clone();
-    inner.spawn_background(async move {
-        let _ = task.backend.release(&key, &token).await;
-    });
+/// The lease of an acquired lock, admitted by the registry.
+#[allow(clippy::too_many_arguments)]
+async fn admitted(
+    inner: &Arc<RegistryInner>,
+    key: LockKey,
+    token: String,
+    fence: Option<u64>,
+    options: LockOptions,
+    sent_at: Instant,
+    attempts: u32,
+    started: Instant,
+) -> Result<Arc<Lease>, LockError> {
+    let lease = Lease::new(inner.next_lease_id(), key, token, fence, options, sent_at);
+    inner.admit(&lease).await?;
+    tracing::debug!(
+        key = %crate::error::shown(&lease.key.key),
+        fence = lease.fence,
+        attempts,
+        waited_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+        "lock acquired"
+    );
+    Ok(lease)
+}
+
+/// Lets go of an acquisition's token in the background when dropped armed (the acquisition
+/// gave up, failed or was cancelled): takes it out of the waiters' queue, and releases the lock
+/// if it holds it after all (a reply was lost, or a release handed it over just now), so it
+/// goes on to the next waiter instead of sitting out its ttl.
+struct LetGo(Option<(Arc<RegistryInner>, LockKey, String)>);
+
+impl LetGo {
+    fn arm(&mut self, inner: &Arc<RegistryInner>, key: &LockKey, token: &str) {
+        match &mut self.0 {
+            Some((_, _, armed)) if armed == token => {}
+            Some((_, _, armed)) => {
+                // Redlock's fresh token per attempt; the earlier ones are undone by Redlock.
+                *armed = token.to_owned();
+            }
+            None => self.0 = Some((inner.clone(), key.clone_names(), token.to_owned())),
+        }
+    }
+
+    fn disarm(&mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for LetGo {
+    fn drop(&mut self) {
+        if let Some((inner, key, token)) = self.0.take() {
+            let task = inner.clone();
+            inner.spawn_background(async move {
+                let _ = task.backend.release(&key, &token).await;
+            });
+        }
+    }
 }

@@ -74,7 +74,12 @@ impl LockOptions {
         self
     }
 
-    /// How long to wait for a busy lock; zero tries once.
+    /// How long to wait for a busy lock; zero tries once (and never queues).
+    ///
+    /// Waiters are served first come, first served: a busy attempt takes a place in the lock's
+    /// queue, and the holder's release hands the lock straight to the oldest live waiter
+    /// (single server, Sentinel, Cluster and memory; not Redlock or `confirm_replicas`, whose
+    /// waiters are woken and retry). A waiter that gives up or is cancelled leaves the queue.
     #[must_use]
     pub const fn wait(mut self, wait: Duration) -> Self {
         self.wait = wait;

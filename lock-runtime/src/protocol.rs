@@ -3,11 +3,18 @@
 //! - A lock is one Redis string, `<prefix><key>` (prefix `lock:` by default), holding the
 //!   owner's token, with a `PX` expiry: `SET <prefix><key> <token> NX PX <ttl_ms>` takes it, as
 //!   redis-py's `Lock`, redsync and node-redlock do, so their holders and ours exclude each other.
-//! - A release is [`RELEASE_LUA`]: an owner-checked delete that also publishes on the channel
-//!   named like the lock key (`SPUBLISH` in a cluster), which wakes our waiters at once. The
-//!   message is the SHA-1 (lowercase hex) of the released token; any other message wakes a
-//!   waiter too. A peer that deletes with its own script is still safe; our waiters then notice
-//!   the release when the holder's lease would have ended.
+//! - Our waiters queue up beside the lock, in its cluster slot: `queue:{<prefix><key>}`, a sorted
+//!   set of their tokens by arrival, and `queued:{<prefix><key>}`, a hash from each token to
+//!   `"<deadline ms> <ttl ms> <fencing 0|1>"` (the deadline on the server's clock, one ttl after
+//!   the waiter's last attempt). [`ACQUIRE_LUA`] takes or renews a place; a place past its
+//!   deadline is dropped, never served.
+//! - A release is [`RELEASE_LUA`]: owner-checked, it hands the lock to the oldest live waiter
+//!   (`SET` to its token with its ttl) or deletes it, and publishes on the channel named like the
+//!   lock key (`SPUBLISH` in a cluster). The message is `<released>` when the lock is free, and
+//!   `<released>:<next>:<fence>` when it went to a waiter, each name the SHA-1 (lowercase hex) of
+//!   a token; any other message wakes a waiter too. A peer that deletes with its own script is
+//!   still safe; our waiters then notice the release when the holder's lease would have ended,
+//!   and the oldest of them takes the lock.
 //! - Redlock takes back an attempt that won only a minority with [`UNDO_LUA`], which wakes
 //!   nobody.
 //! - A renewal is [`RENEW_LUA`] (an owner-checked `PEXPIRE`), an inspection [`INSPECT_LUA`],
@@ -18,7 +25,7 @@
 //!
 //! ```
 //! // The same owner-checked release, from any Redis client:
-//! assert!(lock_runtime::protocol::RELEASE_LUA.contains("redis.pcall('GET', KEYS[1]) == ARGV[1]"));
+//! assert!(lock_runtime::protocol::RELEASE_LUA.contains("if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then"));
 //! ```
 
 pub use crate::backend::redis::scripts::{

@@ -11,6 +11,10 @@
 //! (see [`tenure_name`]) wakes nobody the second time it arrives: a Redlock release is
 //! published by every node that held the lock, and still costs one retry per process.
 //!
+//! Where the store hands a released lock straight to the oldest waiter (see `RELEASE_LUA`), the
+//! notification names the new holder's tenure and fencing token: it wakes that waiter alone,
+//! which holds the lock on arrival, and nobody else (the lock is not free).
+//!
 //! A waiter registers its interest *before* its next attempt, so a release between a failed
 //! attempt and the subscription is never missed. Every wait is also bounded by the holder's
 //! remaining lease, so a lost message (a reconnect, a crashed holder that never released)
@@ -49,6 +53,45 @@ struct Slot {
     /// The tenures whose release woke a waiter here, newest last: one release arrives once
     /// per node that held it, within moments of each other.
     released: Mutex<VecDeque<String>>,
+    /// The waiters here that a release may hand the lock to, by the name of their tenure.
+    handoffs: Mutex<HashMap<String, Arc<Handoff>>>,
+}
+
+/// A handed-over lock on its way to the waiter it went to.
+#[derive(Default)]
+struct Handoff {
+    /// The fencing token that came with it (0 without fencing).
+    fence: std::sync::OnceLock<u64>,
+    arrived: Notify,
+}
+
+/// A release notification, read.
+#[derive(Debug, PartialEq, Eq)]
+enum Message<'a> {
+    /// The lock is free; with the released tenure where the message names it.
+    Freed { released: Option<&'a str> },
+    /// The lock went to the waiter whose tenure is `next`, with fencing token `fence`.
+    HandedOver { next: &'a str, fence: u64 },
+}
+
+impl<'a> Message<'a> {
+    fn read(message: &'a str) -> Self {
+        let mut parts = message.split(':');
+        if let (Some(released), Some(next), Some(fence), None) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        {
+            if let (true, true, Ok(fence)) = (
+                released.is_empty() || names_a_tenure(released),
+                names_a_tenure(next),
+                fence.parse(),
+            ) {
+                return Self::HandedOver { next, fence };
+            }
+        }
+        Self::Freed {
+            released: names_a_tenure(message).then_some(message),
+        }
+    }
 }
 
 /// How many released tenures a slot remembers; far more than releases of one key that can
@@ -58,6 +101,22 @@ const REMEMBERED: usize = 8;
 impl Slot {
     fn released(&self) -> MutexGuard<'_, VecDeque<String>> {
         self.released.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn handoffs(&self) -> MutexGuard<'_, HashMap<String, Arc<Handoff>>> {
+        self.handoffs.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn deliver(&self, message: &Message<'_>) {
+        match *message {
+            Message::Freed { released } => self.wake_one(released),
+            Message::HandedOver { next, fence } => {
+                if let Some(handoff) = self.handoffs().get(next) {
+                    let _ = handoff.fence.set(fence);
+                    handoff.arrived.notify_one();
+                }
+            }
+        }
     }
 
     /// Wakes one waiter, unless this notification names a tenure whose release already did.
@@ -101,10 +160,10 @@ impl Slots {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn wake_one(&self, channel: &str, tenure: Option<&str>) {
+    fn deliver(&self, channel: &str, message: &Message<'_>) {
         let slot = self.lock().get(channel).map(|entry| entry.slot.clone());
         if let Some(slot) = slot {
-            slot.wake_one(tenure);
+            slot.deliver(message);
         }
     }
 
@@ -128,13 +187,14 @@ pub(crate) enum FeedCommand {
 pub(crate) struct Waiters(Weak<Slots>);
 
 impl Waiters {
-    /// Wakes one waiter of `channel` for a release notification carrying `message`. `false`
-    /// once the hub is gone: the feed may stop.
-    pub(crate) fn wake_one(&self, channel: &str, message: &str) -> bool {
-        let tenure = names_a_tenure(message).then_some(message);
+    /// Delivers a release notification carrying `message` on `channel`: to the waiter the lock
+    /// was handed to, or to one waiter of a freed lock. `false` once the hub is gone: the feed
+    /// may stop.
+    pub(crate) fn deliver(&self, channel: &str, message: &str) -> bool {
+        let message = Message::read(message);
         self.0
             .upgrade()
-            .map(|s| s.wake_one(channel, tenure))
+            .map(|s| s.deliver(channel, &message))
             .is_some()
     }
 
@@ -177,17 +237,45 @@ pub(crate) struct Interest<'a> {
     /// `false` when no notification can arrive (no feed could follow the channel): the waiter
     /// backs off.
     pub notified_by_server: bool,
+    /// The tenure this waiter may be handed the lock for, once it said so.
+    handoff: Option<(String, Arc<Handoff>)>,
 }
 
 impl Interest<'_> {
-    /// Resolves on the next release notification for this key.
+    /// Resolves on the next release notification for this key that leaves it free.
     pub(crate) async fn released(&self) {
         self.slot.notify.notified().await;
+    }
+
+    /// From now on, a release that hands the lock to `token` is delivered to
+    /// [`handed_over`](Self::handed_over).
+    pub(crate) fn expect_handoff(&mut self, token: &str) {
+        let (tenure, handoff) = (tenure_name(token), Arc::<Handoff>::default());
+        self.slot.handoffs().insert(tenure.clone(), handoff.clone());
+        self.handoff = Some((tenure, handoff));
+    }
+
+    /// Resolves when a release handed the lock to this waiter's token (see
+    /// [`expect_handoff`](Self::expect_handoff); never without it), with the fencing token that
+    /// came with it (0 without fencing).
+    pub(crate) async fn handed_over(&self) -> u64 {
+        let Some((_, handoff)) = &self.handoff else {
+            return std::future::pending().await;
+        };
+        loop {
+            if let Some(fence) = handoff.fence.get() {
+                return *fence;
+            }
+            handoff.arrived.notified().await;
+        }
     }
 }
 
 impl Drop for Interest<'_> {
     fn drop(&mut self) {
+        if let Some((tenure, _)) = &self.handoff {
+            self.slot.handoffs().remove(tenure);
+        }
         let mut slots = self.hub.shared.lock();
         let Some(entry) = slots.get_mut(&self.channel) else {
             return;
@@ -241,7 +329,16 @@ impl WaitHub {
 
     /// Wakes one waiter for `channel` (the in-memory backend calls this on release).
     pub(crate) fn notify(&self, channel: &str) {
-        self.shared.wake_one(channel, None);
+        self.shared
+            .deliver(channel, &Message::Freed { released: None });
+    }
+
+    /// Tells the waiter holding `token` that a release handed it the lock, with fencing token
+    /// `fence` (the in-memory backend's handoff).
+    pub(crate) fn hand_over(&self, channel: &str, token: &str, fence: u64) {
+        let next = tenure_name(token);
+        self.shared
+            .deliver(channel, &Message::HandedOver { next: &next, fence });
     }
 
     /// Whether a release notification for the tenure of `token` on `channel` has arrived
@@ -271,6 +368,7 @@ impl WaitHub {
                         notify: Notify::new(),
                         followed: tokio::sync::OnceCell::new(),
                         released: Mutex::default(),
+                        handoffs: Mutex::default(),
                     }),
                     interest: 0,
                 });
@@ -282,6 +380,7 @@ impl WaitHub {
             channel: channel.to_owned(),
             slot: slot.clone(),
             notified_by_server: true,
+            handoff: None,
         };
         if self.feeds.is_empty() {
             return interest;
@@ -340,7 +439,7 @@ mod tests {
         let tenure = tenure_name("holder-token");
         assert!(!hub.released_recently("k", "holder-token"));
         for _ in 0..3 {
-            assert!(waiters.wake_one("k", &tenure));
+            assert!(waiters.deliver("k", &tenure));
         }
         assert!(hub.released_recently("k", "holder-token"));
         let woken = |interest: &Interest<'_>| {
@@ -350,7 +449,41 @@ mod tests {
         assert!(woken(&first), "the first announcement wakes a waiter");
         assert!(!woken(&second), "its copies from other nodes wake nobody");
         // Messages that name no tenure wake a waiter each time.
-        waiters.wake_one("k", "released");
+        waiters.deliver("k", "released");
         assert!(woken(&second));
+    }
+
+    #[tokio::test]
+    async fn a_handed_over_lock_reaches_its_waiter_alone() {
+        let hub = WaitHub::fed_by(Vec::<fn(Waiters, _) -> std::future::Ready<()>>::new());
+        let waiters = Waiters(Arc::downgrade(&hub.shared));
+        let far = Instant::now() + std::time::Duration::from_secs(60);
+        let (mut chosen, mut other) = (hub.interest("k", far).await, hub.interest("k", far).await);
+        chosen.expect_handoff("chosen-token");
+        other.expect_handoff("other-token");
+        let message = format!("{}:{}:42", tenure_name("old"), tenure_name("chosen-token"));
+        assert_eq!(
+            Message::read(&message),
+            Message::HandedOver {
+                next: &tenure_name("chosen-token"),
+                fence: 42
+            }
+        );
+        waiters.deliver("k", &message);
+        use futures_util::FutureExt;
+        assert_eq!(chosen.handed_over().now_or_never(), Some(42));
+        assert_eq!(
+            other.handed_over().now_or_never(),
+            None,
+            "not handed to the other"
+        );
+        assert!(
+            other.released().now_or_never().is_none(),
+            "nor woken: the lock is not free"
+        );
+        // A lock handed over by an acquisition that found it free names no released tenure.
+        let message = format!(":{}:0", tenure_name("other-token"));
+        waiters.deliver("k", &message);
+        assert_eq!(other.handed_over().now_or_never(), Some(0));
     }
 }

@@ -5,6 +5,7 @@ mod runtime {
     mod exclusion;
     mod failures;
     mod fencing;
+    mod handoff;
     mod leases;
     mod memory;
     mod reentrancy;

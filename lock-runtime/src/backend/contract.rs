@@ -51,6 +51,9 @@ pub(crate) struct Acquire<'a> {
     /// The first attempt of an acquisition, which usually finds the lock free; later attempts
     /// (while waiting) go straight to the script that also reports the holder's lease.
     pub first: bool,
+    /// Queue up when busy, where the store hands locks over (see `RELEASE_LUA`): set while the
+    /// caller is prepared to wait.
+    pub queue: bool,
 }
 
 /// One lock in a renewal batch.

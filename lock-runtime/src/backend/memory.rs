@@ -1,6 +1,6 @@
 //! An in-process store with the same semantics as Redis, for unit tests and local runs.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -14,7 +14,8 @@ use crate::LockError;
 /// Locks kept in this process's memory.
 ///
 /// One store shared by several registries behaves like one Redis shared by several replicas:
-/// they exclude each other, wait on each other's releases and share fencing counters. Time is
+/// they exclude each other, queue up for each other's releases (which hand the lock to the
+/// oldest live waiter) and share fencing counters. Time is
 /// Tokio's clock, so tests under `tokio::time::pause()` can let leases expire instantly.
 ///
 /// ```
@@ -60,6 +61,8 @@ impl Default for Inner {
 #[derive(Default)]
 struct Data {
     locks: HashMap<String, Entry>,
+    /// Each lock's waiters, oldest first, as `ACQUIRE_LUA` keeps them in Redis.
+    queues: HashMap<String, VecDeque<Waiter>>,
     fences: HashMap<String, Fence>,
     /// The highest token this store ever handed out: a counter that expired restarts above it,
     /// as a Redis counter restarts above its predecessor from the server's clock.
@@ -72,6 +75,20 @@ struct Data {
 struct Fence {
     last: u64,
     expires_at: Instant,
+}
+
+struct Waiter {
+    token: String,
+    ttl: Duration,
+    fencing: bool,
+    /// Its place is dropped after this, unless an attempt renewed it.
+    deadline: Instant,
+}
+
+/// Who the lock went to in a handoff, for the notification sent once the data is unlocked.
+struct HandedOver {
+    token: String,
+    fence: u64,
 }
 
 struct Entry {
@@ -101,6 +118,59 @@ impl Data {
 }
 
 impl Data {
+    fn leave_queue(&mut self, key: &str, token: &str) {
+        if let Some(queue) = self.queues.get_mut(key) {
+            queue.retain(|w| w.token != token);
+            if queue.is_empty() {
+                self.queues.remove(key);
+            }
+        }
+    }
+
+    /// Takes or keeps `token`'s place in `key`'s queue, renewing it for one ttl.
+    fn queue_up(&mut self, attempt: &Acquire<'_>, now: Instant) {
+        let queue = self
+            .queues
+            .entry(attempt.key.redis_key.clone())
+            .or_default();
+        let deadline = now + attempt.ttl;
+        match queue.iter_mut().find(|w| w.token == attempt.token) {
+            Some(waiter) => waiter.deadline = deadline,
+            None => queue.push_back(Waiter {
+                token: attempt.token.to_owned(),
+                ttl: attempt.ttl,
+                fencing: attempt.fencing,
+                deadline,
+            }),
+        }
+    }
+
+    /// Gives the free lock `key` to its oldest live waiter, dropping the stale ones before it.
+    fn hand_over(&mut self, key: &LockKey, now: Instant) -> Option<HandedOver> {
+        let queue = self.queues.get_mut(&key.redis_key)?;
+        let waiter = std::iter::from_fn(|| queue.pop_front()).find(|w| w.deadline > now);
+        if queue.is_empty() {
+            self.queues.remove(&key.redis_key);
+        }
+        let waiter = waiter?;
+        self.locks.insert(
+            key.redis_key.clone(),
+            Entry {
+                token: waiter.token.clone(),
+                expires_at: Some(now + waiter.ttl),
+            },
+        );
+        let fence = if waiter.fencing {
+            self.next_fence(&key.fence_key, now)
+        } else {
+            0
+        };
+        Some(HandedOver {
+            token: waiter.token,
+            fence,
+        })
+    }
+
     /// The next token for `fence_key`, with the same rules as Redis: the counter expires a day
     /// after its last use, and a new one starts above every earlier token.
     fn next_fence(&mut self, fence_key: &str, now: Instant) -> u64 {
@@ -159,39 +229,71 @@ impl Store for MemoryStore {
     async fn acquire(&self, attempt: &Acquire<'_>) -> Result<Attempt, LockError> {
         let now = Instant::now();
         let mut data = self.inner.data();
-        if let Some(entry) = data.live(&attempt.key.redis_key, now) {
-            if entry.token != attempt.token {
-                return Ok(Attempt::Busy {
-                    retry_after: entry.expires_at.map(|t| t - now),
-                    holder: Some(entry.token.clone()),
-                });
-            }
-        }
-        data.locks.insert(
-            attempt.key.redis_key.clone(),
-            Entry {
-                token: attempt.token.to_owned(),
-                expires_at: Some(now + attempt.ttl),
+        let key = attempt.key;
+        let mut handed = None;
+        let owner = match data.live(&key.redis_key, now) {
+            Some(entry) => Some(entry.token.clone()),
+            // A free lock goes to the oldest live waiter, if that is not the caller.
+            None => match data.hand_over(key, now) {
+                Some(to) if to.token != attempt.token => {
+                    let owner = to.token.clone();
+                    handed = Some(to);
+                    Some(owner)
+                }
+                Some(_) | None => None,
             },
-        );
-        let fence = attempt
-            .fencing
-            .then(|| data.next_fence(&attempt.key.fence_key, now));
-        Ok(Attempt::Acquired { fence })
+        };
+        let outcome = match owner {
+            Some(owner) if owner != attempt.token => {
+                if attempt.queue {
+                    data.queue_up(attempt, now);
+                }
+                let entry = data.live(&key.redis_key, now);
+                Attempt::Busy {
+                    retry_after: entry.and_then(|e| e.expires_at).map(|t| t - now),
+                    holder: Some(owner),
+                }
+            }
+            _ => {
+                data.leave_queue(&key.redis_key, attempt.token);
+                data.locks.insert(
+                    key.redis_key.clone(),
+                    Entry {
+                        token: attempt.token.to_owned(),
+                        expires_at: Some(now + attempt.ttl),
+                    },
+                );
+                let fence = attempt
+                    .fencing
+                    .then(|| data.next_fence(&key.fence_key, now));
+                Attempt::Acquired { fence }
+            }
+        };
+        drop(data);
+        if let Some(to) = handed {
+            self.inner.hub.hand_over(key.channel(), &to.token, to.fence);
+        }
+        Ok(outcome)
     }
 
     async fn release(&self, key: &LockKey, token: &str) -> Result<bool, LockError> {
         let now = Instant::now();
         let mut data = self.inner.data();
+        data.leave_queue(&key.redis_key, token);
         let ours = data
             .live(&key.redis_key, now)
             .is_some_and(|e| e.token == token);
-        if ours {
-            data.locks.remove(&key.redis_key);
-            drop(data);
-            self.inner.hub.notify(key.channel());
+        if !ours {
+            return Ok(false);
         }
-        Ok(ours)
+        data.locks.remove(&key.redis_key);
+        let handed = data.hand_over(key, now);
+        drop(data);
+        match handed {
+            Some(to) => self.inner.hub.hand_over(key.channel(), &to.token, to.fence),
+            None => self.inner.hub.notify(key.channel()),
+        }
+        Ok(true)
     }
 
     async fn renew(

@@ -107,6 +107,17 @@ impl Backend {
         matches!(self, Self::Redlock(_))
     }
 
+    /// Whether a release hands the lock straight to the oldest waiter that queued up: memory,
+    /// and a single deployment's Redis without `confirm_replicas` (see
+    /// `RedisBackend::hands_over`).
+    pub(crate) fn hands_over(&self) -> bool {
+        match self {
+            Self::Redis(n) => n.hands_over(),
+            Self::Memory(_) => true,
+            Self::Redlock(_) => false,
+        }
+    }
+
     /// Whether keys must keep the lock, its counter and its channel in one hash slot.
     pub(crate) fn is_cluster(&self) -> bool {
         matches!(self, Self::Redis(n) if n.is_cluster())

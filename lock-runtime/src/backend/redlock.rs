@@ -183,6 +183,7 @@ impl Store for Redlock {
                     ttl,
                     fencing: false,
                     first: false,
+                    queue: false,
                 };
                 node.acquire(&attempt).await
             }

@@ -17,6 +17,10 @@ async fn an_acl_user_limited_to_the_lock_keys_can_lock_wait_and_fence() {
         "~lock:*",
         "~fence:lock:*",
         "~fence:{lock:*",
+        "~queue:lock:*",
+        "~queue:{lock:*",
+        "~queued:lock:*",
+        "~queued:{lock:*",
         "&lock:*",
         "+@all",
     ]);

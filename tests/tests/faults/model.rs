@@ -235,12 +235,17 @@ impl Builder<'_> {
             let name = cmd.name();
             match name.as_str() {
                 "SET" => {
-                    // A refused SET NX is followed by TYPE on the same key in the acquire script.
-                    let refused = body
-                        .get(i + 1)
-                        .is_some_and(|n| n.name() == "TYPE" && n.arg(1) == key.as_slice());
-                    let px = cmd.arg_str(5).parse::<i64>().ok().filter(|v| *v > 0);
-                    let Some(px) = px.filter(|_| cmd.arg_str(4).eq_ignore_ascii_case("PX")) else {
+                    // The acquire script reads the owner (GET) only after its SET NX was refused.
+                    let nx = cmd.args[3..].iter().any(|a| a.eq_ignore_ascii_case(b"NX"));
+                    let refused = nx
+                        && body
+                            .get(i + 1)
+                            .is_some_and(|n| n.name() == "GET" && n.arg(1) == key.as_slice());
+                    let px = (3..cmd.args.len())
+                        .find(|&j| cmd.arg_str(j).eq_ignore_ascii_case("PX"))
+                        .and_then(|j| cmd.arg_str(j + 1).parse::<i64>().ok())
+                        .filter(|v| *v > 0);
+                    let Some(px) = px else {
                         self.history.violations.push(format!(
                             "(f) scripted SET of {} without a positive PX at {}",
                             String::from_utf8_lossy(&key),
@@ -249,10 +254,19 @@ impl Builder<'_> {
                         continue;
                     };
                     self.expire(&key, cmd.at_us);
+                    let token = cmd.arg_str(2);
                     if refused {
                         self.survived(&key);
+                    } else if !nx
+                        && self
+                            .owner(&key)
+                            .is_some_and(|o| argv.contains(&o.as_bytes()))
+                    {
+                        // The owner's release, handing the lock to the oldest waiter.
+                        self.end(&key, cmd.at_us, "handed over");
+                        self.acquired(&key, &token, cmd.at_us, px, "handoff");
                     } else {
-                        self.acquired(&key, &cmd.arg_str(2), cmd.at_us, px, "acquire script");
+                        self.acquired(&key, &token, cmd.at_us, px, "acquire script");
                     }
                 }
                 "PEXPIRE" => {
@@ -458,13 +472,12 @@ mod tests {
     fn the_model_follows_tenures_and_flags_foreign_renewals_and_keys_without_expiry() {
         let history = rebuild(
             &[events(&[
-                // A acquires through the script, B is refused (TYPE follows its SET).
+                // A acquires through the script, B is refused (GET follows its SET).
                 r#"10.000000 [0 127.0.0.1:1] "evalsha" "s" "2" "lock:k" "fence:{lock:k}" "A" "1000" "1""#,
                 r#"10.000010 [0 lua] "SET" "lock:k" "A" "NX" "PX" "1000""#,
                 r#"10.000020 [0 lua] "INCR" "fence:{lock:k}""#,
                 r#"10.100000 [0 127.0.0.1:2] "evalsha" "s" "2" "lock:k" "fence:{lock:k}" "B" "1000" "1""#,
                 r#"10.100010 [0 lua] "SET" "lock:k" "B" "NX" "PX" "1000""#,
-                r#"10.100020 [0 lua] "TYPE" "lock:k""#,
                 r#"10.100030 [0 lua] "GET" "lock:k""#,
                 r#"10.100040 [0 lua] "PTTL" "lock:k""#,
                 // A renews; then a script that does not carry A's token extends A's lock.
@@ -514,7 +527,7 @@ mod tests {
         let second = events(&[
             r#"10.200000 [0 127.0.0.1:2] "evalsha" "s" "2" "lock:k" "fence:{lock:k}" "B" "1000" "0""#,
             r#"10.200010 [0 lua] "SET" "lock:k" "B" "NX" "PX" "1000""#,
-            r#"10.200020 [0 lua] "TYPE" "lock:k""#,
+            r#"10.200020 [0 lua] "GET" "lock:k""#,
             r#"10.300000 [0 127.0.0.1:1] "evalsha" "r" "1" "lock:k" "A" "1000""#,
             r#"10.300010 [0 lua] "GET" "lock:k""#,
             r#"10.300020 [0 lua] "PEXPIRE" "lock:k" "1000""#,
@@ -531,5 +544,34 @@ mod tests {
         let c = by_token["C"][0];
         assert_eq!((c.ended_us, c.ended_by), (Some(10_100_000), "server lost"));
         assert_eq!(by_token["D"][0].since_us, 10_400_010);
+    }
+
+    #[test]
+    fn a_release_that_hands_the_lock_over_ends_one_tenure_where_the_next_begins() {
+        let release = |at: u32, caller: &str, next: &str| {
+            [
+                format!(
+                    r#"10.{at}000 [0 127.0.0.1:1] "evalsha" "x" "4" "lock:k" "fence:{{lock:k}}" "queue:{{lock:k}}" "queued:{{lock:k}}" "{caller}" "PUBLISH""#
+                ),
+                format!(r#"10.{at}010 [0 lua] "GET" "lock:k""#),
+                format!(r#"10.{at}020 [0 lua] "EXISTS" "queue:{{lock:k}}""#),
+                format!(r#"10.{at}030 [0 lua] "SET" "lock:k" "{next}" "PX" "1000""#),
+                format!(r#"10.{at}040 [0 lua] "PUBLISH" "lock:k" "x""#),
+            ]
+        };
+        let mut lines =
+            vec![r#"10.000000 [0 127.0.0.1:1] "SET" "lock:k" "A" "NX" "PX" "1000""#.to_owned()];
+        lines.extend(release(100, "A", "B"));
+        // A script without B's token sets B's lock to C: an acquisition while B holds it.
+        lines.extend(release(200, "A", "C"));
+        let lines: Vec<&str> = lines.iter().map(String::as_str).collect();
+        let history = rebuild(&[events(&lines)], "lock:");
+        let by_token = history.by_token();
+        let a = by_token["A"][0];
+        assert_eq!((a.ended_us, a.ended_by), (Some(10_100_030), "handed over"));
+        assert_eq!(by_token["B"][0].since_us, 10_100_030);
+        let v = history.violations.join("\n");
+        assert_eq!(history.violations.len(), 1, "{v}");
+        assert!(v.contains("(model) acquire script of lock:k by C"), "{v}");
     }
 }

@@ -111,7 +111,8 @@ fn captured_scripts(events: &[Event], redis_key: &str) -> (Entry, Entry) {
             })
             .collect();
         let names: Vec<String> = body.iter().map(|c| c.name()).collect();
-        if names == ["GET", "DEL", "PUBLISH"] {
+        // The release: the owner check, a look for queued waiters (none), the delete.
+        if names == ["GET", "EXISTS", "DEL", "PUBLISH"] {
             release = Some(call.clone());
         } else if names == ["GET", "PEXPIRE"] && call.arg_str(2) == "1" {
             renew = Some(call.clone());
@@ -300,6 +301,14 @@ const MINIMAL_COMMANDS: &[&str] = &[
     "incr",
     "time",
     "publish",
+    "exists",
+    "zadd",
+    "zrange",
+    "zrem",
+    "zscore",
+    "hset",
+    "hget",
+    "hdel",
 ];
 
 fn acl_setuser(con: &mut redis::Connection, commands: &[&str]) {
@@ -312,6 +321,10 @@ fn acl_setuser(con: &mut redis::Connection, commands: &[&str]) {
     cmd.arg("~lock:*")
         .arg("~fence:lock:*")
         .arg("~fence:{lock:*")
+        .arg("~queue:lock:*")
+        .arg("~queue:{lock:*")
+        .arg("~queued:lock:*")
+        .arg("~queued:{lock:*")
         .arg("&lock:*")
         .arg("-@all");
     for c in commands {

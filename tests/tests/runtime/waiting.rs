@@ -24,7 +24,7 @@ async fn until_subscribed(server: &RedisServer, channel: &str, n: i64) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_waiter_sends_no_commands_while_parked_and_wakes_on_release() {
+async fn a_waiter_sends_no_commands_while_parked_and_holds_the_lock_when_the_release_arrives() {
     let server = RedisServer::start();
     let (holder_reg, waiter_reg) = (registry(&server), registry(&server));
     let held = holder_reg
@@ -67,12 +67,12 @@ async fn a_waiter_sends_no_commands_while_parked_and_wakes_on_release() {
         .unwrap()
         .expect("the waiter gets the lock after the release");
     let end = sent(&mut con);
-    // A waiter's retries go straight to the acquire script (it reports the holder's lease if it
-    // loses again), so the winning attempt is a script whose SET counts inside it.
+    // The release script hands the lock to the queued waiter with a SET of its own, and its
+    // notification tells the waiter so: the waiter sends nothing more.
     assert_eq!(
         [end[0] - after[0], end[1] - after[1]],
-        [2, 1],
-        "the release script, then one winning acquire script"
+        [1, 1],
+        "the release script alone, handing the lock over"
     );
     assert_eq!(guard.key(), "queue");
 }

@@ -51,6 +51,9 @@ pub(crate) struct RedisBackend {
     /// With `confirm_replicas`: acquisitions and renewals, acknowledged by replicas.
     confirm: Option<Confirmer>,
     hub: WaitHub,
+    /// Whether waiters queue up and releases hand the lock straight to the oldest (see
+    /// [`Self::hands_over`]).
+    hands_over: bool,
 }
 
 impl RedisBackend {
@@ -69,6 +72,7 @@ impl RedisBackend {
                     timeouts,
                 )),
             };
+            backend.hands_over = false;
             backend.confirm = Some(Confirmer::new(
                 replicas,
                 route,
@@ -81,11 +85,13 @@ impl RedisBackend {
 
     /// A Redlock node: its waiters are the Redlock's, fed by every node (see [`Self::source`]).
     pub(crate) fn redlock_node(client: redis::Client, timeouts: Timeouts) -> Self {
-        Self::with_hub(
+        let mut node = Self::with_hub(
             Topology::Server(Box::new(client)),
             timeouts,
             WaitHub::local(),
-        )
+        );
+        node.hands_over = false;
+        node
     }
 
     fn with_hub(topology: Topology, timeouts: Timeouts, hub: WaitHub) -> Self {
@@ -105,6 +111,7 @@ impl RedisBackend {
             nodes,
             confirm: None,
             hub,
+            hands_over: true,
         }
     }
 
@@ -133,6 +140,65 @@ impl RedisBackend {
 
     pub(crate) fn is_cluster(&self) -> bool {
         matches!(self.topology, Topology::Cluster(_))
+    }
+
+    /// Whether waiters queue up beside the lock and a release hands it straight to the oldest
+    /// live one. Not on a Redlock node: each node would pick its own oldest waiter, and a
+    /// handoff must reach a quorum for the same waiter (nodes can disagree on the order, and a
+    /// waiter holding a minority would need its own undo), so Redlock waiters wake and race as
+    /// before. Not with `confirm_replicas`: a handoff happens inside a release, with no `WAIT`
+    /// to confirm it, so its waiters take the lock themselves on the confirming connection.
+    pub(crate) fn hands_over(&self) -> bool {
+        self.hands_over
+    }
+
+    /// The acquire script on `con`, naming the waiters' queue when `queued` (and the fencing
+    /// counter when it is needed). In a cluster slot under migration Redis refuses a script
+    /// whose keys are not all on one node (`TRYAGAIN`): a caller then goes without the queue.
+    async fn acquire_script(
+        &self,
+        con: &mut Following<'_, OnIo<Connection>>,
+        attempt: &Acquire<'_>,
+        queued: bool,
+    ) -> redis::RedisResult<Vec<Value>> {
+        let key = attempt.key;
+        let mut call = scripts::ACQUIRE.key(&key.redis_key);
+        if queued {
+            call.key(&key.fence_key)
+                .key(&key.queue_key)
+                .key(&key.queued_key);
+        } else if attempt.fencing {
+            // Named only when used: during a slot migration Redis refuses a script whose keys
+            // are not all on one node, and a lock without fencing may have no counter at all.
+            call.key(&key.fence_key);
+        }
+        call.arg(attempt.token)
+            .arg(ttl_ms(attempt.ttl))
+            .arg(u8::from(attempt.fencing))
+            .arg(u8::from(attempt.queue))
+            .arg(self.publish_command())
+            .invoke_async(con)
+            .await
+    }
+
+    /// The release script on `con`, as [`Self::acquire_script`] names keys.
+    async fn release_script(
+        &self,
+        con: &mut Following<'_, OnIo<Connection>>,
+        key: &LockKey,
+        token: &str,
+        queued: bool,
+    ) -> redis::RedisResult<i64> {
+        let mut call = scripts::RELEASE.key(&key.redis_key);
+        if queued {
+            call.key(&key.fence_key)
+                .key(&key.queue_key)
+                .key(&key.queued_key);
+        }
+        call.arg(token)
+            .arg(self.publish_command())
+            .invoke_async(con)
+            .await
     }
 
     /// `SPUBLISH` keeps a cluster's notification on the shard that owns the lock.
@@ -179,7 +245,9 @@ impl RedisBackend {
             .arg(&attempt.key.fence_key)
             .arg(attempt.token)
             .arg(ttl_ms(attempt.ttl))
-            .arg(u8::from(attempt.fencing));
+            .arg(u8::from(attempt.fencing))
+            .arg(0u8)
+            .arg(self.publish_command());
         // Small against the ttl: the lease's deadline runs from before the acquisition was sent.
         let wait = attempt.ttl / 20;
         let confirmed = confirm
@@ -319,14 +387,12 @@ impl RedisBackend {
     }
 
     fn error(&self, command: &'static str, key: Option<&str>, e: redis::RedisError) -> LockError {
-        let migrating = matches!(
-            e.kind(),
-            redis::ErrorKind::Server(
-                redis::ServerErrorKind::TryAgain | redis::ServerErrorKind::Ask
-            )
-        );
         if self.is_cluster()
-            && !migrating
+            && !migrating(&e)
+            && !matches!(
+                e.kind(),
+                redis::ErrorKind::Server(redis::ServerErrorKind::Ask)
+            )
             && (e.is_cluster_error() || e.kind() == redis::ErrorKind::ClusterConnectionNotFound)
         {
             // The client's slot map is wrong (a cluster still forming, a failover) and it runs
@@ -370,32 +436,32 @@ impl Store for RedisBackend {
                 return Ok(Attempt::Acquired { fence: None });
             }
         }
-        let mut call = scripts::ACQUIRE.key(&attempt.key.redis_key);
-        if attempt.fencing {
-            // Named only when used: during a slot migration Redis refuses a script whose keys
-            // are not all on one node, and a lock without fencing may have no counter at all.
-            call.key(&attempt.key.fence_key);
-        }
-        let reply: Vec<Value> = call
-            .arg(attempt.token)
-            .arg(ttl_ms(attempt.ttl))
-            .arg(u8::from(attempt.fencing))
-            .invoke_async(&mut con)
+        let reply = match self
+            .acquire_script(&mut con, attempt, self.hands_over)
             .await
-            .map_err(|e| self.error("acquire", Some(&attempt.key.key), e))?;
+        {
+            Err(e) if self.hands_over && migrating(&e) => {
+                self.acquire_script(&mut con, attempt, false).await
+            }
+            reply => reply,
+        };
+        let reply = reply.map_err(|e| self.error("acquire", Some(&attempt.key.key), e))?;
         self.attempt(attempt, reply)
     }
 
     async fn release(&self, key: &LockKey, token: &str) -> Result<bool, LockError> {
         let mut con = self.con("release", Some(&key.key)).await?;
-        let deleted: i64 = scripts::RELEASE
-            .key(&key.redis_key)
-            .arg(token)
-            .arg(self.publish_command())
-            .invoke_async(&mut con)
+        let released = match self
+            .release_script(&mut con, key, token, self.hands_over)
             .await
-            .map_err(|e| self.error("release", Some(&key.key), e))?;
-        Ok(deleted == 1)
+        {
+            Err(e) if self.hands_over && migrating(&e) => {
+                self.release_script(&mut con, key, token, false).await
+            }
+            released => released,
+        };
+        let released = released.map_err(|e| self.error("release", Some(&key.key), e))?;
+        Ok(released > 0)
     }
 
     /// One flag per lock: renewed, not ours, or unknown (`None`: that call failed).
@@ -462,6 +528,12 @@ impl Store for RedisBackend {
             .map_err(|e| self.error("force_unlock", Some(&key.key), e))?;
         Ok(deleted == 1)
     }
+}
+
+/// Whether Redis refused a script because its slot is being migrated and not all of its keys
+/// are on this node.
+fn migrating(e: &redis::RedisError) -> bool {
+    e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::TryAgain)
 }
 
 /// A failure already told as a [`LockError`], back as the client's error for a renewal round.

@@ -2,22 +2,86 @@
 //!
 //! The data layout is the common one (redis-py's `Lock`, redsync, node-redlock): one string per
 //! lock holding the owner's token, with a `PX` expiry. A service in another language that locks
-//! the same Redis key with `SET key token NX PX ttl` excludes ours, and ours excludes it.
+//! the same Redis key with `SET key token NX PX ttl` excludes ours, and ours excludes it. Our
+//! waiters also queue up beside the lock, so that a release hands it straight to the oldest.
 
 use std::sync::LazyLock;
 
 use redis::Script;
 
-/// `KEYS[1]` lock, `KEYS[2]` fencing counter (needed only with fencing: without it the runtime
-/// names the lock alone); `ARGV[1]` token, `ARGV[2]` ttl ms, `ARGV[3]` `1` to take a fencing
-/// token. Used with fencing, and after a plain `SET NX PX` was refused.
+/// The Lua both [`ACQUIRE_LUA`] and [`RELEASE_LUA`] begin with: taking a fencing token, and
+/// handing the lock to the oldest live waiter.
+///
+/// The waiters' queue is two keys beside the lock, in its slot: `queue:…` (a sorted set of
+/// waiters' tokens, scored by arrival) and `queued:…` (a hash from each token to
+/// `"<deadline ms> <ttl ms> <fencing 0|1>"`, the deadline on the server's clock). A waiter
+/// whose deadline has passed (it stopped renewing its place: gone, or gave up without saying
+/// so) is dropped when it reaches the head, never handed the lock.
+macro_rules! queue_lua {
+    () => {
+        r"
+local function take_fence(wanted)
+  if wanted ~= '1' then return 0 end
+  local fence = redis.call('INCR', KEYS[2])
+  if fence == 1 then
+    local now = redis.call('TIME')
+    fence = tonumber(now[1]) * 1000000 + tonumber(now[2])
+    redis.call('SET', KEYS[2], string.format('%d', fence))
+  end
+  redis.call('PEXPIRE', KEYS[2], '86400000')
+  return fence
+end
+local function now_ms()
+  local now = redis.call('TIME')
+  return tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+end
+local function leave_queue(token)
+  if #KEYS < 4 then return end
+  if redis.call('ZREM', KEYS[3], token) == 1 then redis.call('HDEL', KEYS[4], token) end
+end
+local function oldest_live_waiter()
+  if #KEYS < 4 or redis.call('EXISTS', KEYS[3]) == 0 then return nil end
+  local now = now_ms()
+  while true do
+    local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+    if not head then return nil end
+    local entry = redis.call('HGET', KEYS[4], head)
+    leave_queue(head)
+    if entry then
+      local deadline, ttl, fencing = string.match(entry, '^(%d+) (%d+) ([01])$')
+      if deadline and tonumber(deadline) > now then return head, ttl, fencing end
+    end
+  end
+end
+local function hand_over(waiter, ttl, fencing, released, publish)
+  redis.call('SET', KEYS[1], waiter, 'PX', ttl)
+  local fence = take_fence(fencing)
+  local next = redis.sha1hex(waiter) .. ':' .. string.format('%d', fence)
+  redis.call(publish, KEYS[1], released .. ':' .. next)
+end
+"
+    };
+}
+
+/// `KEYS[1]` lock, `KEYS[2]` fencing counter, `KEYS[3]`/`KEYS[4]` the waiters' queue (see
+/// below); `ARGV[1]` token, `ARGV[2]` ttl ms, `ARGV[3]` `1` to take a fencing token, `ARGV[4]`
+/// `1` to queue up when busy, `ARGV[5]` the publish command (`PUBLISH`, or `SPUBLISH` in a
+/// cluster). With the lock alone, or the lock and its counter, as `KEYS`, there is no queue:
+/// Redlock, `confirm_replicas`, and a cluster slot in migration (where Redis refuses a script
+/// whose keys are not all on one node) use it that way. Used after a plain `SET NX PX` was
+/// refused, and with fencing.
 ///
 /// Returns `{1, fence}` when acquired (fence 0 without fencing), `{0, pttl, owner}` when busy (the
 /// holder's remaining lease and token), `{2, type}` when the key holds something that is not a
-/// lock. A retry with the same token after a lost
-/// reply finds its own token and takes the lock again instead of waiting for itself. The counter
-/// is incremented in the same script as the `SET`, so no holder can ever see an older token than
-/// a previous holder.
+/// lock. A retry with the same token after a lost reply, or after the lock was handed to this
+/// waiter, finds its own token and takes the lock again instead of waiting for itself. The
+/// counter is incremented in the same script as the `SET`, so no holder can ever see an older
+/// token than a previous holder.
+///
+/// A free lock goes to the oldest live waiter: to the caller if that is it (or if nobody
+/// waits), else it is handed over as [`RELEASE_LUA`] does and the caller queues up behind. A
+/// busy caller that asked to queue takes (or keeps, renewing its deadline) its place: waiting
+/// is first come, first served, and each attempt while waiting renews the place.
 ///
 /// The counter expires a day after the last fenced acquisition, so per-entity keys
 /// do not pile up. A missing counter (new, expired, deleted or lost with the server's data)
@@ -26,50 +90,76 @@ use redis::Script;
 /// the restarted one begins above every token it handed out, as long as this server's clock is
 /// not behind the old one's by more than the time since the old counter was last used. Lua
 /// numbers are doubles, exact to 2^53: microseconds since 1970 stay below that until 2255.
-pub const ACQUIRE_LUA: &str = r"
-local ok = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])
-local owner
-if not ok then
-  local kind = redis.call('TYPE', KEYS[1]).ok
-  if kind ~= 'string' and kind ~= 'none' then return {2, kind} end
-  owner = redis.call('GET', KEYS[1])
-  if owner == ARGV[1] then
-    redis.call('PEXPIRE', KEYS[1], ARGV[2])
-    ok = true
-  end
+pub const ACQUIRE_LUA: &str = concat!(
+    queue_lua!(),
+    r"
+local token, ttl = ARGV[1], ARGV[2]
+if #KEYS < 4 or redis.call('EXISTS', KEYS[3]) == 0 then
+  if redis.call('SET', KEYS[1], token, 'NX', 'PX', ttl) then return {1, take_fence(ARGV[3])} end
 end
-if ok then
-  if ARGV[3] ~= '1' then return {1, 0} end
-  local fence = redis.call('INCR', KEYS[2])
-  if fence == 1 then
-    local now = redis.call('TIME')
-    fence = tonumber(now[1]) * 1000000 + tonumber(now[2])
-    redis.call('SET', KEYS[2], string.format('%d', fence))
+local owner = redis.pcall('GET', KEYS[1])
+if type(owner) == 'table' then return {2, redis.call('TYPE', KEYS[1]).ok} end
+if owner == token then
+  redis.call('PEXPIRE', KEYS[1], ttl)
+  leave_queue(token)
+  return {1, take_fence(ARGV[3])}
+end
+if not owner then
+  local waiter, waiter_ttl, fencing = oldest_live_waiter()
+  if not waiter or waiter == token then
+    redis.call('SET', KEYS[1], token, 'PX', ttl)
+    return {1, take_fence(ARGV[3])}
   end
-  redis.call('PEXPIRE', KEYS[2], '86400000')
-  return {1, fence}
+  hand_over(waiter, waiter_ttl, fencing, '', ARGV[5])
+  owner = waiter
+end
+if ARGV[4] == '1' and #KEYS >= 4 then
+  if not redis.call('ZSCORE', KEYS[3], token) then
+    local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')[2]
+    redis.call('ZADD', KEYS[3], (tonumber(last) or 0) + 1, token)
+  end
+  redis.call('HSET', KEYS[4], token, string.format('%d %s %s', now_ms() + tonumber(ttl), ttl, ARGV[3]))
+  for i = 3, 4 do
+    if redis.call('PTTL', KEYS[i]) < tonumber(ttl) then redis.call('PEXPIRE', KEYS[i], ttl) end
+  end
 end
 return {0, redis.call('PTTL', KEYS[1]), owner}
-";
+"
+);
 
 /// [`ACQUIRE_LUA`], ready to invoke (by SHA, loading it on `NOSCRIPT`).
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_LUA));
 
-/// `KEYS[1]` lock; `ARGV[1]` token, `ARGV[2]` `PUBLISH` (or `SPUBLISH` in a cluster). Deletes only
-/// the owner's lock and tells waiters on the lock's channel. `pcall` so a key of another type
-/// reads as "not ours" instead of an error.
+/// `KEYS` as for [`ACQUIRE_LUA`]; `ARGV[1]` token, `ARGV[2]` the publish command. Lets go of
+/// the token: takes it out of the waiters' queue, and if it holds the lock, hands the lock to
+/// the oldest live waiter or deletes it. `pcall` so a key of another type reads as "not ours"
+/// instead of an error. Returns 1 when the lock was deleted, 2 when it was handed over, 0 when
+/// it was not ours.
 ///
-/// The message is the SHA-1 of the released token: it names the tenure without handing out
-/// the token itself, so a release that several Redlock nodes publish wakes one waiter per
-/// process, not one per node.
-pub const RELEASE_LUA: &str = r"
-if redis.pcall('GET', KEYS[1]) == ARGV[1] then
-  redis.call('DEL', KEYS[1])
-  redis.call(ARGV[2], KEYS[1], redis.sha1hex(ARGV[1]))
-  return 1
+/// It publishes on the lock's channel: `<released>` when the lock is now free, and
+/// `<released>:<next>:<fence>` when it went to a waiter, where each name is the SHA-1 of a token
+/// (it names a tenure without handing out the token itself) and the fence is the new holder's
+/// fencing token (0 without fencing). The waiter learns from the message alone that it holds the
+/// lock, and others that it is not free. A release that several Redlock nodes publish wakes one
+/// waiter per process, not one per node.
+pub const RELEASE_LUA: &str = concat!(
+    queue_lua!(),
+    r"
+if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then
+  leave_queue(ARGV[1])
+  return 0
 end
-return 0
-";
+local released = redis.sha1hex(ARGV[1])
+local waiter, ttl, fencing = oldest_live_waiter()
+if waiter then
+  hand_over(waiter, ttl, fencing, released, ARGV[2])
+  return 2
+end
+redis.call('DEL', KEYS[1])
+redis.call(ARGV[2], KEYS[1], released)
+return 1
+"
+);
 
 /// [`RELEASE_LUA`], ready to invoke (by SHA, loading it on `NOSCRIPT`).
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_LUA));

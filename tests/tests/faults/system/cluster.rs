@@ -20,8 +20,8 @@ pub struct Cluster {
     slot: i64,
     /// The node index (into `cluster.nodes`) each fault was applied to, for its heal.
     hit: Option<usize>,
-    /// The lock key and its fencing counter, which a slot migration moves.
-    keys: [String; 2],
+    /// The lock key, its fencing counter and its waiters' queue, which a slot migration moves.
+    keys: [String; 4],
     /// A slot migration under way: (source, target) node indices.
     migrating: Option<(usize, usize)>,
 }
@@ -49,7 +49,12 @@ impl Cluster {
             proxies,
             slot,
             hit: None,
-            keys: [key.to_owned(), format!("fence:{{{key}}}")],
+            keys: [
+                key.to_owned(),
+                format!("fence:{{{key}}}"),
+                format!("queue:{{{key}}}"),
+                format!("queued:{{{key}}}"),
+            ],
             migrating: None,
         };
         system.wait_whole();
@@ -154,8 +159,9 @@ impl Cluster {
             .unwrap_or_else(|e| panic!("CLUSTER SETSLOT {} {how}: {e}", self.slot));
     }
 
-    /// Moves the lock key and its counter (those that exist), together, from `source` to
-    /// `target`, on direct connections.
+    /// Moves the lock key, its counter and its waiters' queue (those that exist), together,
+    /// from `source` to `target`, on direct connections, as `redis-cli --cluster reshard` moves
+    /// a slot's keys.
     fn move_keys(&self, source: usize, target: usize) {
         let reply: String = redis::cmd("MIGRATE")
             .arg("127.0.0.1")

@@ -1,0 +1,208 @@
+//! Direct handoff: a release hands the lock to the oldest live waiter in its own script, so the
+//! waiter holds the lock when the notification arrives.
+
+use std::time::Duration;
+
+use lock_runtime::{LockError, LockGuard, Registry};
+use lock_tests::proxy::Proxy;
+use lock_tests::RedisServer;
+use redis::AsyncCommands;
+
+use super::support::{eventually, patient_registry, raw, registry};
+
+const LIMIT: Duration = Duration::from_secs(10);
+
+/// How many waiters are queued for `key` (the registry's default prefix).
+async fn queued(con: &mut redis::aio::MultiplexedConnection, key: &str) -> usize {
+    con.zcard(format!("queue:{{lock:{key}}}")).await.unwrap()
+}
+
+/// Until `n` waiters are queued for `key`.
+async fn until_queued(url: &str, key: &str, n: usize) {
+    let con = raw(url).await;
+    eventually(LIMIT, &format!("{n} waiter(s) queued for {key}"), || {
+        let mut con = con.clone();
+        async move { queued(&mut con, key).await == n }
+    })
+    .await;
+}
+
+/// A task that waits up to a minute for `key` through `registry`.
+fn spawn_waiter(
+    registry: Registry,
+    key: &'static str,
+) -> tokio::task::JoinHandle<Result<LockGuard, LockError>> {
+    tokio::spawn(async move {
+        registry
+            .lock(key)
+            .wait(Duration::from_secs(60))
+            .acquire()
+            .await
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_hands_the_lock_to_waiters_first_come_first_served_with_rising_fences() {
+    let server = RedisServer::start();
+    let holder = registry(&server);
+    let held = holder.lock("fifo").fencing(true).acquire().await.unwrap();
+    let (done_tx, mut done) = tokio::sync::mpsc::unbounded_channel();
+    let mut waiters = Vec::new();
+    for i in 0..6 {
+        // One registry each: six processes, as far as Redis can tell.
+        let reg = registry(&server);
+        let (done_tx, url) = (done_tx.clone(), server.url());
+        waiters.push(tokio::spawn(async move {
+            let guard = reg
+                .lock("fifo")
+                .fencing(true)
+                .wait(Duration::from_secs(60))
+                .acquire()
+                .await
+                .expect("every waiter gets its turn");
+            // It holds the lock on the server the moment it returns.
+            let on_server: Option<String> = raw(&url).await.get("lock:fifo").await.unwrap();
+            assert_eq!(on_server.as_deref(), Some(guard.token()), "waiter {i}");
+            done_tx.send((i, guard.fence().unwrap())).unwrap();
+            guard.release().await.unwrap();
+        }));
+        // The queue itself shows the order of arrival.
+        until_queued(&server.url(), "fifo", i + 1).await;
+    }
+    let mut last_fence = held.fence().unwrap();
+    held.release().await.unwrap();
+    for expected in 0..6 {
+        let (i, fence) = done.recv().await.unwrap();
+        assert_eq!(
+            i, expected,
+            "waiters are served in the order they queued up"
+        );
+        assert!(fence > last_fence, "fences rise with each handoff");
+        last_fence = fence;
+    }
+    for w in waiters {
+        w.await.unwrap();
+    }
+    let mut con = raw(&server.url()).await;
+    assert_eq!(queued(&mut con, "fifo").await, 0);
+    let left: Option<String> = con.get("lock:fifo").await.unwrap();
+    assert_eq!(
+        left, None,
+        "the last release found nobody waiting and deleted the lock"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_that_stopped_keeping_its_place_is_skipped_never_handed_the_lock() {
+    let server = RedisServer::start();
+    let holder = registry(&server);
+    let held = holder.lock("skip").acquire().await.unwrap();
+    // The first waiter reaches Redis through a proxy that will swallow everything: it can no
+    // longer renew its place, as if its process had hung.
+    let proxy = Proxy::start(server.port());
+    let unreachable = patient_registry(&proxy.url());
+    let first = tokio::spawn(async move {
+        unreachable
+            .lock("skip")
+            .ttl(Duration::from_secs(2))
+            .wait(Duration::from_secs(60))
+            .acquire()
+            .await
+    });
+    until_queued(&server.url(), "skip", 1).await;
+    proxy.blackhole();
+    let mut con = raw(&server.url()).await;
+    let stale: String = con
+        .zrange::<_, Vec<String>>("queue:{lock:skip}", 0, 0)
+        .await
+        .unwrap()
+        .remove(0);
+    let second = spawn_waiter(registry(&server), "skip");
+    until_queued(&server.url(), "skip", 2).await;
+    // Its place lasts one ttl (2 s) from its last attempt, on the server's clock.
+    eventually(LIMIT, "the first waiter's place to run out", || {
+        let (mut con, stale) = (con.clone(), stale.clone());
+        async move {
+            // The second waiter's place keeps the queue's keys alive.
+            let entry: String = con.hget("queued:{lock:skip}", &stale).await.unwrap();
+            let deadline: u64 = entry.split(' ').next().unwrap().parse().unwrap();
+            let (secs, micros): (u64, u64) =
+                redis::cmd("TIME").query_async(&mut con).await.unwrap();
+            deadline < secs * 1000 + micros / 1000
+        }
+    })
+    .await;
+
+    held.release().await.unwrap();
+    let guard = second
+        .await
+        .unwrap()
+        .expect("the live waiter gets the lock");
+    let on_server: Option<String> = con.get("lock:skip").await.unwrap();
+    assert_eq!(on_server.as_deref(), Some(guard.token()));
+    assert_ne!(guard.token(), stale);
+    let place: Option<f64> = con.zscore("queue:{lock:skip}", &stale).await.unwrap();
+    assert_eq!(place, None, "the stale waiter was dropped from the queue");
+    assert!(!first.is_finished(), "the unreachable waiter still waits");
+    first.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_that_give_up_or_are_cancelled_leave_the_queue() {
+    let server = RedisServer::start();
+    let (holder, waiters) = (registry(&server), registry(&server));
+    let held = holder.lock("leave").acquire().await.unwrap();
+    let impatient = waiters
+        .lock("leave")
+        .wait(Duration::from_millis(300))
+        .acquire()
+        .await
+        .unwrap_err();
+    assert!(impatient.is_busy(), "{impatient:?}");
+    let cancelled = spawn_waiter(waiters.clone(), "leave");
+    until_queued(&server.url(), "leave", 1).await;
+    cancelled.abort();
+    assert!(cancelled.await.unwrap_err().is_cancelled());
+    until_queued(&server.url(), "leave", 0).await;
+
+    held.release().await.unwrap();
+    let mut con = raw(&server.url()).await;
+    let left: Option<String> = con.get("lock:leave").await.unwrap();
+    assert_eq!(
+        left, None,
+        "nobody was left in the queue to hand the lock to"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_that_is_not_ours_still_excludes_and_its_expiry_goes_to_the_oldest_waiter() {
+    let server = RedisServer::start();
+    let mut con = raw(&server.url()).await;
+    // Another language's client: `SET NX PX`, released by expiry, never announced.
+    let _: () = redis::cmd("SET")
+        .arg("lock:foreign")
+        .arg("python-worker")
+        .arg("NX")
+        .arg("PX")
+        .arg(500)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let (a, b): (Registry, Registry) = (registry(&server), registry(&server));
+    let first = spawn_waiter(a, "foreign");
+    until_queued(&server.url(), "foreign", 1).await;
+    let second = spawn_waiter(b, "foreign");
+    until_queued(&server.url(), "foreign", 2).await;
+    let owner: Option<String> = con.get("lock:foreign").await.unwrap();
+    assert_eq!(owner.as_deref(), Some("python-worker"), "still excluded");
+    let guard = first
+        .await
+        .unwrap()
+        .expect("the oldest waiter takes it once it expired");
+    let owner: Option<String> = con.get("lock:foreign").await.unwrap();
+    assert_eq!(owner.as_deref(), Some(guard.token()));
+    assert!(!second.is_finished());
+    guard.release().await.unwrap();
+    let guard = second.await.unwrap().expect("then the next");
+    guard.release().await.unwrap();
+}
