@@ -19,11 +19,15 @@ pub struct Handoff {
     pub samples: PerLib<Samples>,
     /// PING on a ConnectionManager after the same idle time as a lock-runtime handoff.
     pub cold_rtt: Samples,
+    /// lock-runtime's holder: from the start of its release to the release returning, in the
+    /// same handoffs (the release's own round trip, through the library).
+    pub release: Samples,
 }
 
 pub async fn measure(url: &str, notified_samples: usize, polling_samples: usize) -> Handoff {
     let mut pinger = Pinger::connect(Lib::Runtime, url).await;
     let mut cold = Vec::new();
+    let mut releases = Vec::new();
     let mut holders = Vec::new();
     let mut waiters = Vec::new();
     for lib in Lib::ALL {
@@ -53,9 +57,10 @@ pub async fn measure(url: &str, notified_samples: usize, polling_samples: usize)
             }
             done = false;
             let i = lib as usize;
-            let sample = one(&holders[i], &waiters[i], lib, &mut rng).await;
+            let (sample, release) = one(&holders[i], &waiters[i], lib, &mut rng).await;
             samples.get_mut(lib).push(sample);
             if lib == Lib::Runtime {
+                releases.push(release);
                 tokio::time::sleep(idle(lib, &mut rng)).await;
                 cold.push(pinger.ping().await);
             }
@@ -67,6 +72,7 @@ pub async fn measure(url: &str, notified_samples: usize, polling_samples: usize)
     Handoff {
         samples: PerLib(samples.0.map(Samples::new)),
         cold_rtt: Samples::new(cold),
+        release: Samples::new(releases),
     }
 }
 
@@ -76,7 +82,13 @@ fn idle(lib: Lib, rng: &mut Rng) -> Duration {
     Duration::from_millis(5) + rng.below(spread)
 }
 
-async fn one(holder: &Client, waiter: &Arc<Client>, lib: Lib, rng: &mut Rng) -> Duration {
+/// The handoff, and the holder's release call, both from the start of the release.
+async fn one(
+    holder: &Client,
+    waiter: &Arc<Client>,
+    lib: Lib,
+    rng: &mut Rng,
+) -> (Duration, Duration) {
     let key = format!("handoff:{}", lib.id());
     let held = holder
         .acquire(&key, TTL, Duration::ZERO)
@@ -99,6 +111,10 @@ async fn one(holder: &Client, waiter: &Arc<Client>, lib: Lib, rng: &mut Rng) -> 
     tokio::time::sleep(idle(lib, rng)).await;
     let release_started = Instant::now();
     held.release().await.expect("release");
+    let released = release_started.elapsed();
     let acquired_at = task.await.expect("waiter task");
-    acquired_at.saturating_duration_since(release_started)
+    (
+        acquired_at.saturating_duration_since(release_started),
+        released,
+    )
 }

@@ -104,9 +104,10 @@ impl Registry {
         Ok(existed)
     }
 
-    /// Deletes `key`'s lock only if `owner` (a token as shown by [`inspect`](Self::inspect))
-    /// still holds it, and wakes its waiters: an operator's force-unlock that cannot remove a
-    /// lock that changed hands after they looked. Returns whether it deleted.
+    /// Releases `key`'s lock only if `owner` (a token as shown by [`inspect`](Self::inspect))
+    /// still holds it, as its owner's release would: the oldest queued waiter gets it, or it is
+    /// deleted and waiters wake. An operator's force-unlock that cannot remove a lock that
+    /// changed hands after they looked. Returns whether `owner` held it.
     ///
     /// # Errors
     /// [`LockError::Backend`] when Redis fails; [`LockError::InvalidKey`] for a bad key.

@@ -206,3 +206,55 @@ async fn a_holder_that_is_not_ours_still_excludes_and_its_expiry_goes_to_the_old
     let guard = second.await.unwrap().expect("then the next");
     guard.release().await.unwrap();
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn the_in_memory_store_hands_over_first_come_first_served_too() {
+    let store = lock_runtime::MemoryStore::new();
+    let replica = || {
+        Registry::builder()
+            .memory(store.clone())
+            .build()
+            .expect("an in-memory registry")
+    };
+    let held = replica()
+        .lock("fifo")
+        .fencing(true)
+        .acquire()
+        .await
+        .unwrap();
+    let (done_tx, mut done) = tokio::sync::mpsc::unbounded_channel();
+    for i in 0..5 {
+        let (reg, done_tx) = (replica(), done_tx.clone());
+        tokio::spawn(async move {
+            let guard = reg
+                .lock("fifo")
+                .fencing(true)
+                .wait(Duration::from_secs(60))
+                .acquire()
+                .await
+                .unwrap();
+            done_tx.send((i, guard.fence().unwrap())).unwrap();
+            guard.release().await.unwrap();
+        });
+        // On this single-threaded runtime the new waiter runs until it parks (its attempts are
+        // synchronous in memory), so it has queued before the next one starts.
+        tokio::task::yield_now().await;
+    }
+    let mut last_fence = held.fence().unwrap();
+    let inspector = replica();
+    held.release().await.unwrap();
+    // Handed over by the release itself, before any waiter ran again.
+    let info = inspector.inspect("fifo").await.unwrap();
+    assert!(info.owner.is_some(), "the lock went straight to a waiter");
+    assert_eq!(
+        info.fence,
+        Some(last_fence + 1),
+        "with a fencing token of its own"
+    );
+    for expected in 0..5 {
+        let (i, fence) = done.recv().await.unwrap();
+        assert_eq!(i, expected, "served in the order they queued up");
+        assert!(fence > last_fence);
+        last_fence = fence;
+    }
+}
