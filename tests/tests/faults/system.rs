@@ -158,12 +158,23 @@ pub fn total_counts<'a>(nodes: impl Iterator<Item = &'a Node>) -> (u64, u64) {
 }
 
 /// Polls server state that has no event to wait for (a failover, a replica's link).
-pub fn poll(what: &str, limit: Duration, mut ready: impl FnMut() -> bool) {
+pub fn poll(what: &str, limit: Duration, ready: impl FnMut() -> bool) {
+    poll_explained(what, limit, ready, String::new);
+}
+
+/// [`poll`], with what `explain` tells of the servers' state if it times out.
+pub fn poll_explained(
+    what: &str,
+    limit: Duration,
+    mut ready: impl FnMut() -> bool,
+    explain: impl FnOnce() -> String,
+) {
     let deadline = std::time::Instant::now() + limit;
     while !ready() {
         assert!(
             std::time::Instant::now() < deadline,
-            "{what}: not within {limit:?}"
+            "{what}: not within {limit:?}\n{}",
+            explain()
         );
         std::thread::sleep(Duration::from_millis(20));
     }

@@ -6,7 +6,7 @@ use std::time::Duration;
 use lock_tests::sentinel::{RedisSentinels, SERVICE};
 use lock_tests::RedisServer;
 
-use super::{poll, quick_connection, LockSystem, NodeFault, Restart};
+use super::{poll, poll_explained, quick_connection, LockSystem, NodeFault, Restart};
 
 pub struct Sentinel {
     deployment: RedisSentinels,
@@ -49,6 +49,36 @@ impl Sentinel {
                 .ok()?;
             (0..2).find(|i| self.port(*i) == port)
         })
+    }
+
+    /// Each server's `INFO replication` and each sentinel's master, for a failure message.
+    fn replication(&self) -> String {
+        let servers = (0..2).map(|i| {
+            let info = quick_connection(self.port(i)).map_or_else(
+                || "does not answer".to_owned(),
+                |mut con| {
+                    redis::cmd("INFO")
+                        .arg("replication")
+                        .query::<String>(&mut con)
+                        .unwrap_or_else(|e| e.to_string())
+                },
+            );
+            format!("server {i} (port {}):\n{info}", self.port(i))
+        });
+        let sentinels = self.deployment.sentinels.iter().map(|s| {
+            let master = quick_connection(s.port()).map_or_else(
+                || "does not answer".to_owned(),
+                |mut con| {
+                    redis::cmd("SENTINEL")
+                        .arg("GET-MASTER-ADDR-BY-NAME")
+                        .arg(SERVICE)
+                        .query::<(String, u16)>(&mut con)
+                        .map_or_else(|e| e.to_string(), |(host, port)| format!("{host}:{port}"))
+                },
+            );
+            format!("sentinel on port {} names {master}", s.port())
+        });
+        servers.chain(sentinels).collect::<Vec<_>>().join("\n")
     }
 
     fn linked(&self, replica: usize) -> bool {
@@ -120,10 +150,11 @@ impl LockSystem for Sentinel {
                     .arg(master_port)
                     .query(&mut server.connection())
                     .expect("REPLICAOF");
-                poll(
+                poll_explained(
                     "the old master following the new one",
                     Duration::from_secs(30),
                     || self.linked(i),
+                    || self.replication(),
                 );
             }
             other => panic!("{other:?}: the sentinel deployment has no fault proxy"),
