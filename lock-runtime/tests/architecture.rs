@@ -23,6 +23,7 @@ const LAYERS: &[&str] = &[
     "backend::redis::sentinel",
     "backend::redis::config",
     "backend::redis::connection",
+    "backend::redis::coalesce",
     "backend::redis::confirm",
     "backend::redis::renewal",
     "backend::redis::cluster_nodes",

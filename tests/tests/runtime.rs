@@ -2,6 +2,7 @@
 
 mod runtime {
     mod admin;
+    mod coalescing;
     mod exclusion;
     mod failures;
     mod fencing;

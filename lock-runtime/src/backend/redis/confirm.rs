@@ -298,10 +298,3 @@ struct Sent {
 fn is_noscript(reply: &Value) -> bool {
     matches!(reply, Value::ServerError(e) if e.kind() == Some(ServerErrorKind::NoScript))
 }
-
-/// `EVALSHA` of `script` with `keys` keys; the caller adds the keys, then the arguments.
-pub(crate) fn evalsha(script: &redis::Script, keys: usize) -> Cmd {
-    let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(script.get_hash()).arg(keys);
-    cmd
-}

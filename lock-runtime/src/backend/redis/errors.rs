@@ -35,3 +35,15 @@ pub(crate) fn lock_error(
         source: Some(Arc::new(e)),
     }
 }
+
+/// A failure already told as a [`LockError`], back as the client's error (for a renewal round,
+/// a batch).
+pub(crate) fn redis_error(e: &LockError) -> redis::RedisError {
+    match e {
+        LockError::Backend {
+            source: Some(source),
+            ..
+        } => (**source).clone(),
+        other => (redis::ErrorKind::Client, "lock-runtime", other.to_string()).into(),
+    }
+}

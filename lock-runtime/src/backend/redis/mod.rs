@@ -24,6 +24,7 @@ use crate::waiting::WaitHub;
 use crate::LockError;
 
 mod cluster_nodes;
+mod coalesce;
 pub(crate) mod config;
 mod confirm;
 mod connection;
@@ -36,10 +37,12 @@ mod stall;
 mod subscriber;
 
 use cluster_nodes::{ClusterNodes, Following};
+use coalesce::{Coalescer, Op, Turn};
 use config::Topology;
-use confirm::{evalsha, Confirmed, Confirmer, Route};
+use confirm::{Confirmed, Confirmer, Route};
 use connection::{Connection, OnIo, SharedConnection};
 use renewal::{renew_chunk, Round, RENEW_CHUNK};
+use scripts::evalsha;
 use subscriber::Source;
 
 pub(crate) struct RedisBackend {
@@ -54,6 +57,9 @@ pub(crate) struct RedisBackend {
     /// Whether waiters queue up and releases hand the lock straight to the oldest (see
     /// [`Self::hands_over`]).
     hands_over: bool,
+    /// Concurrent acquisitions and releases, sent together (not in a cluster, where a script's
+    /// keys must share one slot).
+    coalescer: Option<Coalescer>,
 }
 
 impl RedisBackend {
@@ -100,18 +106,21 @@ impl RedisBackend {
             Topology::Cluster(seeds) => Some(ClusterNodes::new(seeds.clone(), timeouts)),
             _ => None,
         };
+        let connection = Arc::new(SharedConnection::new(
+            topology.clone(),
+            node.clone(),
+            timeouts,
+        ));
+        let coalescer = nodes.is_none().then(|| Coalescer::new(connection.clone()));
         Self {
-            connection: Arc::new(SharedConnection::new(
-                topology.clone(),
-                node.clone(),
-                timeouts,
-            )),
+            connection,
             topology,
             node,
             nodes,
             confirm: None,
             hub,
             hands_over: true,
+            coalescer,
         }
     }
 
@@ -179,6 +188,71 @@ impl RedisBackend {
             .arg(self.publish_command())
             .invoke_async(con)
             .await
+    }
+
+    /// An acquisition attempt's commands for a batch (never in a cluster): a plain `SET NX PX`
+    /// where [`Self::acquire_alone`] starts with one, and the acquire script with the keys
+    /// [`Self::acquire_script`] names.
+    fn acquire_op(&self, attempt: &Acquire<'_>) -> Op {
+        let key = attempt.key;
+        let mut script = evalsha(
+            &scripts::ACQUIRE,
+            match (self.hands_over, attempt.fencing) {
+                (true, _) => 4,
+                (false, true) => 2,
+                (false, false) => 1,
+            },
+        );
+        script.arg(&key.redis_key);
+        if self.hands_over {
+            script
+                .arg(&key.fence_key)
+                .arg(&key.queue_key)
+                .arg(&key.queued_key);
+        } else if attempt.fencing {
+            script.arg(&key.fence_key);
+        }
+        script
+            .arg(attempt.token)
+            .arg(ttl_ms(attempt.ttl))
+            .arg(u8::from(attempt.fencing))
+            .arg(u8::from(attempt.queue))
+            .arg(self.publish_command());
+        if !attempt.fencing && attempt.first {
+            let mut set = redis::cmd("SET");
+            set.arg(&key.redis_key)
+                .arg(attempt.token)
+                .arg("NX")
+                .arg("PX")
+                .arg(ttl_ms(attempt.ttl));
+            Op {
+                command: set,
+                if_refused: Some(script),
+            }
+        } else {
+            Op {
+                command: script,
+                if_refused: None,
+            }
+        }
+    }
+
+    /// A release's command for a batch (never in a cluster), with the keys
+    /// [`Self::release_script`] names.
+    fn release_op(&self, key: &LockKey, token: &str) -> Op {
+        let mut script = evalsha(&scripts::RELEASE, if self.hands_over { 4 } else { 1 });
+        script.arg(&key.redis_key);
+        if self.hands_over {
+            script
+                .arg(&key.fence_key)
+                .arg(&key.queue_key)
+                .arg(&key.queued_key);
+        }
+        script.arg(token).arg(self.publish_command());
+        Op {
+            command: script,
+            if_refused: None,
+        }
     }
 
     /// The release script on `con`, as [`Self::acquire_script`] names keys.
@@ -326,7 +400,7 @@ impl RedisBackend {
             let confirmed = match sent {
                 Ok(Ok(confirmed)) => confirmed,
                 Ok(Err(e)) => {
-                    round.fail(redis_error(&e));
+                    round.fail(errors::redis_error(&e));
                     continue;
                 }
                 Err(_) => {
@@ -352,6 +426,55 @@ impl RedisBackend {
             }
         }
         round.finish().map_err(|e| self.error("renew", None, e))
+    }
+
+    /// One acquisition attempt sent on its own.
+    async fn acquire_alone(&self, attempt: &Acquire<'_>) -> Result<Attempt, LockError> {
+        let mut con = self.con("acquire", Some(&attempt.key.key)).await?;
+        if !attempt.fencing && attempt.first {
+            // The uncontended case is the plain protocol command: a script call costs Redis
+            // measurably more than `SET` (see the benchmark), and most acquisitions find the
+            // lock free. Only a refusal needs the script's answers (whose token? how long?).
+            let set: Option<String> = redis::cmd("SET")
+                .arg(&attempt.key.redis_key)
+                .arg(attempt.token)
+                .arg("NX")
+                .arg("PX")
+                .arg(ttl_ms(attempt.ttl))
+                .query_async(&mut con)
+                .await
+                .map_err(|e| self.error("acquire", Some(&attempt.key.key), e))?;
+            if set.is_some() {
+                return Ok(Attempt::Acquired { fence: None });
+            }
+        }
+        let reply = match self
+            .acquire_script(&mut con, attempt, self.hands_over)
+            .await
+        {
+            Err(e) if self.hands_over && migrating(&e) => {
+                self.acquire_script(&mut con, attempt, false).await
+            }
+            reply => reply,
+        };
+        let reply = reply.map_err(|e| self.error("acquire", Some(&attempt.key.key), e))?;
+        self.attempt(attempt, reply)
+    }
+
+    /// One release sent on its own.
+    async fn release_alone(&self, key: &LockKey, token: &str) -> Result<bool, LockError> {
+        let mut con = self.con("release", Some(&key.key)).await?;
+        let released = match self
+            .release_script(&mut con, key, token, self.hands_over)
+            .await
+        {
+            Err(e) if self.hands_over && migrating(&e) => {
+                self.release_script(&mut con, key, token, false).await
+            }
+            released => released,
+        };
+        let released = released.map_err(|e| self.error("release", Some(&key.key), e))?;
+        Ok(released > 0)
     }
 
     /// The acquire script's reply, read.
@@ -418,50 +541,40 @@ impl Store for RedisBackend {
         if let Some(confirm) = &self.confirm {
             return self.acquire_confirmed(confirm, attempt).await;
         }
-        let mut con = self.con("acquire", Some(&attempt.key.key)).await?;
-        if !attempt.fencing && attempt.first {
-            // The uncontended case is the plain protocol command: a script call costs Redis
-            // measurably more than `SET` (see the benchmark), and most acquisitions find the
-            // lock free. Only a refusal needs the script's answers (whose token? how long?).
-            let set: Option<String> = redis::cmd("SET")
-                .arg(&attempt.key.redis_key)
-                .arg(attempt.token)
-                .arg("NX")
-                .arg("PX")
-                .arg(ttl_ms(attempt.ttl))
-                .query_async(&mut con)
-                .await
-                .map_err(|e| self.error("acquire", Some(&attempt.key.key), e))?;
-            if set.is_some() {
-                return Ok(Attempt::Acquired { fence: None });
+        let Some(coalescer) = &self.coalescer else {
+            return self.acquire_alone(attempt).await;
+        };
+        match coalescer.enter(|| self.acquire_op(attempt)) {
+            Turn::Alone(_sending) => self.acquire_alone(attempt).await,
+            Turn::Queued(reply) => {
+                let reply = coalesce::reply(reply)
+                    .await
+                    .map_err(|e| self.error("acquire", Some(&attempt.key.key), e))?;
+                if reply == Value::Okay {
+                    // The plain `SET NX PX` took it.
+                    return Ok(Attempt::Acquired { fence: None });
+                }
+                let reply = redis::from_redis_value::<Vec<Value>>(reply)
+                    .map_err(|e| self.error("acquire", Some(&attempt.key.key), e.into()))?;
+                self.attempt(attempt, reply)
             }
         }
-        let reply = match self
-            .acquire_script(&mut con, attempt, self.hands_over)
-            .await
-        {
-            Err(e) if self.hands_over && migrating(&e) => {
-                self.acquire_script(&mut con, attempt, false).await
-            }
-            reply => reply,
-        };
-        let reply = reply.map_err(|e| self.error("acquire", Some(&attempt.key.key), e))?;
-        self.attempt(attempt, reply)
     }
 
     async fn release(&self, key: &LockKey, token: &str) -> Result<bool, LockError> {
-        let mut con = self.con("release", Some(&key.key)).await?;
-        let released = match self
-            .release_script(&mut con, key, token, self.hands_over)
-            .await
-        {
-            Err(e) if self.hands_over && migrating(&e) => {
-                self.release_script(&mut con, key, token, false).await
-            }
-            released => released,
+        let Some(coalescer) = &self.coalescer else {
+            return self.release_alone(key, token).await;
         };
-        let released = released.map_err(|e| self.error("release", Some(&key.key), e))?;
-        Ok(released > 0)
+        match coalescer.enter(|| self.release_op(key, token)) {
+            Turn::Alone(_sending) => self.release_alone(key, token).await,
+            Turn::Queued(reply) => {
+                let released = coalesce::reply(reply)
+                    .await
+                    .and_then(|v| Ok(redis::from_redis_value::<i64>(v)?))
+                    .map_err(|e| self.error("release", Some(&key.key), e))?;
+                Ok(released > 0)
+            }
+        }
     }
 
     /// One flag per lock: renewed, not ours, or unknown (`None`: that call failed).
@@ -534,20 +647,4 @@ impl Store for RedisBackend {
 /// are on this node.
 fn migrating(e: &redis::RedisError) -> bool {
     e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::TryAgain)
-}
-
-/// A failure already told as a [`LockError`], back as the client's error for a renewal round.
-fn redis_error(e: &LockError) -> redis::RedisError {
-    match e {
-        LockError::Backend {
-            source: Some(source),
-            ..
-        } => (**source).clone(),
-        other => (
-            redis::ErrorKind::Client,
-            "confirmed renewal",
-            other.to_string(),
-        )
-            .into(),
-    }
 }

@@ -7,7 +7,7 @@
 
 use std::sync::LazyLock;
 
-use redis::Script;
+use redis::{Cmd, Script};
 
 /// The Lua both [`ACQUIRE_LUA`] and [`RELEASE_LUA`] begin with: taking a fencing token, and
 /// handing the lock to the oldest live waiter.
@@ -221,6 +221,13 @@ return 1
 
 /// [`FORCE_UNLOCK_LUA`], ready to invoke (by SHA, loading it on `NOSCRIPT`).
 pub(crate) static FORCE_UNLOCK: LazyLock<Script> = LazyLock::new(|| Script::new(FORCE_UNLOCK_LUA));
+
+/// `EVALSHA` of `script` with `keys` keys; the caller adds the keys, then the arguments.
+pub(crate) fn evalsha(script: &redis::Script, keys: usize) -> Cmd {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(script.get_hash()).arg(keys);
+    cmd
+}
 
 /// Every script, for loading them all when a connection opens.
 pub(crate) const ALL: [&str; 6] = [

@@ -1,0 +1,241 @@
+//! Group commit: the acquisitions and releases one process sends one server at the same time
+//! go out together, in one write.
+//!
+//! An operation that finds nothing in flight goes out at once, alone, so a single task pays
+//! nothing for the batching. Operations that arrive while one is in flight queue up; when it
+//! returns they go out together as one pipeline, and so on while any are queued. Each keeps its
+//! own commands (a plain `SET NX PX` first where the lone path sends one, the acquire and
+//! release scripts), so what Redis runs, and the wire protocol, are those of one operation at a
+//! time: under load the client writes and reads once per round trip, and Redis reads, and
+//! answers, a whole batch per system call.
+
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use redis::aio::ConnectionLike;
+use redis::{Cmd, ServerErrorKind, Value};
+use tokio::sync::oneshot;
+
+use super::connection::SharedConnection;
+use super::manager::load_scripts;
+use crate::io;
+
+/// At most this many operations per write, so that one batch cannot hold the server for long.
+const MOST: usize = 256;
+
+/// One operation: its command, and for an acquisition that tries a plain `SET NX PX` first,
+/// the acquire script to send next if the `SET` is refused (as the lone path does).
+pub(crate) struct Op {
+    pub(crate) command: Cmd,
+    pub(crate) if_refused: Option<Cmd>,
+}
+
+/// What the operation's last command replied (an error in it included): `Okay` for a plain
+/// `SET` that took the lock.
+pub(crate) type Reply = redis::RedisResult<Value>;
+
+/// The group commit of one connection.
+pub(crate) struct Coalescer {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    connection: Arc<SharedConnection>,
+    state: Mutex<State>,
+}
+
+type Queued = (Op, oneshot::Sender<Reply>);
+
+#[derive(Default)]
+struct State {
+    /// Whether an operation or a batch is in flight.
+    busy: bool,
+    queued: Vec<Queued>,
+}
+
+/// Whether an operation goes out alone or with the next batch.
+pub(crate) enum Turn {
+    /// Nothing was in flight: send the operation's own commands now, and drop this when done.
+    Alone(Alone),
+    /// Queued behind what is in flight: the reply arrives here.
+    Queued(oneshot::Receiver<Reply>),
+}
+
+impl Coalescer {
+    pub(crate) fn new(connection: Arc<SharedConnection>) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                connection,
+                state: Mutex::default(),
+            }),
+        }
+    }
+
+    /// The caller's turn: alone when nothing is in flight, else queued with `op()`.
+    pub(crate) fn enter(&self, op: impl FnOnce() -> Op) -> Turn {
+        let mut state = self.inner.state();
+        if state.busy {
+            let (tx, rx) = oneshot::channel();
+            state.queued.push((op(), tx));
+            Turn::Queued(rx)
+        } else {
+            state.busy = true;
+            Turn::Alone(Alone(self.inner.clone()))
+        }
+    }
+}
+
+/// The reply of a queued operation; a batch that ended without answering reads as an error.
+pub(crate) async fn reply(queued: oneshot::Receiver<Reply>) -> Reply {
+    queued.await.unwrap_or_else(|_| {
+        Err((
+            redis::ErrorKind::Client,
+            "lock-runtime: a batch ended without its reply",
+        )
+            .into())
+    })
+}
+
+/// An operation in flight alone. Dropped (done, failed or cancelled), it sends what queued up
+/// behind it.
+pub(crate) struct Alone(Arc<Inner>);
+
+impl Drop for Alone {
+    fn drop(&mut self) {
+        let mut state = self.0.state();
+        if state.queued.is_empty() {
+            state.busy = false;
+        } else {
+            drop(state);
+            drop(io::spawn(Busy(Some(self.0.clone())).flush()));
+        }
+    }
+}
+
+/// The right to send batches; it ends the busy state when dropped, however the flush ended.
+struct Busy(Option<Arc<Inner>>);
+
+impl Busy {
+    /// Sends what is queued, one batch per round trip, until nothing is.
+    async fn flush(mut self) {
+        let Some(inner) = self.0.clone() else { return };
+        loop {
+            let batch: Vec<Queued> = {
+                let mut state = inner.state();
+                if state.queued.is_empty() {
+                    state.busy = false;
+                    self.0 = None;
+                    return;
+                }
+                let n = state.queued.len().min(MOST);
+                // An operation whose caller was cancelled is not sent: nothing of it reached
+                // the server, and nobody would read its reply.
+                state
+                    .queued
+                    .drain(..n)
+                    .filter(|(_, tx)| !tx.is_closed())
+                    .collect()
+            };
+            if batch.is_empty() {
+                continue;
+            }
+            let replies = inner.send(&batch).await;
+            let mut again = Vec::new();
+            for ((op, tx), reply) in batch.into_iter().zip(replies) {
+                match (reply, op.if_refused) {
+                    (Ok(Value::Nil), Some(_)) if tx.is_closed() => {}
+                    (Ok(Value::Nil), Some(script)) => again.push((
+                        Op {
+                            command: script,
+                            if_refused: None,
+                        },
+                        tx,
+                    )),
+                    (reply, _) => drop(tx.send(reply)),
+                }
+            }
+            if !again.is_empty() {
+                // Refused plain `SET`s ask the script who holds the lock, ahead of later
+                // operations, as the lone path would right away.
+                let mut state = inner.state();
+                again.append(&mut state.queued);
+                state.queued = again;
+            }
+        }
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        if let Some(inner) = self.0.take() {
+            // Only if the flush itself panicked: nothing may stay queued behind it forever.
+            let mut state = inner.state();
+            state.busy = false;
+            state.queued.clear();
+        }
+    }
+}
+
+impl Inner {
+    fn state(&self) -> MutexGuard<'_, State> {
+        // Every update leaves the state whole: a panic elsewhere leaves nothing half-written.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// One pipeline of the batch's commands: one reply each.
+    async fn send(&self, batch: &[Queued]) -> Vec<Reply> {
+        let failed = |e: &redis::RedisError| batch.iter().map(|_| Err(e.clone())).collect();
+        let mut con = match self.connection.get("batch", None).await {
+            Ok(con) => con,
+            Err(e) => return failed(&super::errors::redis_error(&e)),
+        };
+        let mut pipe = redis::pipe();
+        for (op, _) in batch {
+            pipe.add_command(op.command.clone());
+        }
+        let mut replies = match con.req_packed_commands(&pipe, 0, batch.len()).await {
+            Ok(replies) if replies.len() == batch.len() => replies,
+            Ok(other) => {
+                let e = (
+                    redis::ErrorKind::Parse,
+                    "a batch's replies do not match its commands",
+                    format!("{} replies to {} commands", other.len(), batch.len()),
+                )
+                    .into();
+                return failed(&e);
+            }
+            Err(e) => return failed(&e),
+        };
+        let missing: Vec<usize> = (0..batch.len())
+            .filter(|&i| is_noscript(&replies[i]))
+            .collect();
+        let resent = if missing.is_empty() {
+            Ok(Vec::new())
+        } else {
+            // The server lost its scripts (a restart, `SCRIPT FLUSH`): load them, and send again
+            // only what did not run.
+            let mut again = redis::pipe();
+            for &i in &missing {
+                again.add_command(batch[i].0.command.clone());
+            }
+            match load_scripts(&mut con).await {
+                Ok(()) => con.req_packed_commands(&again, 0, missing.len()).await,
+                Err(e) => Err(e),
+            }
+        };
+        let mut out: Vec<Reply> = replies.drain(..).map(Value::extract_error).collect();
+        for (n, &i) in missing.iter().enumerate() {
+            out[i] = match &resent {
+                Ok(values) => values
+                    .get(n)
+                    .cloned()
+                    .map_or(Ok(Value::Nil), Value::extract_error),
+                Err(e) => Err(e.clone()),
+            };
+        }
+        out
+    }
+}
+
+fn is_noscript(reply: &Value) -> bool {
+    matches!(reply, Value::ServerError(e) if e.kind() == Some(ServerErrorKind::NoScript))
+}

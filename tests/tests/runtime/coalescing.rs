@@ -1,0 +1,160 @@
+//! Group commit: a process's concurrent acquisitions and releases to one server go out together,
+//! one write per round trip.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use lock_runtime::{LockError, Registry};
+use lock_tests::RedisServer;
+
+use super::support::{raw, registry};
+
+const TASKS: usize = 64;
+const CYCLES: usize = 10;
+
+/// `TASKS` tasks of one registry, each taking and releasing a lock `CYCLES` times; `key(task)`
+/// names each task's lock. Returns how many cycles ran.
+async fn cycle_together(registry: &Registry, key: fn(usize) -> String) -> usize {
+    let start = Arc::new(tokio::sync::Barrier::new(TASKS));
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|task| {
+            let (registry, start) = (registry.clone(), start.clone());
+            tokio::spawn(async move {
+                start.wait().await;
+                for _ in 0..CYCLES {
+                    registry
+                        .lock(key(task))
+                        .wait(Duration::from_secs(30))
+                        .run(async { Ok::<_, LockError>(()) })
+                        .await
+                        .expect("every cycle gets its lock");
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    TASKS * CYCLES
+}
+
+/// Read events the server has processed (`INFO stats`): one per batch of commands it read
+/// from a connection at once.
+fn reads(con: &mut redis::Connection) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("stats")
+        .query(con)
+        .expect("INFO stats");
+    info.lines()
+        .find_map(|l| l.strip_prefix("total_reads_processed:"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("total_reads_processed in INFO stats")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_acquisitions_and_releases_share_round_trips() {
+    let server = RedisServer::start();
+    let registry = registry(&server);
+    // Connected, scripts loaded.
+    registry
+        .lock("warm-up")
+        .run(async { Ok::<_, LockError>(()) })
+        .await
+        .unwrap();
+    let mut con = server.connection();
+    let before = reads(&mut con);
+    let cycles = cycle_together(&registry, |task| format!("distinct:{task}")).await;
+    let after = reads(&mut con);
+    // Sent one by one, the client's writes carry a few commands each (what its connection
+    // happened to have queued: about 200 reads for these 640 cycles). Coalesced, every
+    // operation that arrives while one is in flight goes out with the next write: about 50.
+    let reads = after - before;
+    assert!(
+        reads * 8 <= u64::try_from(cycles).unwrap(),
+        "{cycles} lock cycles of {TASKS} concurrent tasks took {reads} reads on the server"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_taken_and_released_in_batches_still_exclude_each_other() {
+    let server = RedisServer::start();
+    // Two processes, as far as Redis can tell, their tasks on the same eight keys.
+    let registries = [registry(&server), registry(&server)];
+    let counters: Arc<Vec<AtomicU64>> = Arc::new((0..8).map(|_| AtomicU64::new(0)).collect());
+    let inside: Arc<Vec<AtomicU64>> = Arc::new((0..8).map(|_| AtomicU64::new(0)).collect());
+    let mut tasks = Vec::new();
+    for task in 0..TASKS {
+        let registry = registries[task % 2].clone();
+        let (counters, inside) = (counters.clone(), inside.clone());
+        tasks.push(tokio::spawn(async move {
+            let slot = task % 8;
+            for _ in 0..CYCLES {
+                let (counters, inside) = (counters.clone(), inside.clone());
+                registry
+                    .lock(format!("shared:{slot}"))
+                    .wait(Duration::from_secs(60))
+                    .run(async move {
+                        assert_eq!(
+                            inside[slot].fetch_add(1, Ordering::SeqCst),
+                            0,
+                            "two holders of shared:{slot} at once"
+                        );
+                        // A read-modify-write that another holder would spoil.
+                        let seen = counters[slot].load(Ordering::SeqCst);
+                        tokio::task::yield_now().await;
+                        counters[slot].store(seen + 1, Ordering::SeqCst);
+                        inside[slot].fetch_sub(1, Ordering::SeqCst);
+                        Ok::<_, LockError>(())
+                    })
+                    .await
+                    .expect("every cycle gets its lock");
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let total: u64 = counters.iter().map(|c| c.load(Ordering::SeqCst)).sum();
+    assert_eq!(total, u64::try_from(TASKS * CYCLES).unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_that_fails_inside_a_batch_fails_alone() {
+    let server = RedisServer::start();
+    let mut con = raw(&server.url()).await;
+    // A queue key of the wrong type makes this lock's acquire script fail.
+    redis::cmd("SET")
+        .arg("queue:{lock:broken}")
+        .arg("not a queue")
+        .exec_async(&mut con)
+        .await
+        .unwrap();
+    // Its error names it, and the locks sent beside it are unharmed.
+    let registry = registry(&server);
+    let tasks: Vec<_> = (0..16)
+        .map(|i| {
+            let registry = registry.clone();
+            tokio::spawn(async move {
+                let key = if i == 0 {
+                    "broken".to_owned()
+                } else {
+                    format!("fine:{i}")
+                };
+                registry.lock(&key).fencing(true).acquire().await.map(|g| {
+                    drop(g);
+                    key
+                })
+            })
+        })
+        .collect();
+    for (i, task) in tasks.into_iter().enumerate() {
+        match (i, task.await.unwrap()) {
+            (0, Err(e)) => assert!(e.to_string().contains("broken"), "{e}"),
+            (0, Ok(_)) => panic!("a lock whose queue is broken cannot be taken"),
+            (_, outcome) => {
+                outcome.expect("a lock beside a broken one is taken");
+            }
+        }
+    }
+}
