@@ -234,7 +234,8 @@ async fn acquire_lease(
     let mut attempts = 0u32;
     let mut backoff = Backoff::new();
     // The token may be in the store without a lease to show for it: queued, or taken by an
-    // attempt whose reply was lost. Unless the lock is acquired, it is let go of on the way out.
+    // attempt whose reply was lost or whose caller was cancelled while it was on its way. Unless
+    // the lock is acquired, it is let go of on the way out.
     let mut let_go = LetGo(None);
     // When the last attempt that found this waiter queued was sent.
     let mut queued_at = None;
@@ -243,6 +244,8 @@ async fn acquire_lease(
         if attempts > 1 && inner.backend.undoes_failed_attempts() {
             token = token::new_token();
         }
+        // Armed while the attempt is on its way: cancelled there, it may still take the lock.
+        let_go.arm(inner, &key, &token);
         let sent_at = Instant::now();
         let attempt = inner
             .backend
@@ -267,7 +270,9 @@ async fn acquire_lease(
             Ok(Attempt::Busy { retry_after, .. }) => {
                 if queue {
                     queued_at = Some(sent_at);
-                    let_go.arm(inner, &key, &token);
+                } else {
+                    // Refused and not queued: the token is nowhere in the store.
+                    let_go.disarm();
                 }
                 if now >= give_up_at {
                     return Err(LockError::Busy {
@@ -300,7 +305,6 @@ async fn acquire_lease(
                 at.min(give_up_at)
             }
             Err(error) => {
-                let_go.arm(inner, &key, &token);
                 if now >= give_up_at {
                     return Err(error);
                 }
@@ -354,8 +358,8 @@ async fn admitted(
 
 /// Lets go of an acquisition's token in the background when dropped armed (the acquisition
 /// gave up, failed or was cancelled): takes it out of the waiters' queue, and releases the lock
-/// if it holds it after all (a reply was lost, or a release handed it over just now), so it
-/// goes on to the next waiter instead of sitting out its ttl.
+/// if it holds it after all (a reply was lost, an attempt was cancelled on its way, or a release
+/// handed it over just now), so it goes on to the next waiter instead of sitting out its ttl.
 struct LetGo(Option<(Arc<RegistryInner>, LockKey, String)>);
 
 impl LetGo {

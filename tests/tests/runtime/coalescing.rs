@@ -158,3 +158,69 @@ async fn a_lock_that_fails_inside_a_batch_fails_alone() {
         }
     }
 }
+
+/// Connections the server holds back (`CLIENT PAUSE` counts them as blocked).
+fn blocked(con: &mut redis::Connection) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("clients")
+        .query(con)
+        .expect("INFO clients");
+    info.lines()
+        .find_map(|l| l.strip_prefix("blocked_clients:"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("blocked_clients in INFO clients")
+}
+
+/// Acquisitions cancelled while their commands were on their way (one sent, the others queued
+/// behind it) must not leave their locks taken until the ttl runs out.
+#[tokio::test]
+async fn acquisitions_cancelled_in_flight_or_in_a_batch_leave_their_locks_free() {
+    const KEYS: usize = 8;
+    let server = RedisServer::start();
+    let registry = super::support::patient_registry(&server.url());
+    lock_tests::warm_up(&registry).await;
+    let mut con = server.connection();
+    // Holds every write until `CLIENT UNPAUSE`: the first acquisition's `SET` waits on the
+    // server, the others queue up behind it in this process.
+    let () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(30_000)
+        .arg("WRITE")
+        .query(&mut con)
+        .unwrap();
+    let acquiring: Vec<_> = (0..KEYS)
+        .map(|i| {
+            let request = registry
+                .lock(format!("cancelled:{i}"))
+                .ttl(Duration::from_secs(60));
+            tokio::spawn(request.acquire())
+        })
+        .collect();
+    // On this single-threaded runtime, every spawned acquisition runs until it waits.
+    tokio::task::yield_now().await;
+    super::support::eventually(Duration::from_secs(10), "a SET held by the pause", || {
+        let held = blocked(&mut con) == 1;
+        async move { held }
+    })
+    .await;
+    for task in acquiring {
+        task.abort();
+        assert!(task.await.unwrap_err().is_cancelled());
+    }
+    let () = redis::cmd("CLIENT")
+        .arg("UNPAUSE")
+        .query(&mut server.connection())
+        .unwrap();
+    let other = super::support::patient_registry(&server.url());
+    for i in 0..KEYS {
+        other
+            .lock(format!("cancelled:{i}"))
+            .wait(Duration::from_secs(10))
+            .acquire()
+            .await
+            .unwrap_or_else(|e| panic!("a cancelled acquisition still holds its 60 s lock: {e}"))
+            .release()
+            .await
+            .unwrap();
+    }
+}
