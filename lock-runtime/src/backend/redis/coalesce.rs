@@ -2,8 +2,9 @@
 //! go out together, in one write.
 //!
 //! An operation that finds nothing in flight goes out at once, alone, so a single task pays
-//! nothing for the batching. Operations that arrive while one is in flight queue up; when it
-//! returns they go out together as one pipeline, and so on while any are queued. Each keeps its
+//! nothing for the batching. Operations that arrive while one is in flight queue up and go out
+//! together as one pipeline: at once while fewer than [`DEPTH`] are in flight, else when one
+//! returns, and so on while any are queued. Each keeps its
 //! own commands (a plain `SET NX PX` first where the lone path sends one, the acquire and
 //! release scripts), so what Redis runs, and the wire protocol, are those of one operation at a
 //! time: under load the client writes and reads once per round trip, and Redis reads, and
@@ -21,6 +22,12 @@ use crate::io;
 
 /// At most this many operations per write, so that one batch cannot hold the server for long.
 const MOST: usize = 256;
+
+/// Operations or batches in flight at once. With one, an operation that arrives just after
+/// another went out waits a whole round trip (a release behind an acquisition that joins the
+/// queue delays every handoff); with two, it goes out at once while the first is on its way,
+/// and whatever arrives while both are out goes with the next.
+const DEPTH: usize = 2;
 
 /// One operation: its command, and for an acquisition that tries a plain `SET NX PX` first,
 /// the acquire script to send next if the `SET` is refused (as the lone path does).
@@ -47,8 +54,8 @@ type Queued = (Op, oneshot::Sender<Reply>);
 
 #[derive(Default)]
 struct State {
-    /// Whether an operation or a batch is in flight.
-    busy: bool,
+    /// Operations sent alone, and senders of batches, at work (at most [`DEPTH`]).
+    in_flight: usize,
     queued: Vec<Queued>,
 }
 
@@ -70,17 +77,22 @@ impl Coalescer {
         }
     }
 
-    /// The caller's turn: alone when nothing is in flight, else queued with `op()`.
+    /// The caller's turn: alone when nothing is in flight, else queued with `op()` (and sent
+    /// at once if fewer than [`DEPTH`] are in flight).
     pub(crate) fn enter(&self, op: impl FnOnce() -> Op) -> Turn {
         let mut state = self.inner.state();
-        if state.busy {
-            let (tx, rx) = oneshot::channel();
-            state.queued.push((op(), tx));
-            Turn::Queued(rx)
-        } else {
-            state.busy = true;
-            Turn::Alone(Alone(self.inner.clone()))
+        if state.in_flight == 0 {
+            state.in_flight = 1;
+            return Turn::Alone(Alone(self.inner.clone()));
         }
+        let (tx, rx) = oneshot::channel();
+        state.queued.push((op(), tx));
+        if state.in_flight < DEPTH {
+            state.in_flight += 1;
+            drop(state);
+            self.inner.clone().start_sender();
+        }
+        Turn::Queued(rx)
     }
 }
 
@@ -103,15 +115,16 @@ impl Drop for Alone {
     fn drop(&mut self) {
         let mut state = self.0.state();
         if state.queued.is_empty() {
-            state.busy = false;
+            state.in_flight -= 1;
         } else {
+            // Its place in flight goes to a sender of what queued up behind it.
             drop(state);
-            drop(io::spawn(Busy(Some(self.0.clone())).flush()));
+            self.0.clone().start_sender();
         }
     }
 }
 
-/// The right to send batches; it ends the busy state when dropped, however the flush ended.
+/// A sender of batches at work: it leaves its place in flight when dropped, however it ended.
 struct Busy(Option<Arc<Inner>>);
 
 impl Busy {
@@ -122,7 +135,7 @@ impl Busy {
             let batch: Vec<Queued> = {
                 let mut state = inner.state();
                 if state.queued.is_empty() {
-                    state.busy = false;
+                    state.in_flight -= 1;
                     self.0 = None;
                     return;
                 }
@@ -167,15 +180,22 @@ impl Busy {
 impl Drop for Busy {
     fn drop(&mut self) {
         if let Some(inner) = self.0.take() {
-            // Only if the flush itself panicked: nothing may stay queued behind it forever.
+            // Only if the flush itself panicked: nothing may stay queued with no sender left.
             let mut state = inner.state();
-            state.busy = false;
-            state.queued.clear();
+            state.in_flight -= 1;
+            if state.in_flight == 0 {
+                state.queued.clear();
+            }
         }
     }
 }
 
 impl Inner {
+    /// Spawns a sender of what is queued, in the place in flight the caller took for it.
+    fn start_sender(self: Arc<Self>) {
+        drop(io::spawn(Busy(Some(self)).flush()));
+    }
+
     fn state(&self) -> MutexGuard<'_, State> {
         // Every update leaves the state whole: a panic elsewhere leaves nothing half-written.
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
