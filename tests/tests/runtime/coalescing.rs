@@ -39,17 +39,18 @@ async fn cycle_together(registry: &Registry, key: fn(usize) -> String) -> usize 
     TASKS * CYCLES
 }
 
-/// Read events the server has processed (`INFO stats`): one per batch of commands it read
-/// from a connection at once.
-fn reads(con: &mut redis::Connection) -> u64 {
+/// A number `INFO <section>` reports, e.g. `total_reads_processed` (one per batch of commands
+/// the server read from a connection at once) or `blocked_clients` (connections `CLIENT PAUSE`
+/// holds back).
+fn info(con: &mut redis::Connection, section: &str, field: &str) -> u64 {
     let info: String = redis::cmd("INFO")
-        .arg("stats")
+        .arg(section)
         .query(con)
-        .expect("INFO stats");
+        .unwrap_or_else(|e| panic!("INFO {section}: {e}"));
     info.lines()
-        .find_map(|l| l.strip_prefix("total_reads_processed:"))
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
         .and_then(|v| v.trim().parse().ok())
-        .expect("total_reads_processed in INFO stats")
+        .unwrap_or_else(|| panic!("{field} in INFO {section}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -63,9 +64,9 @@ async fn concurrent_acquisitions_and_releases_share_round_trips() {
         .await
         .unwrap();
     let mut con = server.connection();
-    let before = reads(&mut con);
+    let before = info(&mut con, "stats", "total_reads_processed");
     let cycles = cycle_together(&registry, |task| format!("distinct:{task}")).await;
-    let after = reads(&mut con);
+    let after = info(&mut con, "stats", "total_reads_processed");
     // Sent one by one, the client's writes carry a few commands each (what its connection
     // happened to have queued: about 200 reads for these 640 cycles). Coalesced, every
     // operation that arrives while two writes are out goes with the next: 55 to 80 reads.
@@ -159,18 +160,6 @@ async fn a_lock_that_fails_inside_a_batch_fails_alone() {
     }
 }
 
-/// Connections the server holds back (`CLIENT PAUSE` counts them as blocked).
-fn blocked(con: &mut redis::Connection) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("clients")
-        .query(con)
-        .expect("INFO clients");
-    info.lines()
-        .find_map(|l| l.strip_prefix("blocked_clients:"))
-        .and_then(|v| v.trim().parse().ok())
-        .expect("blocked_clients in INFO clients")
-}
-
 /// Acquisitions cancelled while their commands were on their way (one sent, the others queued
 /// behind it) must not leave their locks taken until the ttl runs out.
 #[tokio::test]
@@ -199,7 +188,7 @@ async fn acquisitions_cancelled_in_flight_or_in_a_batch_leave_their_locks_free()
     // On this single-threaded runtime, every spawned acquisition runs until it waits.
     tokio::task::yield_now().await;
     super::support::eventually(Duration::from_secs(10), "a SET held by the pause", || {
-        let held = blocked(&mut con) == 1;
+        let held = info(&mut con, "clients", "blocked_clients") == 1;
         async move { held }
     })
     .await;

@@ -170,16 +170,9 @@ impl RedisBackend {
         attempt: &Acquire<'_>,
         queued: bool,
     ) -> redis::RedisResult<Vec<Value>> {
-        let key = attempt.key;
-        let mut call = scripts::ACQUIRE.key(&key.redis_key);
-        if queued {
-            call.key(&key.fence_key)
-                .key(&key.queue_key)
-                .key(&key.queued_key);
-        } else if attempt.fencing {
-            // Named only when used: during a slot migration Redis refuses a script whose keys
-            // are not all on one node, and a lock without fencing may have no counter at all.
-            call.key(&key.fence_key);
+        let mut call = scripts::ACQUIRE.prepare_invoke();
+        for key in script_keys(attempt.key, queued, attempt.fencing) {
+            call.key(key);
         }
         call.arg(attempt.token)
             .arg(ttl_ms(attempt.ttl))
@@ -195,24 +188,10 @@ impl RedisBackend {
     /// [`Self::acquire_script`] names.
     fn acquire_op(&self, attempt: &Acquire<'_>) -> Op {
         let key = attempt.key;
-        let mut script = evalsha(
-            &scripts::ACQUIRE,
-            match (self.hands_over, attempt.fencing) {
-                (true, _) => 4,
-                (false, true) => 2,
-                (false, false) => 1,
-            },
-        );
-        script.arg(&key.redis_key);
-        if self.hands_over {
-            script
-                .arg(&key.fence_key)
-                .arg(&key.queue_key)
-                .arg(&key.queued_key);
-        } else if attempt.fencing {
-            script.arg(&key.fence_key);
-        }
+        let keys = script_keys(key, self.hands_over, attempt.fencing);
+        let mut script = evalsha(&scripts::ACQUIRE, keys.len());
         script
+            .arg(keys)
             .arg(attempt.token)
             .arg(ttl_ms(attempt.ttl))
             .arg(u8::from(attempt.fencing))
@@ -240,15 +219,9 @@ impl RedisBackend {
     /// A release's command for a batch (never in a cluster), with the keys
     /// [`Self::release_script`] names.
     fn release_op(&self, key: &LockKey, token: &str) -> Op {
-        let mut script = evalsha(&scripts::RELEASE, if self.hands_over { 4 } else { 1 });
-        script.arg(&key.redis_key);
-        if self.hands_over {
-            script
-                .arg(&key.fence_key)
-                .arg(&key.queue_key)
-                .arg(&key.queued_key);
-        }
-        script.arg(token).arg(self.publish_command());
+        let keys = script_keys(key, self.hands_over, false);
+        let mut script = evalsha(&scripts::RELEASE, keys.len());
+        script.arg(keys).arg(token).arg(self.publish_command());
         Op {
             command: script,
             if_refused: None,
@@ -263,11 +236,9 @@ impl RedisBackend {
         token: &str,
         queued: bool,
     ) -> redis::RedisResult<i64> {
-        let mut call = scripts::RELEASE.key(&key.redis_key);
-        if queued {
-            call.key(&key.fence_key)
-                .key(&key.queue_key)
-                .key(&key.queued_key);
+        let mut call = scripts::RELEASE.prepare_invoke();
+        for key in script_keys(key, queued, false) {
+            call.key(key);
         }
         call.arg(token)
             .arg(self.publish_command())
@@ -647,4 +618,23 @@ impl Store for RedisBackend {
 /// are on this node.
 fn migrating(e: &redis::RedisError) -> bool {
     e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::TryAgain)
+}
+
+/// The keys the acquire and release scripts name: the lock, then with `queued` its fencing
+/// counter and waiters' queue, else the counter only when `fencing` (during a slot migration
+/// Redis refuses a script whose keys are not all on one node, and a lock without fencing may
+/// have no counter at all).
+fn script_keys(key: &LockKey, queued: bool, fencing: bool) -> Vec<&str> {
+    if queued {
+        vec![
+            &key.redis_key,
+            &key.fence_key,
+            &key.queue_key,
+            &key.queued_key,
+        ]
+    } else if fencing {
+        vec![&key.redis_key, &key.fence_key]
+    } else {
+        vec![&key.redis_key]
+    }
 }
