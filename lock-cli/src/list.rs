@@ -67,12 +67,9 @@ async fn row(
         .unwrap_or(&found.redis_key);
     let mut row = vec![key.to_owned()];
     match registry.inspect(key).await {
-        Ok(info) if info.owner.is_none() && redlock_nodes.is_none() => return None,
+        Ok(info) if render::holder(&info).is_none() && redlock_nodes.is_none() => return None,
         Ok(info) => {
-            let owner = info
-                .owner
-                .clone()
-                .unwrap_or_else(|| "(no majority)".to_owned());
+            let owner = render::holder(&info).unwrap_or_else(|| "(no majority)".to_owned());
             row.extend([owner, render::remaining(&info), render::fence(&info)]);
         }
         // Something else under the prefix (not a string, a stray brace in a cluster): show it

@@ -72,6 +72,14 @@ async fn run(cli: Cli) -> Result<(), Failure> {
 async fn unlock(registry: &Registry, key: &str, yes: bool) -> Result<(), Failure> {
     let redis_key = registry.redis_key(key);
     let info = registry.inspect(key).await?;
+    if let (None, Some(permits)) = (&info.owner, info.permits) {
+        return Err(Failure(format!(
+            "{redis_key} is a semaphore ({} of {} permits held): `unlock` deletes one owner's \
+             lock, and a semaphore has no single owner. Its permits come back as their holders \
+             release them, or within their ttl",
+            permits.held, permits.total
+        )));
+    }
     let Some(owner) = info.owner.as_deref() else {
         println!("{redis_key} is not held; nothing to unlock");
         return Ok(());

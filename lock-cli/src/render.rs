@@ -19,10 +19,21 @@ pub fn duration(d: Duration) -> String {
     }
 }
 
-/// The remaining lease of a held lock; a lock without expiry was written by someone else.
+/// Who holds the key: the owner's token, or how many of a semaphore's permits are held.
+#[must_use]
+pub fn holder(info: &LockInfo) -> Option<String> {
+    match (&info.owner, info.permits) {
+        (Some(token), _) => Some(token.clone()),
+        (None, Some(p)) => Some(format!("{} of {} permits", p.held, p.total)),
+        (None, None) => None,
+    }
+}
+
+/// The remaining lease of a held lock (of a semaphore: of its last permit to expire); a lock
+/// without expiry was written by someone else.
 #[must_use]
 pub fn remaining(info: &LockInfo) -> String {
-    match (info.owner.as_ref(), info.remaining) {
+    match (holder(info), info.remaining) {
         (None, _) => "-".to_owned(),
         (Some(_), Some(left)) => duration(left),
         (Some(_), None) => "no expiry".to_owned(),
@@ -49,14 +60,19 @@ pub fn owner_parts(token: &str) -> Option<(&str, u32)> {
 /// The lines of `lockctl show`.
 #[must_use]
 pub fn details(redis_key: &str, info: &LockInfo) -> String {
-    let owner = match info.owner.as_deref() {
-        None => "-".to_owned(),
-        Some(token) => match owner_parts(token) {
+    let owner = match (info.owner.as_deref(), holder(info)) {
+        (Some(token), _) => match owner_parts(token) {
             Some((host, pid)) => format!("{token} (host {host}, pid {pid})"),
             None => format!("{token} (not a lock-runtime token)"),
         },
+        (None, Some(permits)) => permits,
+        (None, None) => "-".to_owned(),
     };
-    let state = if info.owner.is_some() { "held" } else { "free" };
+    let state = if holder(info).is_some() {
+        "held"
+    } else {
+        "free"
+    };
     format!(
         "key:    {redis_key}\nstate:  {state}\nowner:  {owner}\nlease:  {}\nfence:  {}\n",
         remaining(info),
@@ -122,10 +138,25 @@ mod tests {
             owner: None,
             remaining: None,
             fence: Some(17),
+            permits: None,
         };
         let text = details("lock:x", &info);
         assert!(text.contains("state:  free"), "{text}");
         assert!(text.contains("fence:  17"), "{text}");
+    }
+
+    #[test]
+    fn a_semaphore_shows_its_permits_held() {
+        let info = LockInfo {
+            owner: None,
+            remaining: Some(Duration::from_millis(4_240)),
+            fence: None,
+            permits: Some(lock_runtime::Permits { held: 2, total: 4 }),
+        };
+        let text = details("lock:gpu-pool", &info);
+        assert!(text.contains("state:  held"), "{text}");
+        assert!(text.contains("owner:  2 of 4 permits"), "{text}");
+        assert!(text.contains("lease:  4.2s"), "{text}");
     }
 
     #[test]

@@ -6,15 +6,15 @@
 use proc_macro2::TokenStream;
 use syn::meta::ParseNestedMeta;
 use syn::parse::Parser;
-use syn::{Expr, ExprLit, Lit, LitBool, LitStr, Path};
+use syn::{Expr, ExprLit, Lit, LitBool, LitInt, LitStr, Path};
 
 use crate::ctxt::Errors;
 use crate::duration;
 
 /// Every option, in the order the docs list them.
 pub(crate) const OPTIONS: &[&str] = &[
-    "key", "ttl", "wait", "renew", "on_lost", "min_hold", "max_hold", "fencing", "registry",
-    "crate",
+    "key", "ttl", "wait", "renew", "on_lost", "min_hold", "max_hold", "fencing", "permits",
+    "registry", "crate",
 ];
 
 /// The options as written. `None` means "not given": defaults are the runtime's business.
@@ -28,6 +28,7 @@ pub(crate) struct Args {
     pub(crate) min_hold: Option<DurationArg>,
     pub(crate) max_hold: Option<DurationArg>,
     pub(crate) fencing: Option<LitBool>,
+    pub(crate) permits: Option<LitInt>,
     pub(crate) registry: Option<LitStr>,
     pub(crate) krate: Option<Path>,
     /// False when a syntax error stopped parsing: "missing `key`" would then be noise.
@@ -86,6 +87,7 @@ fn parse_option(
         "max_hold" => set(&mut args.max_hold, duration_arg(&value, option, errors)),
         "renew" => set(&mut args.renew, boolean(&value, option, errors)),
         "fencing" => set(&mut args.fencing, boolean(&value, option, errors)),
+        "permits" => set(&mut args.permits, permits(&value, errors)),
         "on_lost" => set(&mut args.on_lost, on_lost(&value, errors)),
         "registry" => set(&mut args.registry, registry(&value, errors)),
         "crate" => set(&mut args.krate, crate_path(&value, errors)),
@@ -193,6 +195,7 @@ fn example(option: &str) -> &'static str {
         "max_hold" => "\"10m\"",
         "renew" => "false",
         "fencing" => "true",
+        "permits" => "4",
         "on_lost" => "\"continue\"",
         "registry" => "\"payments\"",
         _ => "\"::lock_runtime\"",
@@ -246,6 +249,33 @@ fn duration_arg(value: &Expr, option: &str, errors: &mut Errors) -> Option<Durat
             None
         }
     }
+}
+
+/// A semaphore's size: a whole number from 1 to `u32::MAX`.
+fn permits(value: &Expr, errors: &mut Errors) -> Option<LitInt> {
+    let Expr::Lit(ExprLit {
+        lit: Lit::Int(lit), ..
+    }) = value
+    else {
+        errors.spanned(
+            value,
+            "expected a whole number of permits: `permits = 4` (a literal, checked at compile \
+             time; for a size known only at run time, use `registry.lock(key).permits(n)`)",
+        );
+        return None;
+    };
+    match lit.base10_parse::<u32>() {
+        Ok(0) => errors.spanned(
+            lit,
+            "`permits = 0` could never be taken; a semaphore needs at least 1 permit",
+        ),
+        Ok(_) => return Some(lit.clone()),
+        Err(_) => errors.spanned(
+            lit,
+            format!("`permits` must be a whole number from 1 to {}", u32::MAX),
+        ),
+    }
+    None
 }
 
 fn boolean(value: &Expr, option: &str, errors: &mut Errors) -> Option<LitBool> {

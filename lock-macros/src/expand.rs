@@ -165,5 +165,8 @@ fn options_chain(private: &TokenStream, options: &Options) -> TokenStream {
     if let Some(fencing) = options.fencing {
         chain.extend(quote!(.fencing(#fencing)));
     }
+    if let Some(permits) = options.permits {
+        chain.extend(quote!(.permits(#permits)));
+    }
     chain.into_token_stream()
 }

@@ -99,6 +99,7 @@ use proc_macro::TokenStream;
 /// | `min_hold` | keep the key at least this long after a successful run | none |
 /// | `max_hold` | stop renewing after this long | none |
 /// | `fencing` | issue a fencing token with each acquisition | `false` |
+/// | `permits` | make the key a semaphore: up to this many holders at once | none (exclusive) |
 /// | `registry` | name of a registry installed with `Registry::install_as` | the default registry |
 /// | `crate` | path to `lock_runtime` when it is renamed or re-exported | `"::lock_runtime"` |
 ///
@@ -300,6 +301,31 @@ use proc_macro::TokenStream;
 /// # Registry::in_memory().install_default();
 /// let first = write_invoice(1).await?;
 /// assert!(write_invoice(1).await? > first);
+/// # Ok(())
+/// # }
+/// ```
+///
+/// ## `permits`
+///
+/// Makes the key a semaphore: up to `permits` bodies run at once across every replica, each
+/// holding one permit with a lease of its own (renewed while the body runs, released when it
+/// ends; a crashed holder's permit comes back within `ttl`). Every caller of one key must name
+/// the same number: a caller that names another gets `LockError::InvalidOptions` at run time,
+/// never a silent mix of pool sizes. A nested call on the same key inside a body shares that
+/// body's permit. Not with `fencing = true` (a compile error): permits are held side by side,
+/// so a token would order nothing.
+///
+/// ```
+/// # use lock_runtime::{distributed_lock, LockError, Registry};
+/// #[distributed_lock(key = "gpu-pool", permits = 4, wait = "30s")]
+/// async fn render(frame: u32) -> Result<u32, LockError> {
+///     // At most four renders hold a GPU at any moment, whichever replica runs them.
+///     Ok(frame)
+/// }
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), LockError> {
+/// # Registry::in_memory().install_default();
+/// assert_eq!(render(7).await?, 7);
 /// # Ok(())
 /// # }
 /// ```

@@ -60,6 +60,7 @@ pub(crate) struct Options {
     pub(crate) min_hold: Option<u64>,
     pub(crate) max_hold: Option<u64>,
     pub(crate) fencing: Option<bool>,
+    pub(crate) permits: Option<u32>,
 }
 
 pub(crate) enum Body {
@@ -93,6 +94,7 @@ pub(crate) fn validate(args: Args, item: ItemFn, errors: &mut Errors) -> Option<
     let (body, scope, boxed_output) = shape(&sig, *block, errors);
     let output = output_type(&sig, boxed_output, errors);
     check_holds(&args, errors);
+    check_permits(&args, errors);
 
     let key = match &args.key {
         Some(lit) => resolve_key(lit, &sig.ident, &scope, errors),
@@ -127,6 +129,7 @@ pub(crate) fn validate(args: Args, item: ItemFn, errors: &mut Errors) -> Option<
             min_hold: args.min_hold.map(|d| d.millis),
             max_hold: args.max_hold.map(|d| d.millis),
             fencing: args.fencing.map(|b| b.value),
+            permits: args.permits.as_ref().and_then(|p| p.base10_parse().ok()),
         },
         output,
         outer_attrs,
@@ -240,6 +243,21 @@ fn contains_impl_trait(ty: &Type) -> bool {
 }
 
 /// `min_hold` / `max_hold` combinations that cannot do what they say.
+/// `fencing` orders holders one after another; permits are held side by side.
+fn check_permits(args: &Args, errors: &mut Errors) {
+    if let (Some(permits), Some(fencing)) = (&args.permits, &args.fencing) {
+        if fencing.value {
+            errors.spanned(
+                fencing,
+                format!(
+                    "`fencing = true` does not go with `permits = {permits}`: permits are held \
+                     side by side, so a fencing token would order nothing; drop one of them"
+                ),
+            );
+        }
+    }
+}
+
 fn check_holds(args: &Args, errors: &mut Errors) {
     let ttl = args.ttl.as_ref().map_or(DEFAULT_TTL_MILLIS, |d| d.millis);
     let ttl_text = args.ttl.as_ref().map_or_else(

@@ -201,7 +201,7 @@ mod waiting;
 #[doc(hidden)]
 pub mod __private;
 
-pub use backend::{LockInfo, MemoryStore};
+pub use backend::{LockInfo, MemoryStore, Permits};
 pub use current::{current, CurrentLock};
 pub use error::{LockError, LostReason};
 pub use guard::LockGuard;

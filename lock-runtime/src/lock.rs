@@ -81,6 +81,12 @@ impl LockRequest {
         self
     }
 
+    /// See [`LockOptions::permits`].
+    pub fn permits(mut self, permits: u32) -> Self {
+        self.options = self.options.permits(permits);
+        self
+    }
+
     /// Takes the lock, waiting up to `wait` for a busy one.
     ///
     /// If the running task already holds this key through this registry (inside a guarded body),
@@ -227,8 +233,9 @@ async fn acquire_lease(
     let give_up_at = started
         .checked_add(options.wait)
         .unwrap_or_else(|| started + Duration::from_secs(100 * 365 * 24 * 3600));
-    // A try-lock (no `wait`) never queues: it would only have to leave again.
-    let queue = inner.backend.hands_over() && !options.wait.is_zero();
+    // A try-lock (no `wait`) never queues: it would only have to leave again. Nor does a
+    // permit taker: a release hands over a whole lock, never one permit.
+    let queue = inner.backend.hands_over() && !options.wait.is_zero() && options.permits.is_none();
     let hub = inner.backend.hub();
     let mut interest = None;
     let mut attempts = 0u32;
@@ -256,12 +263,18 @@ async fn acquire_lease(
                 fencing: options.fencing,
                 first: attempts == 1,
                 queue,
+                permits: options.permits,
             })
             .await;
         let now = Instant::now();
         let wake_at = match attempt {
             Ok(Attempt::Acquired { fence }) => {
                 let_go.disarm();
+                if options.permits.is_some() && interest.take().is_some() {
+                    // A release wakes one waiter per process, but may have freed more than one
+                    // permit (or the lock behind them): the next waiter here tries too.
+                    hub.notify(key.channel());
+                }
                 return admitted(
                     inner, key, token, fence, options, sent_at, attempts, started,
                 )

@@ -34,6 +34,7 @@ pub struct LockOptions {
     pub(crate) min_hold: Option<Duration>,
     pub(crate) max_hold: Option<Duration>,
     pub(crate) fencing: bool,
+    pub(crate) permits: Option<u32>,
 }
 
 impl Default for LockOptions {
@@ -61,6 +62,7 @@ impl LockOptions {
             min_hold: None,
             max_hold: None,
             fencing: false,
+            permits: None,
         }
     }
 
@@ -126,6 +128,27 @@ impl LockOptions {
         self
     }
 
+    /// Makes the key a semaphore: up to `permits` holders at once, each with a lease of its own
+    /// (renewed by the keeper, released by its guard; a crashed holder's permit comes back
+    /// within its ttl). Every caller of one key must name the same number: a different one is
+    /// [`LockError::InvalidOptions`], never a silent mix. Not with `fencing` (permits are held
+    /// side by side, so a token would order nothing), and `permits(0)` is refused.
+    ///
+    /// Permit waiters are woken by releases and retry; they do not queue, so they are not
+    /// served first come, first served. An exclusive lock on the same key waits until every
+    /// permit is returned, and permit takers wait behind it once it queues.
+    #[must_use]
+    pub const fn permits(mut self, permits: u32) -> Self {
+        self.permits = Some(permits);
+        self
+    }
+
+    /// The permits of a semaphore, `None` for an exclusive lock.
+    #[must_use]
+    pub const fn get_permits(&self) -> Option<u32> {
+        self.permits
+    }
+
     /// The lease length.
     #[must_use]
     pub const fn get_ttl(&self) -> Duration {
@@ -167,6 +190,23 @@ impl LockOptions {
                 self.ttl,
                 MAX_TTL.as_secs() / 86_400
             ));
+        }
+        match self.permits {
+            Some(0) => {
+                return bad(
+                    "`permits` must be at least 1: a semaphore with no permits could \
+                            never be taken"
+                        .into(),
+                )
+            }
+            Some(_) if self.fencing => {
+                return bad(
+                    "`fencing` does not go with `permits`: permits are held side by \
+                            side, so a fencing token would order nothing; drop one of them"
+                        .into(),
+                )
+            }
+            _ => {}
         }
         if let Some(max) = self.max_hold {
             if max > MAX_TTL {

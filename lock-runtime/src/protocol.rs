@@ -15,6 +15,10 @@
 //!   a token; any other message wakes a waiter too. A peer that deletes with its own script is
 //!   still safe; our waiters then notice the release when the holder's lease would have ended,
 //!   and the oldest of them takes the lock.
+//! - A semaphore of N permits is a sorted set under `<prefix><key>` instead: each holder's token
+//!   scored by its deadline (server clock, ms) and the member `#permits=N` scored `+inf`.
+//!   [`ACQUIRE_LUA`] with `ARGV[6]` = N takes a permit, [`RELEASE_LUA`] and [`RENEW_LUA`] release
+//!   and renew it as they do a lock; a plain `SET NX` on the key is refused while any permit lives.
 //! - Redlock takes back an attempt that won only a minority with [`UNDO_LUA`], which wakes
 //!   nobody.
 //! - A renewal is [`RENEW_LUA`] (an owner-checked `PEXPIRE`), an inspection [`INSPECT_LUA`],
@@ -25,7 +29,7 @@
 //!
 //! ```
 //! // The same owner-checked release, from any Redis client:
-//! assert!(lock_runtime::protocol::RELEASE_LUA.contains("if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then"));
+//! assert!(lock_runtime::protocol::RELEASE_LUA.contains("if owner ~= ARGV[1] then"));
 //! ```
 
 pub use crate::backend::redis::scripts::{

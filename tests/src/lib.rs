@@ -24,7 +24,10 @@ pub mod sentinel;
 pub mod server;
 
 pub use direct::{command_calls, connection, raw, subscribers};
-pub use locks::{assert_lost, spawn_hung_body, spawn_hung_body_holding, warm_up};
+pub use locks::{
+    assert_lost, most_inside, semaphore_round, spawn_hung_body, spawn_hung_body_holding,
+    start_holder, warm_up,
+};
 pub use poll::eventually;
 pub use registry::{fast_registry, with_timeouts};
 pub use server::{free_port, signal, RedisServer, SilentServer, INSTALL_HINT};

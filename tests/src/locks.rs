@@ -64,3 +64,131 @@ pub fn assert_lost(err: &lock_runtime::LockError, expected: lock_runtime::LostRe
         other => panic!("expected the lease lost ({expected:?}), got {other:?}"),
     }
 }
+
+/// A semaphore of 3 permits on `key`, as every deployment must keep it: three permits held at
+/// once from both registries, a fourth taker refused with the soonest permit's lease, a waiter
+/// woken by a release (well before the holders' 30 s leases would free a permit), the count
+/// shown by `inspect`, and the key gone with the last release.
+///
+/// # Panics
+/// When any of that fails.
+pub async fn semaphore_round(a: &lock_runtime::Registry, b: &lock_runtime::Registry, key: &str) {
+    use lock_runtime::{LockError, Permits};
+    use std::time::Duration;
+    let mut held = Vec::new();
+    for registry in [a, b, a] {
+        let permit = registry.lock(key).permits(3).acquire().await;
+        held.push(permit.expect("a free permit"));
+    }
+    let info = b.inspect(key).await.expect("inspect");
+    assert_eq!(info.permits, Some(Permits { held: 3, total: 3 }));
+    assert_eq!(info.owner, None, "a semaphore has no single owner");
+    let err = b.lock(key).permits(3).acquire().await.unwrap_err();
+    let LockError::Busy { retry_after, .. } = err else {
+        panic!("a fourth taker is refused: {err:?}");
+    };
+    assert!(retry_after.is_some_and(|left| left <= Duration::from_secs(30)));
+    let waiter = tokio::spawn({
+        let (b, key) = (b.clone(), key.to_owned());
+        async move {
+            b.lock(key)
+                .permits(3)
+                .wait(Duration::from_secs(10))
+                .acquire()
+                .await
+        }
+    });
+    held.pop()
+        .expect("three held")
+        .release()
+        .await
+        .expect("release");
+    let fourth = waiter
+        .await
+        .expect("waiter task")
+        .expect("woken by the release");
+    let info = a.inspect(key).await.expect("inspect");
+    assert_eq!(info.permits, Some(Permits { held: 3, total: 3 }));
+    for guard in held.into_iter().chain([fourth]) {
+        guard.release().await.expect("release");
+    }
+    let info = a.inspect(key).await.expect("inspect");
+    assert_eq!(info.permits, None, "the last release deletes the key");
+}
+
+/// Starts the `lock-holder` binary (`bin`, i.e. `env!("CARGO_BIN_EXE_lock-holder")`) holding
+/// `key` on `url` with a lease of `ttl_ms` (one of `permits` permits when given), and returns
+/// the process once it holds.
+///
+/// # Panics
+/// When it cannot be started or does not report the lock held.
+#[must_use]
+pub fn start_holder(
+    bin: &str,
+    url: &str,
+    key: &str,
+    ttl_ms: u64,
+    permits: Option<u32>,
+) -> std::process::Child {
+    use std::io::BufRead;
+    let mut args = vec![url.to_owned(), key.to_owned(), ttl_ms.to_string()];
+    args.extend(permits.map(|p| p.to_string()));
+    let mut holder = std::process::Command::new(bin)
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start lock-holder");
+    let mut line = String::new();
+    std::io::BufReader::new(holder.stdout.take().expect("piped"))
+        .read_line(&mut line)
+        .expect("read lock-holder's output");
+    assert!(line.starts_with("held "), "{line}");
+    holder
+}
+
+/// Runs `tasks` tasks spread over `registries`, each taking `key` (one of `permits` permits when
+/// given) `cycles` times for a 2 ms body; returns the most bodies seen inside at once.
+///
+/// # Panics
+/// When a body cannot get in within 30 s.
+pub async fn most_inside(
+    registries: &[lock_runtime::Registry],
+    key: &str,
+    permits: Option<u32>,
+    tasks: usize,
+    cycles: usize,
+) -> usize {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::time::Duration;
+    let inside = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let tasks: Vec<_> = (0..tasks)
+        .map(|i| {
+            let (registry, key) = (registries[i % registries.len()].clone(), key.to_owned());
+            let (inside, most) = (inside.clone(), most.clone());
+            tokio::spawn(async move {
+                for _ in 0..cycles {
+                    let mut request = registry.lock(key.clone()).wait(Duration::from_secs(30));
+                    if let Some(permits) = permits {
+                        request = request.permits(permits);
+                    }
+                    request
+                        .run(async {
+                            let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                            most.fetch_max(now, Ordering::SeqCst);
+                            tokio::time::sleep(Duration::from_millis(2)).await;
+                            inside.fetch_sub(1, Ordering::SeqCst);
+                            Ok::<_, lock_runtime::LockError>(())
+                        })
+                        .await
+                        .unwrap_or_else(|e| panic!("task {i}: {e}"));
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.expect("task");
+    }
+    most.load(Ordering::SeqCst)
+}

@@ -423,3 +423,49 @@ async fn run_child(url: &str, expect: &str) {
         String::from_utf8_lossy(&output.stderr)
     );
 }
+
+/// Holds one of two permits until `release` fires, telling `held` once inside.
+#[distributed_lock(key = "pool", permits = 2, wait = "30s", registry = "attr_permits")]
+async fn pooled(held: oneshot::Sender<()>, release: oneshot::Receiver<()>) -> Result<(), JobError> {
+    hold_until(held, release).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permits_let_that_many_bodies_in_and_the_next_one_after_a_release() {
+    let server = RedisServer::start();
+    install(&server, "attr_permits");
+    let mut releases = Vec::new();
+    let mut tasks = Vec::new();
+    for _ in 0..2 {
+        let (held_tx, held) = oneshot::channel();
+        let (release, release_rx) = oneshot::channel();
+        tasks.push(tokio::spawn(pooled(held_tx, release_rx)));
+        held.await.expect("two bodies hold a permit each at once");
+        releases.push(release);
+    }
+    let registry = lock_runtime::named("attr_permits").unwrap();
+    let err = registry
+        .lock("pool")
+        .permits(2)
+        .acquire()
+        .await
+        .unwrap_err();
+    assert!(
+        err.is_busy(),
+        "both permits are held by the bodies: {err:?}"
+    );
+    let (held_tx, third) = oneshot::channel();
+    let (release_third, release_rx) = oneshot::channel();
+    let waiting = tokio::spawn(pooled(held_tx, release_rx));
+    releases.pop().unwrap().send(()).unwrap();
+    third
+        .await
+        .expect("the third body runs once a permit is returned");
+    release_third.send(()).unwrap();
+    for release in releases {
+        release.send(()).unwrap();
+    }
+    for task in tasks.into_iter().chain([waiting]) {
+        task.await.unwrap().expect("each body ran under a permit");
+    }
+}

@@ -10,6 +10,7 @@ mod runtime {
     mod leases;
     mod memory;
     mod reentrancy;
+    mod semaphore;
     mod support;
     mod waiting;
 }

@@ -54,6 +54,16 @@ pub(crate) struct Acquire<'a> {
     /// Queue up when busy, where the store hands locks over (see `RELEASE_LUA`): set while the
     /// caller is prepared to wait.
     pub queue: bool,
+    /// Take one of this many permits (a semaphore) instead of the lock itself.
+    pub permits: Option<u32>,
+}
+
+impl Acquire<'_> {
+    /// Whether the attempt starts with a plain `SET NX PX`: an exclusive lock's first attempt
+    /// without fencing, which usually finds the lock free.
+    pub(crate) fn plain_set_first(&self) -> bool {
+        self.first && !self.fencing && self.permits.is_none()
+    }
 }
 
 /// One lock in a renewal batch.
@@ -61,18 +71,32 @@ pub(crate) struct Renewal<'a> {
     pub redis_key: &'a str,
     pub token: &'a str,
     pub ttl_ms: u64,
+    /// The semaphore's permits, for a permit (Redlock needs more nodes to keep one).
+    pub permits: Option<u32>,
 }
 
 /// What `inspect` finds under a key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LockInfo {
-    /// The holder's token (`host:pid:random`), `None` when the lock is free.
+    /// The holder's token (`host:pid:random`), `None` when the lock is free or a semaphore.
     pub owner: Option<String>,
-    /// The remaining lease, `None` when free or without expiry.
+    /// The remaining lease (of a semaphore: of the last permit to expire), `None` when free or
+    /// without expiry.
     pub remaining: Option<Duration>,
     /// The last fencing token handed out for this key, while its counter lives (it expires a
     /// day after the key's last fenced acquisition).
     pub fence: Option<u64>,
+    /// For a semaphore: its permits, and how many are held now.
+    pub permits: Option<Permits>,
+}
+
+/// A semaphore's permits, as [`LockInfo`] reports them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Permits {
+    /// Permits held now (by live leases).
+    pub held: u32,
+    /// The semaphore's size, as its holders named it.
+    pub total: u32,
 }
 
 /// What every store does: Redis (one deployment), Redlock (several) and memory.

@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::contract::{Acquire, Attempt, LockInfo, Renewal, Renewed, Store, FENCE_EXPIRY_MS};
+use super::contract::{
+    Acquire, Attempt, LockInfo, Permits, Renewal, Renewed, Store, FENCE_EXPIRY_MS,
+};
 use crate::key::LockKey;
 use crate::waiting::WaitHub;
 use crate::LockError;
@@ -61,6 +63,8 @@ impl Default for Inner {
 #[derive(Default)]
 struct Data {
     locks: HashMap<String, Entry>,
+    /// Semaphores, by key: their holders' leases, as the sorted set under the key in Redis.
+    pools: HashMap<String, Pool>,
     /// Each lock's waiters, oldest first, as `ACQUIRE_LUA` keeps them in Redis.
     queues: HashMap<String, VecDeque<Waiter>>,
     fences: HashMap<String, Fence>,
@@ -96,6 +100,19 @@ struct Entry {
     expires_at: Option<Instant>,
 }
 
+/// A semaphore: its size, and each permit holder's lease.
+struct Pool {
+    total: u32,
+    holders: HashMap<String, Instant>,
+}
+
+impl Pool {
+    /// When the first permit runs out, if none is released before.
+    fn soonest(&self) -> Option<Instant> {
+        self.holders.values().min().copied()
+    }
+}
+
 impl Inner {
     fn data(&self) -> std::sync::MutexGuard<'_, Data> {
         // Every critical section is a few map operations that cannot panic halfway.
@@ -118,6 +135,92 @@ impl Data {
 }
 
 impl Data {
+    /// The semaphore under `key` with its live holders, dropping it once none is left.
+    fn pool(&mut self, key: &str, now: Instant) -> Option<&mut Pool> {
+        let pool = self.pools.get_mut(key)?;
+        pool.holders.retain(|_, deadline| *deadline > now);
+        if pool.holders.is_empty() {
+            self.pools.remove(key);
+        }
+        self.pools.get_mut(key)
+    }
+
+    /// Whether a live waiter is queued for `key` (stale places before it are dropped).
+    fn waiter_queued(&mut self, key: &str, now: Instant) -> bool {
+        let Some(queue) = self.queues.get_mut(key) else {
+            return false;
+        };
+        while queue.front().is_some_and(|w| w.deadline <= now) {
+            queue.pop_front();
+        }
+        if queue.is_empty() {
+            self.queues.remove(key);
+            return false;
+        }
+        true
+    }
+
+    /// A semaphore's attempt: as `ACQUIRE_LUA` takes a permit.
+    fn take_permit(
+        &mut self,
+        attempt: &Acquire<'_>,
+        total: u32,
+        now: Instant,
+    ) -> Result<(Attempt, Option<HandedOver>), LockError> {
+        let key = attempt.key;
+        if let Some(entry) = self.live(&key.redis_key, now) {
+            let busy = Attempt::Busy {
+                retry_after: entry.expires_at.map(|t| t - now),
+                holder: Some(entry.token.clone()),
+            };
+            return Ok((busy, None));
+        }
+        let tag = format!("#permits={total}");
+        match self.pool(&key.redis_key, now) {
+            Some(pool) if pool.total != total => {
+                return Err(LockError::InvalidOptions {
+                    key: key.key.clone(),
+                    reason: format!(
+                        "it is a semaphore of {} permits on memory, and this call asks for a \
+                         semaphore of {total} permits; every caller of one key must name the \
+                         same `permits`",
+                        pool.total
+                    ),
+                });
+            }
+            Some(pool) if pool.holders.contains_key(attempt.token) => {}
+            Some(pool) => {
+                let held = pool.holders.len();
+                let soonest = pool.soonest();
+                if held >= total as usize || self.waiter_queued(&key.redis_key, now) {
+                    let busy = Attempt::Busy {
+                        retry_after: soonest.map(|t| t - now),
+                        holder: Some(tag),
+                    };
+                    return Ok((busy, None));
+                }
+            }
+            None => {
+                if let Some(to) = self.hand_over(key, now) {
+                    let busy = Attempt::Busy {
+                        retry_after: Some(attempt.ttl),
+                        holder: Some(to.token.clone()),
+                    };
+                    return Ok((busy, Some(to)));
+                }
+            }
+        }
+        self.pools
+            .entry(key.redis_key.clone())
+            .or_insert_with(|| Pool {
+                total,
+                holders: HashMap::new(),
+            })
+            .holders
+            .insert(attempt.token.to_owned(), now + attempt.ttl);
+        Ok((Attempt::Acquired { fence: None }, None))
+    }
+
     fn leave_queue(&mut self, key: &str, token: &str) {
         if let Some(queue) = self.queues.get_mut(key) {
             queue.retain(|w| w.token != token);
@@ -230,9 +333,21 @@ impl Store for MemoryStore {
         let now = Instant::now();
         let mut data = self.inner.data();
         let key = attempt.key;
+        if let Some(total) = attempt.permits {
+            let (outcome, handed) = data.take_permit(attempt, total, now)?;
+            drop(data);
+            if let Some(to) = handed {
+                self.inner.hub.hand_over(key.channel(), &to.token, to.fence);
+            }
+            return Ok(outcome);
+        }
         let mut handed = None;
+        let pool = data
+            .pool(&key.redis_key, now)
+            .map(|p| (format!("#permits={}", p.total), p.soonest()));
         let owner = match data.live(&key.redis_key, now) {
             Some(entry) => Some(entry.token.clone()),
+            None if pool.is_some() => pool.as_ref().map(|(tag, _)| tag.clone()),
             // A free lock goes to the oldest live waiter, if that is not the caller.
             None => match data.hand_over(key, now) {
                 Some(to) if to.token != attempt.token => {
@@ -248,9 +363,12 @@ impl Store for MemoryStore {
                 if attempt.queue {
                     data.queue_up(attempt, now);
                 }
-                let entry = data.live(&key.redis_key, now);
+                let expires_at = match &pool {
+                    Some((_, soonest)) => *soonest,
+                    None => data.live(&key.redis_key, now).and_then(|e| e.expires_at),
+                };
                 Attempt::Busy {
-                    retry_after: entry.and_then(|e| e.expires_at).map(|t| t - now),
+                    retry_after: expires_at.map(|t| t - now),
                     holder: Some(owner),
                 }
             }
@@ -280,6 +398,22 @@ impl Store for MemoryStore {
         let now = Instant::now();
         let mut data = self.inner.data();
         data.leave_queue(&key.redis_key, token);
+        if let Some(pool) = data.pool(&key.redis_key, now) {
+            if pool.holders.remove(token).is_none() {
+                return Ok(false);
+            }
+            let handed = if data.pool(&key.redis_key, now).is_none() {
+                data.hand_over(key, now)
+            } else {
+                None
+            };
+            drop(data);
+            match handed {
+                Some(to) => self.inner.hub.hand_over(key.channel(), &to.token, to.fence),
+                None => self.inner.hub.notify(key.channel()),
+            }
+            return Ok(true);
+        }
         let ours = data
             .live(&key.redis_key, now)
             .is_some_and(|e| e.token == token);
@@ -305,13 +439,24 @@ impl Store for MemoryStore {
         let mut data = self.inner.data();
         Ok(batch
             .iter()
-            .map(|r| match data.live(r.redis_key, now) {
-                Some(entry) if entry.token == r.token => {
-                    entry.expires_at = Some(now + Duration::from_millis(r.ttl_ms));
-                    Renewed::Yes
+            .map(|r| {
+                if let Some(pool) = data.pool(r.redis_key, now) {
+                    return match pool.holders.get_mut(r.token) {
+                        Some(deadline) => {
+                            *deadline = now + Duration::from_millis(r.ttl_ms);
+                            Renewed::Yes
+                        }
+                        None => Renewed::Gone,
+                    };
                 }
-                Some(_) => Renewed::Taken,
-                None => Renewed::Gone,
+                match data.live(r.redis_key, now) {
+                    Some(entry) if entry.token == r.token => {
+                        entry.expires_at = Some(now + Duration::from_millis(r.ttl_ms));
+                        Renewed::Yes
+                    }
+                    Some(_) => Renewed::Taken,
+                    None => Renewed::Gone,
+                }
             })
             .map(Some)
             .collect())
@@ -325,16 +470,29 @@ impl Store for MemoryStore {
             .get(&key.fence_key)
             .filter(|f| f.expires_at > now)
             .map(|f| f.last);
+        if let Some(pool) = data.pool(&key.redis_key, now) {
+            return Ok(LockInfo {
+                owner: None,
+                remaining: pool.holders.values().max().map(|t| *t - now),
+                fence,
+                permits: Some(Permits {
+                    held: u32::try_from(pool.holders.len()).unwrap_or(u32::MAX),
+                    total: pool.total,
+                }),
+            });
+        }
         Ok(match data.live(&key.redis_key, now) {
             Some(entry) => LockInfo {
                 owner: Some(entry.token.clone()),
                 remaining: entry.expires_at.map(|t| t - now),
                 fence,
+                permits: None,
             },
             None => LockInfo {
                 owner: None,
                 remaining: None,
                 fence,
+                permits: None,
             },
         })
     }
@@ -342,8 +500,10 @@ impl Store for MemoryStore {
     async fn force_unlock(&self, key: &LockKey) -> Result<bool, LockError> {
         let now = Instant::now();
         let mut data = self.inner.data();
-        let existed = data.live(&key.redis_key, now).is_some();
+        let existed =
+            data.live(&key.redis_key, now).is_some() || data.pool(&key.redis_key, now).is_some();
         data.locks.remove(&key.redis_key);
+        data.pools.remove(&key.redis_key);
         drop(data);
         if existed {
             self.inner.hub.notify(key.channel());

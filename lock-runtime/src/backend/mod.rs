@@ -14,8 +14,8 @@ pub(crate) mod memory;
 pub(crate) mod redis;
 pub(crate) mod redlock;
 
-pub use contract::LockInfo;
 pub(crate) use contract::{ttl_ms, Acquire, Attempt, Renewal, Renewed, Store};
+pub use contract::{LockInfo, Permits};
 pub use memory::MemoryStore;
 pub(crate) use redis::config::Tls;
 use redis::config::{ClusterSeeds, Topology};

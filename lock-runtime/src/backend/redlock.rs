@@ -108,15 +108,30 @@ impl Redlock {
     }
 
     fn majority_down(&self, command: &'static str, key: &LockKey, errors: &[String]) -> LockError {
+        self.too_few(command, key, errors, self.quorum)
+    }
+
+    /// Fewer than `quorum` nodes answered.
+    fn too_few(
+        &self,
+        command: &'static str,
+        key: &LockKey,
+        errors: &[String],
+        quorum: usize,
+    ) -> LockError {
+        let permits = if quorum > self.quorum {
+            " (a semaphore's permit needs more nodes than a lock: see `LockOptions::permits`)"
+        } else {
+            ""
+        };
         LockError::Backend {
             node: self.name.clone(),
             command,
             key: Some(key.key.clone()),
             message: format!(
-                "only {} of {} nodes answered, a quorum is {}: {}",
+                "only {} of {} nodes answered, a quorum is {quorum}{permits}: {}",
                 self.nodes.len() - errors.len(),
                 self.nodes.len(),
-                self.quorum,
                 errors.join("; ")
             ),
             source: None,
@@ -130,10 +145,25 @@ impl Redlock {
         drop(self.fan_out(self.timeouts.command, delete_on(key, token, announce)));
     }
 
-    /// The owner that holds a quorum of the busy nodes, with its leases there.
+    /// How many nodes must grant (and keep renewing) a lock, or one of `permits` permits. A
+    /// majority for a lock. For permits, more: with `h` holders each on `q` of `n` nodes and at
+    /// most `permits` on any node, `h * q <= n * permits`, so `q > n * permits / (permits + 1)`
+    /// keeps `h` at `permits` or below (on 3 nodes, every node for 2 permits or more).
+    fn quorum_for(&self, permits: Option<u32>) -> usize {
+        match permits {
+            Some(p) if p > 1 => {
+                let p = p as usize;
+                self.nodes.len() * p / (p + 1) + 1
+            }
+            _ => self.quorum,
+        }
+    }
+
+    /// The owner that holds `quorum` of the busy nodes, with its leases there.
     fn quorum_holder<'b>(
         &self,
         busy: &'b [(Option<Duration>, Option<String>)],
+        quorum: usize,
     ) -> Option<(&'b str, Vec<Option<Duration>>)> {
         busy.iter().find_map(|(_, candidate)| {
             let candidate = candidate.as_deref()?;
@@ -142,7 +172,7 @@ impl Redlock {
                 .filter(|(_, holder)| holder.as_deref() == Some(candidate))
                 .map(|(left, _)| *left)
                 .collect();
-            (leases.len() >= self.quorum).then_some((candidate, leases))
+            (leases.len() >= quorum).then_some((candidate, leases))
         })
     }
 }
@@ -168,12 +198,14 @@ impl Store for Redlock {
                     .to_owned(),
             });
         }
+        let quorum = self.quorum_for(attempt.permits);
         let per_node = self.node_timeout(ttl);
         let started = Instant::now();
         // Each node gets its attempt as one script call (never the plain `SET NX` first):
         // the undo below goes out at once, and as a single command the attempt is always ahead
         // of it on the node's connection, where a second command could fall behind it and take
         // the lock after the undo.
+        let permits = attempt.permits;
         let mut replies = self.fan_out(per_node, |node| {
             let (key, token) = (key.clone_names(), token.to_owned());
             async move {
@@ -184,6 +216,7 @@ impl Store for Redlock {
                     fencing: false,
                     first: false,
                     queue: false,
+                    permits,
                 };
                 node.acquire(&attempt).await
             }
@@ -194,10 +227,10 @@ impl Store for Redlock {
         // Read on while a quorum may still grant. Once it cannot, read on (each reply bounded
         // by `per_node`) until a holder with a quorum shows or too few nodes answer: who holds
         // the lock decides how to wait.
-        while won < self.quorum {
-            let can_win = n - busy.len() - errors.len() >= self.quorum;
-            let majority_down = errors.len() > n - self.quorum;
-            if !can_win && (majority_down || self.quorum_holder(&busy).is_some()) {
+        while won < quorum {
+            let can_win = n - busy.len() - errors.len() >= quorum;
+            let majority_down = errors.len() > n - quorum;
+            if !can_win && (majority_down || self.quorum_holder(&busy, quorum).is_some()) {
                 break;
             }
             let Some(reply) = replies.next().await else {
@@ -209,7 +242,7 @@ impl Store for Redlock {
                     retry_after,
                     holder,
                 }) => busy.push((retry_after, holder)),
-                Err(e @ LockError::InvalidKey { .. }) => {
+                Err(e @ (LockError::InvalidKey { .. } | LockError::InvalidOptions { .. })) => {
                     errors.push(e.to_string());
                     refused = Some(e);
                 }
@@ -222,26 +255,26 @@ impl Store for Redlock {
         let valid = ttl
             .checked_sub(elapsed + drift)
             .is_some_and(|v| !v.is_zero());
-        if won >= self.quorum && valid && refused.is_none() {
+        if won >= quorum && valid && refused.is_none() {
             return Ok(Attempt::Acquired { fence: None });
         }
         // Undo everywhere, also where no answer came: the SET may have landed anyway. In the
         // background: a silent node must not hold up the answer. Only an attempt that held a
         // quorum can have made someone wait for it, so only its undo wakes waiters.
-        self.undo_in_background(key, token, won >= self.quorum);
+        self.undo_in_background(key, token, won >= quorum);
         if let Some(e) = refused {
             return Err(e);
         }
-        if won + busy.len() < self.quorum {
-            return Err(self.majority_down("acquire", key, &errors));
+        if won + busy.len() < quorum {
+            return Err(self.too_few("acquire", key, &errors, quorum));
         }
-        let retry_after = match self.quorum_holder(&busy) {
+        let retry_after = match self.quorum_holder(&busy, quorum) {
             // A release notification ends the wait. Until then only expiry frees a quorum: once
             // enough of the holder's nodes have let its lease run out. A holder whose release
             // has already been announced is still deleting the lock on its other nodes.
             Some((holder, mut leases)) if !self.hub.released_recently(key.channel(), holder) => {
                 leases.sort_by_key(|left| left.unwrap_or(Duration::MAX));
-                leases[leases.len() - self.quorum]
+                leases[leases.len() - quorum]
             }
             // Nobody holds a quorum (contenders split the vote, or the lock is being let go),
             // or ours came too late: retry after a short, random pause, so contenders do not
@@ -280,21 +313,30 @@ impl Store for Redlock {
         batch: &[Renewal<'_>],
         budget: Duration,
     ) -> Result<Vec<Option<Renewed>>, LockError> {
-        let owned: Arc<Vec<(String, String, u64)>> = Arc::new(
+        // Each node's task outlives this call's borrow of the batch.
+        let owned: Arc<Vec<(String, String, Renewal<'static>)>> = Arc::new(
             batch
                 .iter()
-                .map(|r| (r.redis_key.to_owned(), r.token.to_owned(), r.ttl_ms))
+                .map(|r| {
+                    let shape = Renewal {
+                        redis_key: "",
+                        token: "",
+                        ..*r
+                    };
+                    (r.redis_key.to_owned(), r.token.to_owned(), shape)
+                })
                 .collect(),
         );
+        let quorums: Vec<usize> = batch.iter().map(|r| self.quorum_for(r.permits)).collect();
         let mut replies = self.fan_out(budget, |node| {
             let owned = owned.clone();
             async move {
                 let batch: Vec<Renewal<'_>> = owned
                     .iter()
-                    .map(|(redis_key, token, ttl_ms)| Renewal {
+                    .map(|(redis_key, token, shape)| Renewal {
                         redis_key,
                         token,
-                        ttl_ms: *ttl_ms,
+                        ..*shape
                     })
                     .collect();
                 node.renew(&batch, budget).await
@@ -308,7 +350,8 @@ impl Store for Redlock {
         let decided = |yes: &[usize], no: &[usize]| {
             yes.iter()
                 .zip(no)
-                .all(|(y, nay)| *y >= self.quorum || *nay > n - self.quorum)
+                .zip(&quorums)
+                .all(|((y, nay), q)| *y >= *q || *nay > n - *q)
         };
         while let Some(reply) = replies.next().await {
             let Ok(flags) = reply else { continue };
@@ -340,10 +383,11 @@ impl Store for Redlock {
             .into_iter()
             .zip(no)
             .zip(taken)
-            .map(|((yes, no), taken)| {
-                if yes >= self.quorum {
+            .zip(quorums)
+            .map(|(((yes, no), taken), quorum)| {
+                if yes >= quorum {
                     Some(Renewed::Yes)
-                } else if no > n - self.quorum {
+                } else if no > n - quorum {
                     Some(if taken { Renewed::Taken } else { Renewed::Gone })
                 } else {
                     None
@@ -388,6 +432,12 @@ impl Store for Redlock {
                     .min()
             }),
             fence: None,
+            // What the busiest node counts: a permit holder holds on more nodes than a
+            // majority, so no node sees fewer than a permit's share of holders.
+            permits: infos
+                .iter()
+                .filter_map(|i| i.permits)
+                .max_by_key(|p| p.held),
         })
     }
 

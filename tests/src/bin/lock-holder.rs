@@ -1,5 +1,6 @@
 //! A separate process that takes a lock and holds it until killed: the "holder that vanishes"
-//! of the tests. Usage: `lock-holder <redis-url> <key> <ttl-ms>`; prints `held <token>` once held.
+//! of the tests. Usage: `lock-holder <redis-url> <key> <ttl-ms> [permits]`; prints
+//! `held <token>` once held (one permit of a semaphore when `permits` is given).
 
 use std::time::Duration;
 
@@ -15,8 +16,11 @@ async fn main() {
             .expect("ttl ms is a number"),
     );
     let registry = lock_runtime::Registry::from_url(&url).expect("registry");
-    let guard = registry
-        .lock(key)
+    let mut request = registry.lock(key);
+    if let Some(permits) = args.next() {
+        request = request.permits(permits.parse().expect("permits is a number"));
+    }
+    let guard = request
         .ttl(Duration::from_millis(ttl))
         .wait(Duration::from_secs(10))
         .acquire()

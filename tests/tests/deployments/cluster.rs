@@ -422,3 +422,12 @@ async fn a_lock_migrated_while_held_is_renewed_released_and_taken_again_on_its_t
     assert!(third.fence().unwrap() > first_fence, "the counter went on");
     third.release().await.unwrap();
 }
+
+/// A semaphore's set lives in its key's slot like a lock, with the waiters' queue beside it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_semaphore_keeps_its_permits_on_the_master_of_its_slot() {
+    let cluster = RedisCluster::start(3, 0);
+    let (a, b) = (registry(&cluster), registry(&cluster));
+    lock_tests::semaphore_round(&a, &b, "gpu-pool").await;
+    lock_tests::semaphore_round(&a, &b, "{tenant:7}:pool").await;
+}

@@ -541,3 +541,26 @@ async fn every_attempt_of_a_redlock_acquisition_has_a_token_of_its_own() {
     tokens.dedup();
     assert_eq!(tokens.len(), 3, "one token per attempt: {tokens:?}");
 }
+
+/// With 2 permits on 3 nodes a permit needs every node (`q = n·N/(N+1) + 1`): on a bare
+/// majority, two holders on two nodes each could share a node with a third holder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permits_never_exceed_their_number_and_need_more_than_a_majority() {
+    let mut nodes = nodes(3);
+    let (a, b) = (registry(&nodes), registry(&nodes));
+    lock_tests::semaphore_round(&a, &b, "pool").await;
+    let most = lock_tests::most_inside(&[a.clone(), b.clone()], "gpus", Some(2), 6, 5).await;
+    assert!(most <= 2, "{most} holders at once with 2 permits");
+    nodes[0].kill();
+    let err = a.lock("pool").permits(2).acquire().await.unwrap_err();
+    assert!(err.to_string().contains("a quorum is 3"), "{err}");
+    // Another key: the refused attempt's permits are still being undone on the live nodes.
+    a.lock("solo")
+        .permits(1)
+        .acquire()
+        .await
+        .expect("a single permit needs a majority only")
+        .release()
+        .await
+        .unwrap();
+}

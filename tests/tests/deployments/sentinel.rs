@@ -422,3 +422,10 @@ fn sentinel_configuration_mistakes_are_refused_by_name() {
         .unwrap();
     assert!(!format!("{reg:?}").contains("s3cret"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_semaphore_keeps_its_permits_on_the_master_the_sentinels_name() {
+    let deployment = RedisSentinels::start();
+    let (a, b) = (registry(&deployment), registry(&deployment));
+    lock_tests::semaphore_round(&a, &b, "gpu-pool").await;
+}

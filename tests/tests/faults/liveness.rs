@@ -1,8 +1,6 @@
 //! (c) and (g) on their own: a stopped holder process frees the lock within ttl + bound, and
 //! dropping or cancelling never blocks the runtime while Redis does not answer.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use lock_runtime::LockError;
@@ -19,16 +17,9 @@ async fn a_stopped_holder_process_frees_the_lock_within_its_ttl_plus_bound() {
     const BOUND: Duration = Duration::from_millis(300);
     let server = RedisServer::start();
     let ttl = Duration::from_millis(900);
-    let mut holder = Command::new(env!("CARGO_BIN_EXE_lock-holder"))
-        .args([server.url().as_str(), "k", &ttl.as_millis().to_string()])
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("start lock-holder");
-    let mut line = String::new();
-    BufReader::new(holder.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert!(line.starts_with("held "), "{line}");
+    let bin = env!("CARGO_BIN_EXE_lock-holder");
+    let ttl_ms = u64::try_from(ttl.as_millis()).unwrap();
+    let mut holder = lock_tests::start_holder(bin, &server.url(), "k", ttl_ms, None);
     // Let at least one renewal happen first.
     tokio::time::sleep(ttl / 2).await;
     signal(holder.id(), "STOP");

@@ -266,6 +266,30 @@ async fn exercise(url: &str, observe: &str) -> Vec<String> {
         }
         Err(e) => failed.push(format!("fenced acquire: {e}")),
     }
+    // A semaphore: two permits taken, a third refused, both renewed, counted, released.
+    let permit = |reg: &Registry| reg.lock("pool").permits(2).ttl(ttl).acquire();
+    match (permit(&a).await, permit(&b).await) {
+        (Ok(g), Ok(h)) => {
+            match permit(&a).await {
+                Err(e) if e.is_busy() => {}
+                other => failed.push(format!("third permit: {other:?}")),
+            }
+            tokio::time::sleep(ttl * 2).await;
+            if g.is_lost() || h.is_lost() {
+                failed.push("renew permits".to_owned());
+            }
+            match a.inspect("pool").await {
+                Ok(info) if info.permits.is_some_and(|p| p.held == 2) => {}
+                other => failed.push(format!("inspect permits: {other:?}")),
+            }
+            for guard in [g, h] {
+                if let Err(e) = guard.release().await {
+                    failed.push(format!("release permit: {e}"));
+                }
+            }
+        }
+        (g, h) => failed.push(format!("permits: {:?}", g.and(h))),
+    }
     // min_hold keeps the key through an owner-checked expiry change.
     if let Err(e) = a
         .lock("daily")
@@ -286,7 +310,8 @@ async fn exercise(url: &str, observe: &str) -> Vec<String> {
 
 /// The commands (and subcommands) a lock user needs, found by `the_minimal_acl_..`: the
 /// library sends `SET`, `EVALSHA` and `SCRIPT LOAD` itself, waiters `SUBSCRIBE` and
-/// `UNSUBSCRIBE`, and the scripts call the rest (`TIME` when a fencing counter is created).
+/// `UNSUBSCRIBE`, and the scripts call the rest (`TIME` when a fencing counter is created, the
+/// sorted-set counts and ranges for semaphores).
 const MINIMAL_COMMANDS: &[&str] = &[
     "set",
     "evalsha",
@@ -306,6 +331,10 @@ const MINIMAL_COMMANDS: &[&str] = &[
     "zrange",
     "zrem",
     "zscore",
+    "zrangebyscore",
+    "zremrangebyscore",
+    "zcard",
+    "zcount",
     "hset",
     "hget",
     "hdel",

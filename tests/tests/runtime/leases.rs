@@ -1,5 +1,3 @@
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -213,16 +211,8 @@ async fn dropping_an_in_flight_guarded_future_releases_the_lock() {
 #[tokio::test]
 async fn a_holder_process_killed_without_releasing_frees_the_lock_within_its_ttl() {
     let server = RedisServer::start();
-    let mut holder = Command::new(env!("CARGO_BIN_EXE_lock-holder"))
-        .args([server.url().as_str(), "vanishing", "1000"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("start lock-holder");
-    let mut line = String::new();
-    BufReader::new(holder.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert!(line.starts_with("held "), "{line}");
+    let bin = env!("CARGO_BIN_EXE_lock-holder");
+    let mut holder = lock_tests::start_holder(bin, &server.url(), "vanishing", 1000, None);
     holder.kill().unwrap();
     holder.wait().unwrap();
 

@@ -17,7 +17,9 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use redis::Value;
 
-use crate::backend::contract::{ttl_ms, Acquire, Attempt, LockInfo, Renewal, Renewed, Store};
+use crate::backend::contract::{
+    ttl_ms, Acquire, Attempt, LockInfo, Permits, Renewal, Renewed, Store,
+};
 use crate::key::{hash_tag, LockKey};
 use crate::timeouts::Timeouts;
 use crate::waiting::WaitHub;
@@ -179,6 +181,7 @@ impl RedisBackend {
             .arg(u8::from(attempt.fencing))
             .arg(u8::from(attempt.queue))
             .arg(self.publish_command())
+            .arg(attempt.permits.unwrap_or(0))
             .invoke_async(con)
             .await
     }
@@ -196,8 +199,9 @@ impl RedisBackend {
             .arg(ttl_ms(attempt.ttl))
             .arg(u8::from(attempt.fencing))
             .arg(u8::from(attempt.queue))
-            .arg(self.publish_command());
-        if !attempt.fencing && attempt.first {
+            .arg(self.publish_command())
+            .arg(attempt.permits.unwrap_or(0));
+        if attempt.plain_set_first() {
             let mut set = redis::cmd("SET");
             set.arg(&key.redis_key)
                 .arg(attempt.token)
@@ -292,7 +296,8 @@ impl RedisBackend {
             .arg(ttl_ms(attempt.ttl))
             .arg(u8::from(attempt.fencing))
             .arg(0u8)
-            .arg(self.publish_command());
+            .arg(self.publish_command())
+            .arg(attempt.permits.unwrap_or(0));
         // Small against the ttl: the lease's deadline runs from before the acquisition was sent.
         let wait = attempt.ttl / 20;
         let confirmed = confirm
@@ -402,7 +407,7 @@ impl RedisBackend {
     /// One acquisition attempt sent on its own.
     async fn acquire_alone(&self, attempt: &Acquire<'_>) -> Result<Attempt, LockError> {
         let mut con = self.con("acquire", Some(&attempt.key.key)).await?;
-        if !attempt.fencing && attempt.first {
+        if attempt.plain_set_first() {
             // The uncontended case is the plain protocol command: a script call costs Redis
             // measurably more than `SET` (see the benchmark), and most acquisitions find the
             // lock free. Only a refusal needs the script's answers (whose token? how long?).
@@ -462,21 +467,44 @@ impl RedisBackend {
                     .first()
                     .and_then(|o| redis::from_redis_value_ref::<String>(o).ok()),
             }),
+            [Value::Int(3), found] => {
+                let found = redis::from_redis_value_ref::<String>(found).unwrap_or_default();
+                let asked = attempt.permits.map_or_else(
+                    || "an exclusive lock".to_owned(),
+                    |n| format!("a semaphore of {n} permits"),
+                );
+                Err(match found.strip_prefix("#permits=") {
+                    Some(total) => LockError::InvalidOptions {
+                        key: attempt.key.key.clone(),
+                        reason: format!(
+                            "it is a semaphore of {total} permits on {}, and this call asks for \
+                             {asked}; every caller of one key must name the same `permits`",
+                            self.node
+                        ),
+                    },
+                    None => self.not_a_lock(attempt.key, "sorted set"),
+                })
+            }
             other => {
                 let kind = other
                     .get(1)
                     .and_then(|v| redis::from_redis_value_ref::<String>(v).ok())
                     .unwrap_or_default();
-                Err(LockError::InvalidKey {
-                    key: attempt.key.key.clone(),
-                    reason: format!(
-                        "Redis key `{}` on {} holds a {kind}, not a lock; it was left untouched. \
-                         Pick a registry prefix or key that no application data uses",
-                        crate::error::shown(&attempt.key.redis_key),
-                        self.node
-                    ),
-                })
+                Err(self.not_a_lock(attempt.key, &kind))
             }
+        }
+    }
+
+    /// The key holds application data (`kind`), which is left untouched.
+    fn not_a_lock(&self, key: &LockKey, kind: &str) -> LockError {
+        LockError::InvalidKey {
+            key: key.key.clone(),
+            reason: format!(
+                "Redis key `{}` on {} holds a {kind}, not a lock; it was left untouched. Pick a \
+                 registry prefix or key that no application data uses",
+                crate::error::shown(&key.redis_key),
+                self.node
+            ),
         }
     }
 
@@ -589,7 +617,14 @@ impl Store for RedisBackend {
 
     async fn inspect(&self, key: &LockKey) -> Result<LockInfo, LockError> {
         let mut con = self.con("inspect", Some(&key.key)).await?;
-        let (owner, pttl, fence): (Option<String>, i64, Option<u64>) = scripts::INSPECT
+        type Found = (
+            Option<String>,
+            i64,
+            Option<u64>,
+            Option<u32>,
+            Option<String>,
+        );
+        let (owner, pttl, fence, held, tag): Found = scripts::INSPECT
             .key(&key.redis_key)
             .key(&key.fence_key)
             .invoke_async(&mut con)
@@ -599,6 +634,10 @@ impl Store for RedisBackend {
             owner,
             remaining: u64::try_from(pttl).ok().map(Duration::from_millis),
             fence,
+            permits: held.zip(tag).and_then(|(held, tag)| {
+                let total = tag.strip_prefix("#permits=")?.parse().ok()?;
+                Some(Permits { held, total })
+            }),
         })
     }
 

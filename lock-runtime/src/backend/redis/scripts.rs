@@ -39,25 +39,48 @@ local function leave_queue(token)
   if #KEYS < 4 then return end
   if redis.call('ZREM', KEYS[3], token) == 1 then redis.call('HDEL', KEYS[4], token) end
 end
-local function oldest_live_waiter()
+local function oldest_live_place()
   if #KEYS < 4 or redis.call('EXISTS', KEYS[3]) == 0 then return nil end
   local now = now_ms()
   while true do
     local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
     if not head then return nil end
     local entry = redis.call('HGET', KEYS[4], head)
+    local deadline = entry and tonumber((string.match(entry, '^(%d+) %d+ [01]$')))
+    if deadline and deadline > now then return head, entry end
     leave_queue(head)
-    if entry then
-      local deadline, ttl, fencing = string.match(entry, '^(%d+) (%d+) ([01])$')
-      if deadline and tonumber(deadline) > now then return head, ttl, fencing end
-    end
   end
+end
+local function oldest_live_waiter()
+  local head, entry = oldest_live_place()
+  if not head then return nil end
+  leave_queue(head)
+  local _, ttl, fencing = string.match(entry, '^(%d+) (%d+) ([01])$')
+  return head, ttl, fencing
 end
 local function hand_over(waiter, ttl, fencing, released, publish)
   redis.call('SET', KEYS[1], waiter, 'PX', ttl)
   local fence = take_fence(fencing)
   local next = redis.sha1hex(waiter) .. ':' .. string.format('%d', fence)
   redis.call(publish, KEYS[1], released .. ':' .. next)
+end
+local function permits_tag()
+  return redis.call('ZRANGEBYSCORE', KEYS[1], '+inf', '+inf', 'LIMIT', 0, 1)[1]
+end
+local function release_permit(token, publish)
+  if redis.call('ZREM', KEYS[1], token) == 0 then return 0 end
+  local released = redis.sha1hex(token)
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now_ms())
+  if redis.call('ZCARD', KEYS[1]) <= 1 then
+    redis.call('DEL', KEYS[1])
+    local waiter, ttl, fencing = oldest_live_waiter()
+    if waiter then
+      hand_over(waiter, ttl, fencing, released, publish)
+      return 2
+    end
+  end
+  redis.call(publish, KEYS[1], released)
+  return 1
 end
 "
     };
@@ -66,7 +89,7 @@ end
 /// `KEYS[1]` lock, `KEYS[2]` fencing counter, `KEYS[3]`/`KEYS[4]` the waiters' queue (see
 /// below); `ARGV[1]` token, `ARGV[2]` ttl ms, `ARGV[3]` `1` to take a fencing token, `ARGV[4]`
 /// `1` to queue up when busy, `ARGV[5]` the publish command (`PUBLISH`, or `SPUBLISH` in a
-/// cluster). With the lock alone, or the lock and its counter, as `KEYS`, there is no queue:
+/// cluster), `ARGV[6]` a semaphore's size (`0` or absent: the lock itself). With the lock alone, or the lock and its counter, as `KEYS`, there is no queue:
 /// Redlock, `confirm_replicas`, and a cluster slot in migration (where Redis refuses a script
 /// whose keys are not all on one node) use it that way. Used after a plain `SET NX PX` was
 /// refused, and with fencing.
@@ -83,6 +106,14 @@ end
 /// busy caller that asked to queue takes (or keeps, renewing its deadline) its place: waiting
 /// is first come, first served, and each attempt while waiting renews the place.
 ///
+/// A semaphore (`ARGV[6]` = N) keeps a sorted set under the key: each holder's token scored by
+/// its deadline (server clock, ms), and the member `#permits=N` scored `+inf`. A permit is taken
+/// (`{1, 0}`) when, after expired holders are dropped, fewer than N remain and no waiter for the
+/// whole lock is queued (a free set goes to such a waiter first); else `{0, ms until the soonest
+/// deadline, '#permits=N'}`. A set of another size answers `{3, '#permits=M'}` and is left
+/// untouched; a string (a lock) answers busy with its holder. The key expires with its last
+/// deadline. The lock itself treats such a set as busy and queues behind it.
+///
 /// The counter expires a day after the last fenced acquisition, so per-entity keys
 /// do not pile up. A missing counter (new, expired, deleted or lost with the server's data)
 /// starts at the server's clock in microseconds (`TIME`): an old counter started at its own
@@ -94,11 +125,44 @@ pub const ACQUIRE_LUA: &str = concat!(
     queue_lua!(),
     r"
 local token, ttl = ARGV[1], ARGV[2]
+if ARGV[6] and ARGV[6] ~= '0' then
+  local kind = redis.call('TYPE', KEYS[1]).ok
+  if kind == 'string' then return {0, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[1])} end
+  if kind ~= 'zset' and kind ~= 'none' then return {2, kind} end
+  local tag, now = '#permits=' .. ARGV[6], now_ms()
+  if kind == 'zset' then
+    local found = permits_tag()
+    if found ~= tag then return {3, found or ''} end
+    redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+  end
+  if not redis.call('ZSCORE', KEYS[1], token) then
+    local held = math.max(redis.call('ZCARD', KEYS[1]) - 1, 0)
+    if held == 0 then
+      local waiter, waiter_ttl, fencing = oldest_live_waiter()
+      if waiter then
+        redis.call('DEL', KEYS[1])
+        hand_over(waiter, waiter_ttl, fencing, '', ARGV[5])
+        return {0, tonumber(waiter_ttl), waiter}
+      end
+    elseif held >= tonumber(ARGV[6]) or oldest_live_place() then
+      local soonest = tonumber(redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')[2])
+      return {0, math.max(soonest - now, 0), tag}
+    end
+  end
+  redis.call('ZADD', KEYS[1], now + tonumber(ttl), token, '+inf', tag)
+  if redis.call('PTTL', KEYS[1]) < tonumber(ttl) then redis.call('PEXPIRE', KEYS[1], ttl) end
+  leave_queue(token)
+  return {1, 0}
+end
 if #KEYS < 4 or redis.call('EXISTS', KEYS[3]) == 0 then
   if redis.call('SET', KEYS[1], token, 'NX', 'PX', ttl) then return {1, take_fence(ARGV[3])} end
 end
 local owner = redis.pcall('GET', KEYS[1])
-if type(owner) == 'table' then return {2, redis.call('TYPE', KEYS[1]).ok} end
+if type(owner) == 'table' then
+  local kind = redis.call('TYPE', KEYS[1]).ok
+  if kind ~= 'zset' then return {2, kind} end
+  owner = permits_tag() or ''
+end
 if owner == token then
   redis.call('PEXPIRE', KEYS[1], ttl)
   leave_queue(token)
@@ -132,8 +196,10 @@ pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUI
 
 /// `KEYS` as for [`ACQUIRE_LUA`]; `ARGV[1]` token, `ARGV[2]` the publish command. Lets go of
 /// the token: takes it out of the waiters' queue, and if it holds the lock, hands the lock to
-/// the oldest live waiter or deletes it. `pcall` so a key of another type reads as "not ours"
-/// instead of an error. Returns 1 when the lock was deleted, 2 when it was handed over, 0 when
+/// the oldest live waiter or deletes it; of a semaphore (a sorted set, see [`ACQUIRE_LUA`]),
+/// removes the token's permit, and with the last one gone deletes the set and hands the lock to
+/// the oldest live waiter if any. `pcall` so a key of another type reads as "not ours" instead
+/// of an error. Returns 1 when the lock was deleted, 2 when it was handed over, 0 when
 /// it was not ours.
 ///
 /// It publishes on the lock's channel: `<released>` when the lock is now free, and
@@ -145,7 +211,12 @@ pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUI
 pub const RELEASE_LUA: &str = concat!(
     queue_lua!(),
     r"
-if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then
+local owner = redis.pcall('GET', KEYS[1])
+if type(owner) == 'table' and redis.call('TYPE', KEYS[1]).ok == 'zset' then
+  leave_queue(ARGV[1])
+  return release_permit(ARGV[1], ARGV[2])
+end
+if owner ~= ARGV[1] then
   leave_queue(ARGV[1])
   return 0
 end
@@ -168,8 +239,14 @@ pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEA
 /// Redlock attempt that won only a minority of nodes. Nobody waits for such an attempt to end
 /// (no one saw it hold a quorum), and telling them would wake waiters for nothing.
 pub const UNDO_LUA: &str = r"
-if redis.pcall('GET', KEYS[1]) == ARGV[1] then
+local owner = redis.pcall('GET', KEYS[1])
+if owner == ARGV[1] then
   return redis.call('DEL', KEYS[1])
+end
+if type(owner) == 'table' and redis.call('TYPE', KEYS[1]).ok == 'zset' then
+  local taken = redis.call('ZREM', KEYS[1], ARGV[1])
+  if redis.call('ZCOUNT', KEYS[1], '-inf', '(+inf') == 0 then redis.call('DEL', KEYS[1]) end
+  return taken
 end
 return 0
 ";
@@ -179,8 +256,9 @@ pub(crate) static UNDO: LazyLock<Script> = LazyLock::new(|| Script::new(UNDO_LUA
 
 /// `KEYS` locks; `ARGV` token and ttl ms for each key in turn. One script call renews a whole
 /// batch: the keeper sends one command per batch instead of one per lock. Returns per key 1
-/// (renewed), 0 (no such key: expired or deleted) or -1 (someone else's value); a lock that is
-/// no longer ours is never touched.
+/// (renewed), 0 (no such key: expired or deleted; of a semaphore: no live permit of ours) or -1
+/// (someone else's value); a lock that is no longer ours is never touched. A permit's deadline
+/// moves to now + ttl, and the set's expiry to at least the ttl.
 pub const RENEW_LUA: &str = r"
 local out = {}
 for i, key in ipairs(KEYS) do
@@ -189,6 +267,18 @@ for i, key in ipairs(KEYS) do
     out[i] = redis.call('PEXPIRE', key, ARGV[2 * i])
   elseif value == false then
     out[i] = 0
+  elseif type(value) == 'table' and redis.call('TYPE', key).ok == 'zset' then
+    local ttl = tonumber(ARGV[2 * i])
+    local deadline = tonumber(redis.call('ZSCORE', key, ARGV[2 * i - 1]))
+    local now = redis.call('TIME')
+    now = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+    if deadline and deadline > now then
+      redis.call('ZADD', key, now + ttl, ARGV[2 * i - 1])
+      if redis.call('PTTL', key) < ttl then redis.call('PEXPIRE', key, ttl) end
+      out[i] = 1
+    else
+      out[i] = 0
+    end
   else
     out[i] = -1
   end
@@ -199,11 +289,21 @@ return out
 /// [`RENEW_LUA`], ready to invoke (by SHA, loading it on `NOSCRIPT`).
 pub(crate) static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(RENEW_LUA));
 
-/// `KEYS[1]` lock, `KEYS[2]` fencing counter. Returns `{token or false, pttl, fence or false}`.
+/// `KEYS[1]` lock, `KEYS[2]` fencing counter. Returns `{token or false, pttl, fence or false,
+/// live permits or false, '#permits=N' or false}` (the last two for a semaphore).
 pub const INSPECT_LUA: &str = r"
 local token = redis.pcall('GET', KEYS[1])
-if type(token) ~= 'string' then token = false end
-return {token, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2])}
+local held, tag = false, false
+if type(token) ~= 'string' then
+  token = false
+  if redis.call('TYPE', KEYS[1]).ok == 'zset' then
+    local now = redis.call('TIME')
+    now = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+    held = redis.call('ZCOUNT', KEYS[1], '(' .. now, '(+inf')
+    tag = redis.call('ZRANGEBYSCORE', KEYS[1], '+inf', '+inf', 'LIMIT', 0, 1)[1] or false
+  end
+end
+return {token, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2]), held, tag}
 ";
 
 /// [`INSPECT_LUA`], ready to invoke (by SHA, loading it on `NOSCRIPT`).
@@ -212,10 +312,17 @@ pub(crate) static INSPECT: LazyLock<Script> = LazyLock::new(|| Script::new(INSPE
 /// `KEYS[1]` lock; `ARGV[1]` the publish command. Deletes whatever lock is there (an operator's
 /// decision) and wakes waiters, naming the tenure as [`RELEASE_LUA`] does.
 pub const FORCE_UNLOCK_LUA: &str = r"
-if redis.call('TYPE', KEYS[1]).ok ~= 'string' then return 0 end
-local token = redis.call('GET', KEYS[1])
+local kind = redis.call('TYPE', KEYS[1]).ok
+local tenure
+if kind == 'string' then
+  tenure = redis.call('GET', KEYS[1])
+elseif kind == 'zset' then
+  tenure = redis.call('ZRANGEBYSCORE', KEYS[1], '+inf', '+inf', 'LIMIT', 0, 1)[1] or ''
+else
+  return 0
+end
 redis.call('DEL', KEYS[1])
-redis.call(ARGV[1], KEYS[1], redis.sha1hex(token))
+redis.call(ARGV[1], KEYS[1], redis.sha1hex(tenure))
 return 1
 ";
 
