@@ -182,6 +182,18 @@ async fn a_key_holding_another_type_is_a_clear_error_and_the_foreign_data_stays_
                 "{kind}, fencing {fencing}: {err}"
             );
         }
+        // Nor is it taken for a semaphore.
+        let err = reg
+            .lock(key.clone())
+            .permits(2)
+            .acquire()
+            .await
+            .unwrap_err();
+        let reason = invalid_key_reason(&err);
+        assert!(
+            reason.contains(&format!("holds a {kind}, not a lock")),
+            "{kind}, permits: {err}"
+        );
         // Reading and the operator's force-unlock leave it alone too.
         let info = reg.inspect(&key).await.unwrap();
         assert_eq!(info.owner, None, "{kind}");

@@ -65,7 +65,9 @@ local function hand_over(waiter, ttl, fencing, released, publish)
   redis.call(publish, KEYS[1], released .. ':' .. next)
 end
 local function permits_tag()
-  return redis.call('ZRANGEBYSCORE', KEYS[1], '+inf', '+inf', 'LIMIT', 0, 1)[1]
+  local tag = redis.call('ZRANGEBYSCORE', KEYS[1], '+inf', '+inf', 'LIMIT', 0, 1)[1]
+  if tag and string.match(tag, '^#permits=%d+$') then return tag end
+  return nil
 end
 local function release_permit(token, publish)
   if redis.call('ZREM', KEYS[1], token) == 0 then return 0 end
@@ -132,7 +134,8 @@ if ARGV[6] and ARGV[6] ~= '0' then
   local tag, now = '#permits=' .. ARGV[6], now_ms()
   if kind == 'zset' then
     local found = permits_tag()
-    if found ~= tag then return {3, found or ''} end
+    if not found then return {2, kind} end
+    if found ~= tag then return {3, found} end
     redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
   end
   if not redis.call('ZSCORE', KEYS[1], token) then
@@ -160,8 +163,8 @@ end
 local owner = redis.pcall('GET', KEYS[1])
 if type(owner) == 'table' then
   local kind = redis.call('TYPE', KEYS[1]).ok
-  if kind ~= 'zset' then return {2, kind} end
-  owner = permits_tag() or ''
+  owner = kind == 'zset' and permits_tag()
+  if not owner then return {2, kind} end
 end
 if owner == token then
   redis.call('PEXPIRE', KEYS[1], ttl)
@@ -212,7 +215,7 @@ pub const RELEASE_LUA: &str = concat!(
     queue_lua!(),
     r"
 local owner = redis.pcall('GET', KEYS[1])
-if type(owner) == 'table' and redis.call('TYPE', KEYS[1]).ok == 'zset' then
+if type(owner) == 'table' and redis.call('TYPE', KEYS[1]).ok == 'zset' and permits_tag() then
   leave_queue(ARGV[1])
   return release_permit(ARGV[1], ARGV[2])
 end
@@ -245,7 +248,9 @@ if owner == ARGV[1] then
 end
 if type(owner) == 'table' and redis.call('TYPE', KEYS[1]).ok == 'zset' then
   local taken = redis.call('ZREM', KEYS[1], ARGV[1])
-  if redis.call('ZCOUNT', KEYS[1], '-inf', '(+inf') == 0 then redis.call('DEL', KEYS[1]) end
+  if taken == 1 and redis.call('ZCOUNT', KEYS[1], '-inf', '(+inf') == 0 then
+    redis.call('DEL', KEYS[1])
+  end
   return taken
 end
 return 0
@@ -317,7 +322,8 @@ local tenure
 if kind == 'string' then
   tenure = redis.call('GET', KEYS[1])
 elseif kind == 'zset' then
-  tenure = redis.call('ZRANGEBYSCORE', KEYS[1], '+inf', '+inf', 'LIMIT', 0, 1)[1] or ''
+  tenure = redis.call('ZRANGEBYSCORE', KEYS[1], '+inf', '+inf', 'LIMIT', 0, 1)[1]
+  if not tenure or not string.match(tenure, '^#permits=%d+$') then return 0 end
 else
   return 0
 end
