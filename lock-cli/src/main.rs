@@ -72,12 +72,11 @@ async fn run(cli: Cli) -> Result<(), Failure> {
 async fn unlock(registry: &Registry, key: &str, yes: bool) -> Result<(), Failure> {
     let redis_key = registry.redis_key(key);
     let info = registry.inspect(key).await?;
-    if let (None, Some(permits)) = (&info.owner, info.permits) {
+    if let (None, Some(held)) = (&info.owner, render::holder(&info)) {
         return Err(Failure(format!(
-            "{redis_key} is a semaphore ({} of {} permits held): `unlock` deletes one owner's \
-             lock, and a semaphore has no single owner. Its permits come back as their holders \
-             release them, or within their ttl",
-            permits.held, permits.total
+            "{redis_key} is held shared ({held}): `unlock` deletes one owner's lock, and it has \
+             no single owner. Its places come back as their holders release them, or within \
+             their ttl"
         )));
     }
     let Some(owner) = info.owner.as_deref() else {

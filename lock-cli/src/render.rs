@@ -19,13 +19,16 @@ pub fn duration(d: Duration) -> String {
     }
 }
 
-/// Who holds the key: the owner's token, or how many of a semaphore's permits are held.
+/// Who holds the key: the owner's token, how many readers, or how many of a semaphore's
+/// permits are held.
 #[must_use]
 pub fn holder(info: &LockInfo) -> Option<String> {
-    match (&info.owner, info.permits) {
-        (Some(token), _) => Some(token.clone()),
-        (None, Some(p)) => Some(format!("{} of {} permits", p.held, p.total)),
-        (None, None) => None,
+    match (&info.owner, info.permits, info.readers) {
+        (Some(token), _, _) => Some(token.clone()),
+        (None, Some(p), _) => Some(format!("{} of {} permits", p.held, p.total)),
+        (None, None, Some(1)) => Some("1 reader".to_owned()),
+        (None, None, Some(n)) => Some(format!("{n} readers")),
+        (None, None, None) => None,
     }
 }
 
@@ -139,6 +142,7 @@ mod tests {
             remaining: None,
             fence: Some(17),
             permits: None,
+            readers: None,
         };
         let text = details("lock:x", &info);
         assert!(text.contains("state:  free"), "{text}");
@@ -152,11 +156,25 @@ mod tests {
             remaining: Some(Duration::from_millis(4_240)),
             fence: None,
             permits: Some(lock_runtime::Permits { held: 2, total: 4 }),
+            readers: None,
         };
         let text = details("lock:gpu-pool", &info);
         assert!(text.contains("state:  held"), "{text}");
         assert!(text.contains("owner:  2 of 4 permits"), "{text}");
         assert!(text.contains("lease:  4.2s"), "{text}");
+    }
+
+    #[test]
+    fn readers_show_as_a_count() {
+        let info = LockInfo {
+            owner: None,
+            remaining: Some(Duration::from_secs(3)),
+            fence: None,
+            permits: None,
+            readers: Some(3),
+        };
+        assert_eq!(holder(&info).as_deref(), Some("3 readers"));
+        assert!(details("lock:catalog", &info).contains("state:  held"));
     }
 
     #[test]

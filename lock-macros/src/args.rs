@@ -13,7 +13,7 @@ use crate::duration;
 
 /// Every option, in the order the docs list them.
 pub(crate) const OPTIONS: &[&str] = &[
-    "key", "ttl", "wait", "renew", "on_lost", "min_hold", "max_hold", "fencing", "permits",
+    "key", "ttl", "wait", "renew", "on_lost", "min_hold", "max_hold", "fencing", "mode", "permits",
     "registry", "crate",
 ];
 
@@ -28,6 +28,7 @@ pub(crate) struct Args {
     pub(crate) min_hold: Option<DurationArg>,
     pub(crate) max_hold: Option<DurationArg>,
     pub(crate) fencing: Option<LitBool>,
+    pub(crate) mode: Option<(Mode, LitStr)>,
     pub(crate) permits: Option<LitInt>,
     pub(crate) registry: Option<LitStr>,
     pub(crate) krate: Option<Path>,
@@ -41,6 +42,13 @@ pub(crate) struct Args {
 pub(crate) struct DurationArg {
     pub(crate) millis: u64,
     pub(crate) lit: LitStr,
+}
+
+/// A read-write lock's side.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    Read,
+    Write,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -87,6 +95,7 @@ fn parse_option(
         "max_hold" => set(&mut args.max_hold, duration_arg(&value, option, errors)),
         "renew" => set(&mut args.renew, boolean(&value, option, errors)),
         "fencing" => set(&mut args.fencing, boolean(&value, option, errors)),
+        "mode" => set(&mut args.mode, mode(&value, errors)),
         "permits" => set(&mut args.permits, permits(&value, errors)),
         "on_lost" => set(&mut args.on_lost, on_lost(&value, errors)),
         "registry" => set(&mut args.registry, registry(&value, errors)),
@@ -195,6 +204,7 @@ fn example(option: &str) -> &'static str {
         "max_hold" => "\"10m\"",
         "renew" => "false",
         "fencing" => "true",
+        "mode" => "\"read\"",
         "permits" => "4",
         "on_lost" => "\"continue\"",
         "registry" => "\"payments\"",
@@ -320,6 +330,25 @@ fn on_lost(value: &Expr, errors: &mut Errors) -> Option<OnLost> {
                 format!(
                     "unknown `on_lost` value \"{}\"; use \"cancel\" (drop the body and return \
                      `LockError::Lost`) or \"continue\" (let the body finish)",
+                    other.escape_debug()
+                ),
+            );
+            None
+        }
+    }
+}
+
+fn mode(value: &Expr, errors: &mut Errors) -> Option<(Mode, LitStr)> {
+    let lit = string(value, "mode", errors)?;
+    match lit.value().as_str() {
+        "read" => Some((Mode::Read, lit)),
+        "write" => Some((Mode::Write, lit)),
+        other => {
+            errors.spanned(
+                &lit,
+                format!(
+                    "unknown `mode` value \"{}\"; use \"read\" (beside other readers) or \"write\" \
+                     (alone, the default)",
                     other.escape_debug()
                 ),
             );

@@ -6,7 +6,7 @@ use quote::{quote, quote_spanned, ToTokens};
 use syn::spanned::Spanned;
 use syn::Expr;
 
-use crate::args::OnLost;
+use crate::args::{Mode, OnLost};
 use crate::boxed;
 use crate::validate::{Body, Key, KeyPart, Lock, Options};
 
@@ -164,6 +164,9 @@ fn options_chain(private: &TokenStream, options: &Options) -> TokenStream {
     }
     if let Some(fencing) = options.fencing {
         chain.extend(quote!(.fencing(#fencing)));
+    }
+    if let Some(Mode::Read) = options.mode {
+        chain.extend(quote!(.mode(#private::Mode::Read)));
     }
     if let Some(permits) = options.permits {
         chain.extend(quote!(.permits(#permits)));

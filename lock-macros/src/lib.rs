@@ -99,6 +99,7 @@ use proc_macro::TokenStream;
 /// | `min_hold` | keep the key at least this long after a successful run | none |
 /// | `max_hold` | stop renewing after this long | none |
 /// | `fencing` | issue a fencing token with each acquisition | `false` |
+/// | `mode` | `"read"`: beside other readers; `"write"`: alone | `"write"` |
 /// | `permits` | make the key a semaphore: up to this many holders at once | none (exclusive) |
 /// | `registry` | name of a registry installed with `Registry::install_as` | the default registry |
 /// | `crate` | path to `lock_runtime` when it is renamed or re-exported | `"::lock_runtime"` |
@@ -301,6 +302,35 @@ use proc_macro::TokenStream;
 /// # Registry::in_memory().install_default();
 /// let first = write_invoice(1).await?;
 /// assert!(write_invoice(1).await? > first);
+/// # Ok(())
+/// # }
+/// ```
+///
+/// ## `mode`
+///
+/// Makes the key a read-write lock: `mode = "read"` bodies run side by side, each with a lease of
+/// its own, while a `"write"` body (the default: every plain lock is a write lock) runs alone. A
+/// waiting writer holds off new readers, so readers cannot starve it (on single servers,
+/// Sentinel, Cluster and memory; not on Redlock). A reader that calls a writer of the same key
+/// gets `LockError::InvalidOptions` (an upgrade would wait for itself); a writer that calls a
+/// reader re-enters its lock. Not with `permits` or `fencing = true` (compile errors).
+///
+/// ```
+/// # use lock_runtime::{distributed_lock, LockError, Registry};
+/// #[distributed_lock(key = "catalog:<shop>", mode = "read")]
+/// async fn price(shop: u32, sku: &str) -> Result<u32, LockError> {
+///     Ok(42) // many readers at once
+/// }
+///
+/// #[distributed_lock(key = "catalog:<shop>")]
+/// async fn reprice(shop: u32) -> Result<(), LockError> {
+///     Ok(()) // alone
+/// }
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), LockError> {
+/// # Registry::in_memory().install_default();
+/// reprice(1).await?;
+/// assert_eq!(price(1, "tea").await?, 42);
 /// # Ok(())
 /// # }
 /// ```

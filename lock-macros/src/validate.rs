@@ -12,7 +12,7 @@ use syn::{
     Signature, Stmt, Type, Visibility,
 };
 
-use crate::args::{Args, OnLost};
+use crate::args::{Args, Mode, OnLost};
 use crate::boxed;
 use crate::ctxt::Errors;
 use crate::template::{self, Field, Part, Root};
@@ -61,6 +61,7 @@ pub(crate) struct Options {
     pub(crate) max_hold: Option<u64>,
     pub(crate) fencing: Option<bool>,
     pub(crate) permits: Option<u32>,
+    pub(crate) mode: Option<Mode>,
 }
 
 pub(crate) enum Body {
@@ -130,6 +131,7 @@ pub(crate) fn validate(args: Args, item: ItemFn, errors: &mut Errors) -> Option<
             max_hold: args.max_hold.map(|d| d.millis),
             fencing: args.fencing.map(|b| b.value),
             permits: args.permits.as_ref().and_then(|p| p.base10_parse().ok()),
+            mode: args.mode.as_ref().map(|(mode, _)| *mode),
         },
         output,
         outer_attrs,
@@ -243,8 +245,27 @@ fn contains_impl_trait(ty: &Type) -> bool {
 }
 
 /// `min_hold` / `max_hold` combinations that cannot do what they say.
-/// `fencing` orders holders one after another; permits are held side by side.
+/// `fencing` orders holders one after another; permits and readers are held side by side, and
+/// a semaphore has no readers and writers.
 fn check_permits(args: &Args, errors: &mut Errors) {
+    if let (Some((_, mode)), Some(permits)) = (&args.mode, &args.permits) {
+        errors.spanned(
+            mode,
+            format!(
+                "`mode` does not go with `permits = {permits}`: a semaphore has permits, not \
+                 readers and writers; drop one of them"
+            ),
+        );
+    }
+    if let (Some((Mode::Read, _)), Some(fencing)) = (&args.mode, &args.fencing) {
+        if fencing.value {
+            errors.spanned(
+                fencing,
+                "`fencing = true` does not go with `mode = \"read\"`: readers hold side by side, \
+                 so a fencing token would order nothing; fence the writes",
+            );
+        }
+    }
     if let (Some(permits), Some(fencing)) = (&args.permits, &args.fencing) {
         if fencing.value {
             errors.spanned(

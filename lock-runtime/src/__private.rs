@@ -4,7 +4,7 @@
 use std::future::Future;
 
 pub use crate::key::KeyBuilder;
-pub use crate::{LockError, LockOptions, OnLost};
+pub use crate::{LockError, LockOptions, Mode, OnLost};
 pub use core::time::Duration;
 
 /// Looks up the registry (`None`: the default) and runs `body` under the lock, exactly as

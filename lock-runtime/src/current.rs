@@ -9,6 +9,7 @@
 use std::sync::Arc;
 
 use crate::lease::Lease;
+use crate::options::Share;
 use crate::state::RegistryInner;
 use crate::LockError;
 
@@ -119,6 +120,28 @@ pub(crate) fn held(registry: &Arc<RegistryInner>, key: &str) -> Option<Arc<Lease
         })
         .ok()
         .flatten()
+}
+
+/// Why a task that holds a key as `held` cannot take it again as `asked` inside (`None`: it
+/// re-enters what it holds). A writer may read or take a permit (it holds the key alone); a
+/// reader or permit holder may not write: it would wait for itself, and two such upgraders
+/// would wait for each other forever.
+pub(crate) fn cannot_reenter(held: Share, asked: Share) -> Option<String> {
+    match (held, asked) {
+        _ if held == asked => None,
+        (Share::Exclusive, _) => None,
+        (_, Share::Exclusive) => Some(format!(
+            "this task holds {} on it, and taking the write lock inside would wait for itself \
+             (two tasks doing so would wait for each other forever); release it first, or take \
+             the write lock from the start",
+            held.describe()
+        )),
+        _ => Some(format!(
+            "this task holds {} on it and asks for {} inside; one key is taken one way",
+            held.describe(),
+            asked.describe()
+        )),
+    }
 }
 
 /// Runs `body` with `lease` as the innermost held lock.

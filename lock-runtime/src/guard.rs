@@ -141,7 +141,7 @@ impl LockGuard {
                     redis_key: &lease.key.redis_key,
                     token: &lease.token,
                     ttl_ms: ttl_ms(left),
-                    permits: lease.options.permits,
+                    share: lease.options.share(),
                 }];
                 match self
                     .inner

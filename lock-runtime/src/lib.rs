@@ -208,5 +208,5 @@ pub use guard::LockGuard;
 pub use key::{KeyBuilder, MAX_KEY_BYTES};
 pub use lock::LockRequest;
 pub use lock_macros::distributed_lock;
-pub use options::{LockOptions, OnLost};
+pub use options::{LockOptions, Mode, OnLost};
 pub use registry::{named, registry, HeldLock, Registry, RegistryBuilder};

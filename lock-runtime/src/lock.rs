@@ -12,7 +12,7 @@ use crate::guard::LockGuard;
 use crate::key::LockKey;
 use crate::lease::Lease;
 use crate::state::RegistryInner;
-use crate::{current, token, LockError, LockOptions, OnLost};
+use crate::{current, token, LockError, LockOptions, Mode, OnLost};
 
 /// A lock request: built by [`Registry::lock`](crate::Registry::lock), finished by [`acquire`](Self::acquire) or
 /// [`run`](Self::run).
@@ -81,6 +81,12 @@ impl LockRequest {
         self
     }
 
+    /// See [`LockOptions::mode`].
+    pub fn mode(mut self, mode: Mode) -> Self {
+        self.options = self.options.mode(mode);
+        self
+    }
+
     /// See [`LockOptions::permits`].
     pub fn permits(mut self, permits: u32) -> Self {
         self.options = self.options.permits(permits);
@@ -99,6 +105,13 @@ impl LockRequest {
     pub async fn acquire(self) -> Result<LockGuard, LockError> {
         let inner = self.registry;
         if let Some(lease) = current::held(&inner, &self.key) {
+            let (held, asked) = (lease.options.share(), self.options.share());
+            if let Some(reason) = current::cannot_reenter(held, asked) {
+                return Err(LockError::InvalidOptions {
+                    key: self.key,
+                    reason,
+                });
+            }
             return Ok(LockGuard::reentered(inner, lease));
         }
         let lease = if inner.on_caller_runtime() {
@@ -235,7 +248,8 @@ async fn acquire_lease(
         .unwrap_or_else(|| started + Duration::from_secs(100 * 365 * 24 * 3600));
     // A try-lock (no `wait`) never queues: it would only have to leave again. Nor does a
     // permit taker: a release hands over a whole lock, never one permit.
-    let queue = inner.backend.hands_over() && !options.wait.is_zero() && options.permits.is_none();
+    let share = options.share();
+    let queue = inner.backend.hands_over() && !options.wait.is_zero() && !share.is_shared();
     let hub = inner.backend.hub();
     let mut interest = None;
     let mut attempts = 0u32;
@@ -263,14 +277,14 @@ async fn acquire_lease(
                 fencing: options.fencing,
                 first: attempts == 1,
                 queue,
-                permits: options.permits,
+                share,
             })
             .await;
         let now = Instant::now();
         let wake_at = match attempt {
             Ok(Attempt::Acquired { fence }) => {
                 let_go.disarm();
-                if options.permits.is_some() && interest.take().is_some() {
+                if share.is_shared() && interest.take().is_some() {
                     // A release wakes one waiter per process, but may have freed more than one
                     // permit (or the lock behind them): the next waiter here tries too.
                     hub.notify(key.channel());

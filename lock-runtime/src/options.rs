@@ -16,6 +16,16 @@ pub enum OnLost {
     Continue,
 }
 
+/// Which side of a read-write lock a request takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Mode {
+    /// Alone: no other writer and no reader (every plain lock is a write lock).
+    #[default]
+    Write,
+    /// Beside any number of other readers, while no writer holds the key or waits for it.
+    Read,
+}
+
 /// The options of one lock request. `const` so the attribute can build them at compile time.
 ///
 /// ```
@@ -35,6 +45,7 @@ pub struct LockOptions {
     pub(crate) max_hold: Option<Duration>,
     pub(crate) fencing: bool,
     pub(crate) permits: Option<u32>,
+    pub(crate) mode: Mode,
 }
 
 impl Default for LockOptions {
@@ -63,6 +74,7 @@ impl LockOptions {
             max_hold: None,
             fencing: false,
             permits: None,
+            mode: Mode::Write,
         }
     }
 
@@ -143,6 +155,37 @@ impl LockOptions {
         self
     }
 
+    /// Takes the key as a reader (`Mode::Read`) or a writer (`Mode::Write`, the default: every
+    /// plain lock is a write lock). Readers hold side by side, each with a lease of its own;
+    /// a writer holds alone. A writer that waits stops new readers from entering, so a stream of
+    /// readers cannot starve it (a stream of writers can keep readers waiting). Not with
+    /// `permits`, nor with `fencing` on a read (readers side by side have no order).
+    ///
+    /// A task that holds a read lock cannot take the write lock of the same key inside it
+    /// ([`LockError::InvalidOptions`]): it would wait for its own read lock, and two such
+    /// upgraders would wait for each other forever. A writer may take the read lock inside: it
+    /// re-enters its write lock.
+    #[must_use]
+    pub const fn mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// Which side of a read-write lock the request takes.
+    #[must_use]
+    pub const fn get_mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// How the key is held: alone, as a reader, or as one of `permits`.
+    pub(crate) fn share(&self) -> Share {
+        match (self.mode, self.permits) {
+            (Mode::Read, _) => Share::Read,
+            (Mode::Write, Some(n)) => Share::Permits(n),
+            (Mode::Write, None) => Share::Exclusive,
+        }
+    }
+
     /// The permits of a semaphore, `None` for an exclusive lock.
     #[must_use]
     pub const fn get_permits(&self) -> Option<u32> {
@@ -208,6 +251,22 @@ impl LockOptions {
             }
             _ => {}
         }
+        if self.mode == Mode::Read {
+            if self.permits.is_some() {
+                return bad(
+                    "`mode(Mode::Read)` does not go with `permits`: a semaphore has no \
+                            readers and writers, only permits; drop one of them"
+                        .into(),
+                );
+            }
+            if self.fencing {
+                return bad(
+                    "`fencing` does not go with `mode(Mode::Read)`: readers hold side by \
+                            side, so a fencing token would order nothing; fence the writes"
+                        .into(),
+                );
+            }
+        }
         if let Some(max) = self.max_hold {
             if max > MAX_TTL {
                 return bad("`max_hold` must be at most 365 days".into());
@@ -246,5 +305,76 @@ impl LockOptions {
     /// Redlock analysis (1 % of the ttl plus 2 ms).
     pub(crate) fn drift(&self) -> Duration {
         self.ttl / 100 + Duration::from_millis(2)
+    }
+}
+
+/// How a key is held: by one owner, or side by side (see `ACQUIRE_LUA`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Share {
+    /// The lock itself (also a read-write lock's write side).
+    Exclusive,
+    /// One of any number of readers.
+    Read,
+    /// One of this many permits.
+    Permits(u32),
+}
+
+impl Share {
+    /// As the acquire script takes it (`ARGV[6]`).
+    pub(crate) fn wire(self) -> String {
+        match self {
+            Self::Exclusive => "0".to_owned(),
+            Self::Read => "read".to_owned(),
+            Self::Permits(n) => n.to_string(),
+        }
+    }
+
+    /// The member that records what a shared key is: `#read`, or `#permits=N`.
+    pub(crate) fn tag(self) -> String {
+        match self {
+            Self::Exclusive => String::new(),
+            Self::Read => "#read".to_owned(),
+            Self::Permits(n) => format!("#permits={n}"),
+        }
+    }
+
+    /// The kind a shared key's tag names.
+    pub(crate) fn from_tag(tag: &str) -> Option<Self> {
+        match tag {
+            "#read" => Some(Self::Read),
+            _ => tag
+                .strip_prefix("#permits=")?
+                .parse()
+                .ok()
+                .map(Self::Permits),
+        }
+    }
+
+    pub(crate) fn is_shared(self) -> bool {
+        self != Self::Exclusive
+    }
+
+    /// For errors: what a caller asked for, or what a key is.
+    pub(crate) fn describe(self) -> String {
+        match self {
+            Self::Exclusive => "an exclusive (write) lock".to_owned(),
+            Self::Read => "a read lock".to_owned(),
+            Self::Permits(n) => format!("a semaphore of {n} permits"),
+        }
+    }
+
+    /// Why a key held as `found` by others cannot be taken as `self`: shared keys of
+    /// different kinds or sizes never mix (an exclusive lock simply waits for them).
+    pub(crate) fn mismatch(self, key: &str, node: &str, found: Self) -> LockError {
+        LockError::InvalidOptions {
+            key: key.to_owned(),
+            reason: format!(
+                "it is {} on {node}, and this call asks for {}; every caller of one key must \
+                 take it the same way (the same `permits`; `mode = \"read\"` only on a \
+                 read-write lock)",
+                found.describe(),
+                self.describe()
+            ),
+        }
     }
 }

@@ -15,10 +15,12 @@
 //!   a token; any other message wakes a waiter too. A peer that deletes with its own script is
 //!   still safe; our waiters then notice the release when the holder's lease would have ended,
 //!   and the oldest of them takes the lock.
-//! - A semaphore of N permits is a sorted set under `<prefix><key>` instead: each holder's token
-//!   scored by its deadline (server clock, ms) and the member `#permits=N` scored `+inf`.
-//!   [`ACQUIRE_LUA`] with `ARGV[6]` = N takes a permit, [`RELEASE_LUA`] and [`RENEW_LUA`] release
-//!   and renew it as they do a lock; a plain `SET NX` on the key is refused while any permit lives.
+//! - Readers of a read-write lock, and a semaphore of N permits, are a sorted set under
+//!   `<prefix><key>` instead: each holder's token scored by its deadline (server clock, ms) and
+//!   one member scored `+inf` naming the kind, `#read` or `#permits=N`. [`ACQUIRE_LUA`] with
+//!   `ARGV[6]` = `read` or N takes a place, [`RELEASE_LUA`] and [`RENEW_LUA`] release and renew
+//!   it as they do a lock; a writer (a plain lock) and a plain `SET NX` on the key are refused
+//!   while any place lives.
 //! - Redlock takes back an attempt that won only a minority with [`UNDO_LUA`], which wakes
 //!   nobody.
 //! - A renewal is [`RENEW_LUA`] (an owner-checked `PEXPIRE`), an inspection [`INSPECT_LUA`],

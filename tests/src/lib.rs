@@ -25,8 +25,8 @@ pub mod server;
 
 pub use direct::{command_calls, connection, raw, subscribers};
 pub use locks::{
-    assert_lost, most_inside, semaphore_round, spawn_hung_body, spawn_hung_body_holding,
-    start_holder, warm_up,
+    assert_lost, most_inside, read_write_round, semaphore_round, spawn_hung_body,
+    spawn_hung_body_holding, start_holder, warm_up,
 };
 pub use poll::eventually;
 pub use registry::{fast_registry, with_timeouts};

@@ -192,3 +192,54 @@ pub async fn most_inside(
     }
     most.load(Ordering::SeqCst)
 }
+
+/// A read-write lock on `key`, as every deployment must keep it: two readers at once from both
+/// registries, a writer refused while they read, the writer alone once they are gone, readers
+/// refused while it writes, and every waiting reader in (not one) when it releases, well before
+/// its 30 s lease would have ended.
+///
+/// # Panics
+/// When any of that fails.
+pub async fn read_write_round(a: &lock_runtime::Registry, b: &lock_runtime::Registry, key: &str) {
+    use lock_runtime::Mode;
+    use std::time::Duration;
+    let read = |registry: &lock_runtime::Registry| registry.lock(key).mode(Mode::Read);
+    let readers = [
+        read(a).acquire().await.expect("a reader"),
+        read(b).acquire().await.expect("a second reader beside it"),
+    ];
+    assert_eq!(b.inspect(key).await.expect("inspect").readers, Some(2));
+    let err = a.lock(key).acquire().await.unwrap_err();
+    assert!(err.is_busy(), "a writer waits for the readers: {err:?}");
+    for reader in readers {
+        reader.release().await.expect("release");
+    }
+    let writer = a
+        .lock(key)
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await
+        .expect("the writer, once the readers are gone");
+    let err = read(b).acquire().await.unwrap_err();
+    assert!(err.is_busy(), "a reader waits for the writer: {err:?}");
+    let waiting: Vec<_> = (0..3)
+        .map(|_| {
+            let request = read(b).wait(Duration::from_secs(10));
+            tokio::spawn(request.acquire())
+        })
+        .collect();
+    writer.release().await.expect("release");
+    let mut readers = Vec::new();
+    for reader in waiting {
+        readers.push(
+            reader
+                .await
+                .expect("task")
+                .expect("every waiting reader gets in"),
+        );
+    }
+    assert_eq!(a.inspect(key).await.expect("inspect").readers, Some(3));
+    for reader in readers {
+        reader.release().await.expect("release");
+    }
+}

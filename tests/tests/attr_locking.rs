@@ -424,6 +424,30 @@ async fn run_child(url: &str, expect: &str) {
     );
 }
 
+/// Starts two calls of `body` (which holds until released, telling once inside) one after the
+/// other, each inside before the next starts: both hold at once. Returns their tasks and the
+/// senders that release them.
+async fn two_inside<F, Fut>(
+    body: F,
+) -> (
+    Vec<tokio::task::JoinHandle<Result<(), JobError>>>,
+    Vec<oneshot::Sender<()>>,
+)
+where
+    F: Fn(oneshot::Sender<()>, oneshot::Receiver<()>) -> Fut,
+    Fut: std::future::Future<Output = Result<(), JobError>> + Send + 'static,
+{
+    let (mut tasks, mut releases) = (Vec::new(), Vec::new());
+    for _ in 0..2 {
+        let (held_tx, held) = oneshot::channel();
+        let (release, release_rx) = oneshot::channel();
+        tasks.push(tokio::spawn(body(held_tx, release_rx)));
+        held.await.expect("two bodies inside at once");
+        releases.push(release);
+    }
+    (tasks, releases)
+}
+
 /// Holds one of two permits until `release` fires, telling `held` once inside.
 #[distributed_lock(key = "pool", permits = 2, wait = "30s", registry = "attr_permits")]
 async fn pooled(held: oneshot::Sender<()>, release: oneshot::Receiver<()>) -> Result<(), JobError> {
@@ -434,15 +458,7 @@ async fn pooled(held: oneshot::Sender<()>, release: oneshot::Receiver<()>) -> Re
 async fn permits_let_that_many_bodies_in_and_the_next_one_after_a_release() {
     let server = RedisServer::start();
     install(&server, "attr_permits");
-    let mut releases = Vec::new();
-    let mut tasks = Vec::new();
-    for _ in 0..2 {
-        let (held_tx, held) = oneshot::channel();
-        let (release, release_rx) = oneshot::channel();
-        tasks.push(tokio::spawn(pooled(held_tx, release_rx)));
-        held.await.expect("two bodies hold a permit each at once");
-        releases.push(release);
-    }
+    let (tasks, mut releases) = two_inside(pooled).await;
     let registry = lock_runtime::named("attr_permits").unwrap();
     let err = registry
         .lock("pool")
@@ -468,4 +484,40 @@ async fn permits_let_that_many_bodies_in_and_the_next_one_after_a_release() {
     for task in tasks.into_iter().chain([waiting]) {
         task.await.unwrap().expect("each body ran under a permit");
     }
+}
+
+/// Reads the catalog until `release` fires, telling `held` once inside.
+#[distributed_lock(key = "catalog", mode = "read", wait = "30s", registry = "attr_rw")]
+async fn read_catalog(
+    held: oneshot::Sender<()>,
+    release: oneshot::Receiver<()>,
+) -> Result<(), JobError> {
+    hold_until(held, release).await
+}
+
+#[distributed_lock(key = "catalog", wait = "30s", registry = "attr_rw")]
+async fn write_catalog() -> Result<&'static str, JobError> {
+    Ok("written")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readers_read_together_and_the_writer_waits_for_them() {
+    let server = RedisServer::start();
+    install(&server, "attr_rw");
+    // The second reader gets in while the first still reads.
+    let (readers, releases) = two_inside(read_catalog).await;
+    let registry = lock_runtime::named("attr_rw").unwrap();
+    let err = registry.lock("catalog").acquire().await.unwrap_err();
+    assert!(err.is_busy(), "a writer waits for the readers: {err:?}");
+    let writer = tokio::spawn(write_catalog());
+    for release in releases {
+        release.send(()).unwrap();
+    }
+    for reader in readers {
+        reader.await.unwrap().expect("each reader ran");
+    }
+    assert_eq!(
+        writer.await.unwrap().expect("the writer ran after them"),
+        "written"
+    );
 }

@@ -9,6 +9,7 @@ mod runtime {
     mod handoff;
     mod leases;
     mod memory;
+    mod read_write;
     mod reentrancy;
     mod semaphore;
     mod support;

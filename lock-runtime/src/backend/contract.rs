@@ -5,6 +5,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use crate::key::LockKey;
+pub(crate) use crate::options::Share;
 use crate::waiting::WaitHub;
 use crate::LockError;
 
@@ -54,15 +55,15 @@ pub(crate) struct Acquire<'a> {
     /// Queue up when busy, where the store hands locks over (see `RELEASE_LUA`): set while the
     /// caller is prepared to wait.
     pub queue: bool,
-    /// Take one of this many permits (a semaphore) instead of the lock itself.
-    pub permits: Option<u32>,
+    /// The lock itself, a read lock or a permit.
+    pub share: Share,
 }
 
 impl Acquire<'_> {
     /// Whether the attempt starts with a plain `SET NX PX`: an exclusive lock's first attempt
     /// without fencing, which usually finds the lock free.
     pub(crate) fn plain_set_first(&self) -> bool {
-        self.first && !self.fencing && self.permits.is_none()
+        self.first && !self.fencing && self.share == Share::Exclusive
     }
 }
 
@@ -71,23 +72,25 @@ pub(crate) struct Renewal<'a> {
     pub redis_key: &'a str,
     pub token: &'a str,
     pub ttl_ms: u64,
-    /// The semaphore's permits, for a permit (Redlock needs more nodes to keep one).
-    pub permits: Option<u32>,
+    /// How the lock is held (Redlock needs more nodes to keep a permit).
+    pub share: Share,
 }
 
 /// What `inspect` finds under a key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LockInfo {
-    /// The holder's token (`host:pid:random`), `None` when the lock is free or a semaphore.
+    /// The holder's token (`host:pid:random`), `None` when the lock is free or held shared.
     pub owner: Option<String>,
-    /// The remaining lease (of a semaphore: of the last permit to expire), `None` when free or
-    /// without expiry.
+    /// The remaining lease (held shared: of the last reader or permit to expire), `None` when
+    /// free or without expiry.
     pub remaining: Option<Duration>,
     /// The last fencing token handed out for this key, while its counter lives (it expires a
     /// day after the key's last fenced acquisition).
     pub fence: Option<u64>,
     /// For a semaphore: its permits, and how many are held now.
     pub permits: Option<Permits>,
+    /// For a read-write lock held by readers: how many.
+    pub readers: Option<u32>,
 }
 
 /// A semaphore's permits, as [`LockInfo`] reports them.

@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::contract::{
-    Acquire, Attempt, LockInfo, Permits, Renewal, Renewed, Store, FENCE_EXPIRY_MS,
+    Acquire, Attempt, LockInfo, Permits, Renewal, Renewed, Share, Store, FENCE_EXPIRY_MS,
 };
 use crate::key::LockKey;
 use crate::waiting::WaitHub;
@@ -100,9 +100,9 @@ struct Entry {
     expires_at: Option<Instant>,
 }
 
-/// A semaphore: its size, and each permit holder's lease.
+/// Readers, or a semaphore's permit holders: what the key is, and each holder's lease.
 struct Pool {
-    total: u32,
+    share: Share,
     holders: HashMap<String, Instant>,
 }
 
@@ -160,13 +160,17 @@ impl Data {
         true
     }
 
-    /// A semaphore's attempt: as `ACQUIRE_LUA` takes a permit.
-    fn take_permit(
+    /// A reader's or a permit taker's attempt, as `ACQUIRE_LUA` takes a place.
+    fn take_place(
         &mut self,
         attempt: &Acquire<'_>,
-        total: u32,
         now: Instant,
     ) -> Result<(Attempt, Option<HandedOver>), LockError> {
+        let share = attempt.share;
+        let limit = match share {
+            Share::Permits(n) => n as usize,
+            Share::Read | Share::Exclusive => usize::MAX,
+        };
         let key = attempt.key;
         if let Some(entry) = self.live(&key.redis_key, now) {
             let busy = Attempt::Busy {
@@ -175,27 +179,18 @@ impl Data {
             };
             return Ok((busy, None));
         }
-        let tag = format!("#permits={total}");
         match self.pool(&key.redis_key, now) {
-            Some(pool) if pool.total != total => {
-                return Err(LockError::InvalidOptions {
-                    key: key.key.clone(),
-                    reason: format!(
-                        "it is a semaphore of {} permits on memory, and this call asks for a \
-                         semaphore of {total} permits; every caller of one key must name the \
-                         same `permits`",
-                        pool.total
-                    ),
-                });
+            Some(pool) if pool.share != share => {
+                return Err(share.mismatch(&key.key, "memory", pool.share));
             }
             Some(pool) if pool.holders.contains_key(attempt.token) => {}
             Some(pool) => {
                 let held = pool.holders.len();
                 let soonest = pool.soonest();
-                if held >= total as usize || self.waiter_queued(&key.redis_key, now) {
+                if held >= limit || self.waiter_queued(&key.redis_key, now) {
                     let busy = Attempt::Busy {
                         retry_after: soonest.map(|t| t - now),
-                        holder: Some(tag),
+                        holder: Some(share.tag()),
                     };
                     return Ok((busy, None));
                 }
@@ -213,7 +208,7 @@ impl Data {
         self.pools
             .entry(key.redis_key.clone())
             .or_insert_with(|| Pool {
-                total,
+                share,
                 holders: HashMap::new(),
             })
             .holders
@@ -333,8 +328,8 @@ impl Store for MemoryStore {
         let now = Instant::now();
         let mut data = self.inner.data();
         let key = attempt.key;
-        if let Some(total) = attempt.permits {
-            let (outcome, handed) = data.take_permit(attempt, total, now)?;
+        if attempt.share.is_shared() {
+            let (outcome, handed) = data.take_place(attempt, now)?;
             drop(data);
             if let Some(to) = handed {
                 self.inner.hub.hand_over(key.channel(), &to.token, to.fence);
@@ -344,7 +339,7 @@ impl Store for MemoryStore {
         let mut handed = None;
         let pool = data
             .pool(&key.redis_key, now)
-            .map(|p| (format!("#permits={}", p.total), p.soonest()));
+            .map(|p| (p.share.tag(), p.soonest()));
         let owner = match data.live(&key.redis_key, now) {
             Some(entry) => Some(entry.token.clone()),
             None if pool.is_some() => pool.as_ref().map(|(tag, _)| tag.clone()),
@@ -471,14 +466,16 @@ impl Store for MemoryStore {
             .filter(|f| f.expires_at > now)
             .map(|f| f.last);
         if let Some(pool) = data.pool(&key.redis_key, now) {
+            let held = u32::try_from(pool.holders.len()).unwrap_or(u32::MAX);
             return Ok(LockInfo {
                 owner: None,
                 remaining: pool.holders.values().max().map(|t| *t - now),
                 fence,
-                permits: Some(Permits {
-                    held: u32::try_from(pool.holders.len()).unwrap_or(u32::MAX),
-                    total: pool.total,
-                }),
+                permits: match pool.share {
+                    Share::Permits(total) => Some(Permits { held, total }),
+                    Share::Read | Share::Exclusive => None,
+                },
+                readers: (pool.share == Share::Read).then_some(held),
             });
         }
         Ok(match data.live(&key.redis_key, now) {
@@ -487,12 +484,14 @@ impl Store for MemoryStore {
                 remaining: entry.expires_at.map(|t| t - now),
                 fence,
                 permits: None,
+                readers: None,
             },
             None => LockInfo {
                 owner: None,
                 remaining: None,
                 fence,
                 permits: None,
+                readers: None,
             },
         })
     }

@@ -23,7 +23,7 @@ use futures_util::future::{join_all, BoxFuture};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::time::{timeout, Instant};
 
-use super::contract::{Acquire, Attempt, LockInfo, Renewal, Renewed, Store};
+use super::contract::{Acquire, Attempt, LockInfo, Renewal, Renewed, Share, Store};
 use super::redis::RedisBackend;
 use crate::key::LockKey;
 use crate::timeouts::Timeouts;
@@ -119,7 +119,7 @@ impl Redlock {
         errors: &[String],
         quorum: usize,
     ) -> LockError {
-        let permits = if quorum > self.quorum {
+        let more = if quorum > self.quorum {
             " (a semaphore's permit needs more nodes than a lock: see `LockOptions::permits`)"
         } else {
             ""
@@ -129,7 +129,7 @@ impl Redlock {
             command,
             key: Some(key.key.clone()),
             message: format!(
-                "only {} of {} nodes answered, a quorum is {quorum}{permits}: {}",
+                "only {} of {} nodes answered, a quorum is {quorum}{more}: {}",
                 self.nodes.len() - errors.len(),
                 self.nodes.len(),
                 errors.join("; ")
@@ -145,13 +145,14 @@ impl Redlock {
         drop(self.fan_out(self.timeouts.command, delete_on(key, token, announce)));
     }
 
-    /// How many nodes must grant (and keep renewing) a lock, or one of `permits` permits. A
-    /// majority for a lock. For permits, more: with `h` holders each on `q` of `n` nodes and at
+    /// How many nodes must grant (and keep renewing) a lock, a reader's place or one of
+    /// `permits` permits. A majority for a lock and a reader (any two majorities share a node,
+    /// where a writer and a reader exclude each other). For permits, more: with `h` holders each on `q` of `n` nodes and at
     /// most `permits` on any node, `h * q <= n * permits`, so `q > n * permits / (permits + 1)`
     /// keeps `h` at `permits` or below (on 3 nodes, every node for 2 permits or more).
-    fn quorum_for(&self, permits: Option<u32>) -> usize {
-        match permits {
-            Some(p) if p > 1 => {
+    fn quorum_for(&self, share: Share) -> usize {
+        match share {
+            Share::Permits(p) if p > 1 => {
                 let p = p as usize;
                 self.nodes.len() * p / (p + 1) + 1
             }
@@ -198,14 +199,14 @@ impl Store for Redlock {
                     .to_owned(),
             });
         }
-        let quorum = self.quorum_for(attempt.permits);
+        let quorum = self.quorum_for(attempt.share);
         let per_node = self.node_timeout(ttl);
         let started = Instant::now();
         // Each node gets its attempt as one script call (never the plain `SET NX` first):
         // the undo below goes out at once, and as a single command the attempt is always ahead
         // of it on the node's connection, where a second command could fall behind it and take
         // the lock after the undo.
-        let permits = attempt.permits;
+        let share = attempt.share;
         let mut replies = self.fan_out(per_node, |node| {
             let (key, token) = (key.clone_names(), token.to_owned());
             async move {
@@ -216,7 +217,7 @@ impl Store for Redlock {
                     fencing: false,
                     first: false,
                     queue: false,
-                    permits,
+                    share,
                 };
                 node.acquire(&attempt).await
             }
@@ -327,7 +328,7 @@ impl Store for Redlock {
                 })
                 .collect(),
         );
-        let quorums: Vec<usize> = batch.iter().map(|r| self.quorum_for(r.permits)).collect();
+        let quorums: Vec<usize> = batch.iter().map(|r| self.quorum_for(r.share)).collect();
         let mut replies = self.fan_out(budget, |node| {
             let owned = owned.clone();
             async move {
@@ -438,6 +439,7 @@ impl Store for Redlock {
                 .iter()
                 .filter_map(|i| i.permits)
                 .max_by_key(|p| p.held),
+            readers: infos.iter().filter_map(|i| i.readers).max(),
         })
     }
 

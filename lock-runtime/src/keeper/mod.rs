@@ -156,7 +156,7 @@ async fn renew(keeper: &Keeper, leases: &[Arc<Lease>], sent_at: Instant) {
             redis_key: &l.key.redis_key,
             token: &l.token,
             ttl_ms: ttl_ms(l.options.ttl),
-            permits: l.options.permits,
+            share: l.options.share(),
         })
         .collect();
     // Waiting longer than a third of the shortest ttl would only delay the retries.

@@ -431,3 +431,10 @@ async fn a_semaphore_keeps_its_permits_on_the_master_of_its_slot() {
     lock_tests::semaphore_round(&a, &b, "gpu-pool").await;
     lock_tests::semaphore_round(&a, &b, "{tenant:7}:pool").await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_write_lock_keeps_its_readers_on_the_master_of_its_slot() {
+    let cluster = RedisCluster::start(3, 0);
+    let (a, b) = (registry(&cluster), registry(&cluster));
+    lock_tests::read_write_round(&a, &b, "{tenant:7}:catalog").await;
+}

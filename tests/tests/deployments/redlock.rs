@@ -564,3 +564,21 @@ async fn permits_never_exceed_their_number_and_need_more_than_a_majority() {
         .await
         .unwrap();
 }
+
+/// Readers and writers each need a majority: any two majorities share a node, where a reader
+/// and a writer exclude each other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_write_lock_holds_readers_and_writers_on_a_majority() {
+    let mut nodes = nodes(3);
+    let (a, b) = (registry(&nodes), registry(&nodes));
+    lock_tests::read_write_round(&a, &b, "catalog").await;
+    nodes[0].kill();
+    let reader = a
+        .lock("catalog")
+        .mode(lock_runtime::Mode::Read)
+        .acquire()
+        .await;
+    let reader = reader.expect("a reader needs 2 of 3");
+    assert!(b.lock("catalog").acquire().await.unwrap_err().is_busy());
+    reader.release().await.unwrap();
+}

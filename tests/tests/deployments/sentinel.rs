@@ -429,3 +429,10 @@ async fn a_semaphore_keeps_its_permits_on_the_master_the_sentinels_name() {
     let (a, b) = (registry(&deployment), registry(&deployment));
     lock_tests::semaphore_round(&a, &b, "gpu-pool").await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_write_lock_keeps_its_readers_on_the_master_the_sentinels_name() {
+    let deployment = RedisSentinels::start();
+    let (a, b) = (registry(&deployment), registry(&deployment));
+    lock_tests::read_write_round(&a, &b, "catalog").await;
+}

@@ -2,28 +2,15 @@
 
 use std::time::Duration;
 
-use lock_runtime::{LockError, MemoryStore, Permits, Registry};
+use lock_runtime::{LockError, Permits, Registry};
 use lock_tests::RedisServer;
 
-use super::support::registry;
-
-/// Runs `check` against two registries on one real Redis, then on one shared memory store:
-/// the stores must agree.
-async fn on_every_store<F, Fut>(check: F)
-where
-    F: Fn(Registry, Registry) -> Fut,
-    Fut: std::future::Future<Output = ()>,
-{
-    let server = RedisServer::start();
-    check(registry(&server), registry(&server)).await;
-    let store = MemoryStore::new();
-    let memory = || Registry::builder().memory(store.clone()).build().unwrap();
-    check(memory(), memory()).await;
-}
+use super::support::{on_redis_and_memory, registry};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn n_permits_are_held_at_once_and_the_next_taker_waits_for_a_release() {
-    on_every_store(|a, b| async move { lock_tests::semaphore_round(&a, &b, "pool").await }).await;
+    on_redis_and_memory(|a, b| async move { lock_tests::semaphore_round(&a, &b, "pool").await })
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -40,7 +27,7 @@ async fn many_tasks_in_several_registries_never_exceed_the_permits() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn callers_that_name_different_permits_for_one_key_are_refused_and_told_why() {
-    on_every_store(|a, b| async move {
+    on_redis_and_memory(|a, b| async move {
         let held = a.lock("pool").permits(3).acquire().await.unwrap();
         let err = b.lock("pool").permits(2).acquire().await.unwrap_err();
         let LockError::InvalidOptions { key, reason } = &err else {
@@ -61,7 +48,7 @@ async fn callers_that_name_different_permits_for_one_key_are_refused_and_told_wh
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_exclusive_lock_and_permits_on_one_key_exclude_each_other() {
-    on_every_store(|a, b| async move {
+    on_redis_and_memory(|a, b| async move {
         let exclusive = a.lock("mixed").acquire().await.unwrap();
         let err = b.lock("mixed").permits(2).acquire().await.unwrap_err();
         assert!(err.is_busy(), "a permit waits for the lock: {err:?}");
@@ -78,7 +65,7 @@ async fn an_exclusive_lock_and_permits_on_one_key_exclude_each_other() {
 /// cannot starve it; the last permit's release hands it the lock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_queued_exclusive_waiter_goes_before_later_permit_takers() {
-    on_every_store(|a, b| async move {
+    on_redis_and_memory(|a, b| async move {
         let permit = a.lock("pool").permits(2).acquire().await.unwrap();
         let waiter = tokio::spawn({
             let b = b.clone();
@@ -105,7 +92,7 @@ async fn a_queued_exclusive_waiter_goes_before_later_permit_takers() {
 
 #[tokio::test]
 async fn a_permit_is_renewed_while_held_and_stays_counted() {
-    on_every_store(|a, b| async move {
+    on_redis_and_memory(|a, b| async move {
         let guard = a
             .lock("renewed")
             .permits(2)

@@ -1,6 +1,6 @@
 use std::time::Duration;
 
-use lock_runtime::Registry;
+use lock_runtime::{MemoryStore, Registry};
 use lock_tests::{with_timeouts, RedisServer};
 
 /// A registry on `server` with timeouts short enough for fault tests.
@@ -14,6 +14,20 @@ pub fn registry(server: &RedisServer) -> Registry {
 /// A registry on `url` (a fault proxy, say) whose timeouts outlast any latency a test injects.
 pub fn patient_registry(url: &str) -> Registry {
     with_timeouts(Registry::builder().url(url), Duration::from_secs(10))
+}
+
+/// Runs `check` against two registries on one real Redis, then on one shared memory store: the
+/// stores must agree.
+pub async fn on_redis_and_memory<F, Fut>(check: F)
+where
+    F: Fn(Registry, Registry) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let server = RedisServer::start();
+    check(registry(&server), registry(&server)).await;
+    let store = MemoryStore::new();
+    let memory = || Registry::builder().memory(store.clone()).build().unwrap();
+    check(memory(), memory()).await;
 }
 
 pub use lock_tests::{assert_lost, eventually, raw, spawn_hung_body};

@@ -18,7 +18,7 @@ use futures_util::future::join_all;
 use redis::Value;
 
 use crate::backend::contract::{
-    ttl_ms, Acquire, Attempt, LockInfo, Permits, Renewal, Renewed, Store,
+    ttl_ms, Acquire, Attempt, LockInfo, Permits, Renewal, Renewed, Share, Store,
 };
 use crate::key::{hash_tag, LockKey};
 use crate::timeouts::Timeouts;
@@ -181,7 +181,7 @@ impl RedisBackend {
             .arg(u8::from(attempt.fencing))
             .arg(u8::from(attempt.queue))
             .arg(self.publish_command())
-            .arg(attempt.permits.unwrap_or(0))
+            .arg(attempt.share.wire())
             .invoke_async(con)
             .await
     }
@@ -200,7 +200,7 @@ impl RedisBackend {
             .arg(u8::from(attempt.fencing))
             .arg(u8::from(attempt.queue))
             .arg(self.publish_command())
-            .arg(attempt.permits.unwrap_or(0));
+            .arg(attempt.share.wire());
         if attempt.plain_set_first() {
             let mut set = redis::cmd("SET");
             set.arg(&key.redis_key)
@@ -297,7 +297,7 @@ impl RedisBackend {
             .arg(u8::from(attempt.fencing))
             .arg(0u8)
             .arg(self.publish_command())
-            .arg(attempt.permits.unwrap_or(0));
+            .arg(attempt.share.wire());
         // Small against the ttl: the lease's deadline runs from before the acquisition was sent.
         let wait = attempt.ttl / 20;
         let confirmed = confirm
@@ -469,19 +469,8 @@ impl RedisBackend {
             }),
             [Value::Int(3), found] => {
                 let found = redis::from_redis_value_ref::<String>(found).unwrap_or_default();
-                let asked = attempt.permits.map_or_else(
-                    || "an exclusive lock".to_owned(),
-                    |n| format!("a semaphore of {n} permits"),
-                );
-                Err(match found.strip_prefix("#permits=") {
-                    Some(total) => LockError::InvalidOptions {
-                        key: attempt.key.key.clone(),
-                        reason: format!(
-                            "it is a semaphore of {total} permits on {}, and this call asks for \
-                             {asked}; every caller of one key must name the same `permits`",
-                            self.node
-                        ),
-                    },
+                Err(match Share::from_tag(&found) {
+                    Some(found) => attempt.share.mismatch(&attempt.key.key, &self.node, found),
                     None => self.not_a_lock(attempt.key, "sorted set"),
                 })
             }
@@ -630,14 +619,19 @@ impl Store for RedisBackend {
             .invoke_async(&mut con)
             .await
             .map_err(|e| self.error("inspect", Some(&key.key), e))?;
+        let shared = held.zip(tag.as_deref().and_then(Share::from_tag));
         Ok(LockInfo {
             owner,
             remaining: u64::try_from(pttl).ok().map(Duration::from_millis),
             fence,
-            permits: held.zip(tag).and_then(|(held, tag)| {
-                let total = tag.strip_prefix("#permits=")?.parse().ok()?;
-                Some(Permits { held, total })
-            }),
+            permits: match shared {
+                Some((held, Share::Permits(total))) => Some(Permits { held, total }),
+                _ => None,
+            },
+            readers: match shared {
+                Some((held, Share::Read)) => Some(held),
+                _ => None,
+            },
         })
     }
 

@@ -64,9 +64,9 @@ local function hand_over(waiter, ttl, fencing, released, publish)
   local next = redis.sha1hex(waiter) .. ':' .. string.format('%d', fence)
   redis.call(publish, KEYS[1], released .. ':' .. next)
 end
-local function permits_tag()
+local function shared_tag()
   local tag = redis.call('ZRANGEBYSCORE', KEYS[1], '+inf', '+inf', 'LIMIT', 0, 1)[1]
-  if tag and string.match(tag, '^#permits=%d+$') then return tag end
+  if tag and (tag == '#read' or string.match(tag, '^#permits=%d+$')) then return tag end
   return nil
 end
 local function release_permit(token, publish)
@@ -91,7 +91,8 @@ end
 /// `KEYS[1]` lock, `KEYS[2]` fencing counter, `KEYS[3]`/`KEYS[4]` the waiters' queue (see
 /// below); `ARGV[1]` token, `ARGV[2]` ttl ms, `ARGV[3]` `1` to take a fencing token, `ARGV[4]`
 /// `1` to queue up when busy, `ARGV[5]` the publish command (`PUBLISH`, or `SPUBLISH` in a
-/// cluster), `ARGV[6]` a semaphore's size (`0` or absent: the lock itself). With the lock alone, or the lock and its counter, as `KEYS`, there is no queue:
+/// cluster), `ARGV[6]` a semaphore's size, or `read` for a reader (`0` or absent: the lock
+/// itself, also a read-write lock's write side). With the lock alone, or the lock and its counter, as `KEYS`, there is no queue:
 /// Redlock, `confirm_replicas`, and a cluster slot in migration (where Redis refuses a script
 /// whose keys are not all on one node) use it that way. Used after a plain `SET NX PX` was
 /// refused, and with fencing.
@@ -108,13 +109,15 @@ end
 /// busy caller that asked to queue takes (or keeps, renewing its deadline) its place: waiting
 /// is first come, first served, and each attempt while waiting renews the place.
 ///
-/// A semaphore (`ARGV[6]` = N) keeps a sorted set under the key: each holder's token scored by
-/// its deadline (server clock, ms), and the member `#permits=N` scored `+inf`. A permit is taken
-/// (`{1, 0}`) when, after expired holders are dropped, fewer than N remain and no waiter for the
+/// Readers and semaphores (`ARGV[6]` = `read` or N) keep a sorted set under the key: each
+/// holder's token scored by its deadline (server clock, ms), and one member scored `+inf` that
+/// says what the set is, `#read` or `#permits=N`. A place is taken (`{1, 0}`) when, after
+/// expired holders are dropped, fewer than N remain (readers: any number) and no waiter for the
 /// whole lock is queued (a free set goes to such a waiter first); else `{0, ms until the soonest
-/// deadline, '#permits=N'}`. A set of another size answers `{3, '#permits=M'}` and is left
-/// untouched; a string (a lock) answers busy with its holder. The key expires with its last
-/// deadline. The lock itself treats such a set as busy and queues behind it.
+/// deadline, tag}`. A set of another kind or size answers `{3, its tag}` and is left untouched;
+/// a string (a lock, or a writer) answers busy with its holder. The key expires with its last
+/// deadline. The lock itself (a writer) treats such a set as busy and queues behind it, which
+/// stops new readers and permit takers until it has had its turn.
 ///
 /// The counter expires a day after the last fenced acquisition, so per-entity keys
 /// do not pile up. A missing counter (new, expired, deleted or lost with the server's data)
@@ -131,9 +134,11 @@ if ARGV[6] and ARGV[6] ~= '0' then
   local kind = redis.call('TYPE', KEYS[1]).ok
   if kind == 'string' then return {0, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[1])} end
   if kind ~= 'zset' and kind ~= 'none' then return {2, kind} end
-  local tag, now = '#permits=' .. ARGV[6], now_ms()
+  local limit = tonumber(ARGV[6]) or math.huge
+  local tag = limit == math.huge and '#read' or '#permits=' .. ARGV[6]
+  local now = now_ms()
   if kind == 'zset' then
-    local found = permits_tag()
+    local found = shared_tag()
     if not found then return {2, kind} end
     if found ~= tag then return {3, found} end
     redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
@@ -147,7 +152,7 @@ if ARGV[6] and ARGV[6] ~= '0' then
         hand_over(waiter, waiter_ttl, fencing, '', ARGV[5])
         return {0, tonumber(waiter_ttl), waiter}
       end
-    elseif held >= tonumber(ARGV[6]) or oldest_live_place() then
+    elseif held >= limit or oldest_live_place() then
       local soonest = tonumber(redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')[2])
       return {0, math.max(soonest - now, 0), tag}
     end
@@ -163,7 +168,7 @@ end
 local owner = redis.pcall('GET', KEYS[1])
 if type(owner) == 'table' then
   local kind = redis.call('TYPE', KEYS[1]).ok
-  owner = kind == 'zset' and permits_tag()
+  owner = kind == 'zset' and shared_tag()
   if not owner then return {2, kind} end
 end
 if owner == token then
@@ -215,7 +220,7 @@ pub const RELEASE_LUA: &str = concat!(
     queue_lua!(),
     r"
 local owner = redis.pcall('GET', KEYS[1])
-if type(owner) == 'table' and redis.call('TYPE', KEYS[1]).ok == 'zset' and permits_tag() then
+if type(owner) == 'table' and redis.call('TYPE', KEYS[1]).ok == 'zset' and shared_tag() then
   leave_queue(ARGV[1])
   return release_permit(ARGV[1], ARGV[2])
 end
@@ -323,7 +328,9 @@ if kind == 'string' then
   tenure = redis.call('GET', KEYS[1])
 elseif kind == 'zset' then
   tenure = redis.call('ZRANGEBYSCORE', KEYS[1], '+inf', '+inf', 'LIMIT', 0, 1)[1]
-  if not tenure or not string.match(tenure, '^#permits=%d+$') then return 0 end
+  if not tenure or not (tenure == '#read' or string.match(tenure, '^#permits=%d+$')) then
+    return 0
+  end
 else
   return 0
 end

@@ -1,0 +1,179 @@
+//! Read-write locks (`mode = "read"`): readers side by side, each with a lease of its own, and
+//! writers alone; a waiting writer is not starved by readers.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use lock_runtime::{LockError, Mode, Registry};
+use lock_tests::RedisServer;
+
+use super::support::{on_redis_and_memory, registry};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readers_share_the_key_and_a_writer_holds_it_alone() {
+    on_redis_and_memory(
+        |a, b| async move { lock_tests::read_write_round(&a, &b, "catalog").await },
+    )
+    .await;
+}
+
+/// A writer that waits stops new readers, even while others still read: the last reader's
+/// release hands it the lock, however many readers keep arriving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_writer_is_not_starved_by_arriving_readers() {
+    on_redis_and_memory(|a, b| async move {
+        let reader = a.lock("catalog").mode(Mode::Read).acquire().await.unwrap();
+        let writer = tokio::spawn({
+            let b = b.clone();
+            async move {
+                b.lock("catalog")
+                    .wait(Duration::from_secs(20))
+                    .acquire()
+                    .await
+            }
+        });
+        lock_tests::eventually(Duration::from_secs(10), "new readers held back", || async {
+            a.lock("catalog")
+                .mode(Mode::Read)
+                .acquire()
+                .await
+                .is_err_and(|e| e.is_busy())
+        })
+        .await;
+        reader.release().await.unwrap();
+        let writer = writer
+            .await
+            .unwrap()
+            .expect("handed the lock by the last reader");
+        let info = a.inspect("catalog").await.unwrap();
+        assert_eq!(info.owner.as_deref(), Some(writer.token()));
+        writer.release().await.unwrap();
+        a.lock("catalog")
+            .mode(Mode::Read)
+            .acquire()
+            .await
+            .expect("readers again once the writer is done")
+            .release()
+            .await
+            .unwrap();
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readers_overlap_and_no_writer_ever_overlaps_anyone() {
+    let server = RedisServer::start();
+    let registries: Vec<_> = (0..3).map(|_| registry(&server)).collect();
+    let (readers, writers) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let most_readers = Arc::new(AtomicUsize::new(0));
+    let tasks: Vec<_> = (0..12)
+        .map(|i| {
+            let reg = registries[i % registries.len()].clone();
+            let (readers, writers, most_readers) =
+                (readers.clone(), writers.clone(), most_readers.clone());
+            // Two writers, ten readers.
+            let mode = if i % 6 == 0 { Mode::Write } else { Mode::Read };
+            tokio::spawn(async move {
+                for _ in 0..8 {
+                    reg.lock("catalog")
+                        .mode(mode)
+                        .wait(Duration::from_secs(30))
+                        .run(async {
+                            let mine = if mode == Mode::Write {
+                                &writers
+                            } else {
+                                &readers
+                            };
+                            let now = mine.fetch_add(1, Ordering::SeqCst) + 1;
+                            let (r, w) = (
+                                readers.load(Ordering::SeqCst),
+                                writers.load(Ordering::SeqCst),
+                            );
+                            assert!(w == 0 || (w == 1 && r == 0), "{w} writers, {r} readers");
+                            if mode == Mode::Read {
+                                most_readers.fetch_max(now, Ordering::SeqCst);
+                            }
+                            tokio::time::sleep(Duration::from_millis(2)).await;
+                            mine.fetch_sub(1, Ordering::SeqCst);
+                            Ok::<_, LockError>(())
+                        })
+                        .await
+                        .unwrap_or_else(|e| panic!("task {i}: {e}"));
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.expect("no writer overlapped anyone");
+    }
+    let most = most_readers.load(Ordering::SeqCst);
+    assert!(most >= 2, "readers never overlapped ({most} at most)");
+}
+
+#[tokio::test]
+async fn a_writer_may_read_inside_but_a_reader_may_not_write() {
+    on_redis_and_memory(|a, _| async move {
+        let inner = a.clone();
+        a.lock("catalog")
+            .run(async move {
+                inner
+                    .lock("catalog")
+                    .mode(Mode::Read)
+                    .run(async { Ok::<_, LockError>(()) })
+                    .await
+            })
+            .await
+            .expect("a writer re-enters its lock to read");
+        let inner = a.clone();
+        let err = a
+            .lock("catalog")
+            .mode(Mode::Read)
+            .run(async move {
+                inner
+                    .lock("catalog")
+                    .run(async { Ok::<_, LockError>(()) })
+                    .await
+            })
+            .await
+            .unwrap_err();
+        let LockError::InvalidOptions { reason, .. } = &err else {
+            panic!("an upgrade is refused, not waited for: {err:?}");
+        };
+        assert!(reason.contains("wait for itself"), "{reason}");
+        assert!(a.held().is_empty(), "both released");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_read_lock_and_a_semaphore_on_one_key_are_refused_and_told_why() {
+    on_redis_and_memory(|a, b| async move {
+        let reader = a.lock("catalog").mode(Mode::Read).acquire().await.unwrap();
+        let err = b.lock("catalog").permits(2).acquire().await.unwrap_err();
+        let LockError::InvalidOptions { reason, .. } = &err else {
+            panic!("a mismatch is an error: {err:?}");
+        };
+        assert!(
+            reason.contains("it is a read lock") && reason.contains("semaphore of 2 permits"),
+            "{reason}"
+        );
+        reader.release().await.unwrap();
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn read_mode_with_permits_or_fencing_is_refused() {
+    let registry = Registry::in_memory();
+    for (request, word) in [
+        (registry.lock("k").mode(Mode::Read).permits(2), "permits"),
+        (registry.lock("k").mode(Mode::Read).fencing(true), "fencing"),
+    ] {
+        let err = request.acquire().await.unwrap_err();
+        assert!(
+            matches!(&err, LockError::InvalidOptions { reason, .. } if reason.contains(word)),
+            "{err:?}"
+        );
+    }
+}
