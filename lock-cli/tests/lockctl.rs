@@ -485,3 +485,46 @@ async fn redlock_list_shows_the_majority_owner_and_on_how_many_nodes_a_key_lives
         assert!(!exists, "deleted on every node");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_and_show_count_readers_and_permits_and_unlock_refuses_them() {
+    let server = RedisServer::start();
+    let registry = Registry::from_url(&server.url()).unwrap();
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        held.push(
+            registry
+                .lock("gpus")
+                .permits(3)
+                .ttl(TTL)
+                .acquire()
+                .await
+                .unwrap(),
+        );
+        let reader = registry.lock("catalog").mode(lock_runtime::Mode::Read);
+        held.push(reader.ttl(TTL).acquire().await.unwrap());
+    }
+
+    let out = succeeded(&run(&mut lockctl(&["--url", &server.url(), "list", ""])).await);
+    assert!(row(&out, "gpus").contains("2 of 3 permits"), "{out}");
+    assert!(row(&out, "catalog").contains("2 readers"), "{out}");
+    let out = succeeded(&run(&mut lockctl(&["--url", &server.url(), "show", "gpus"])).await);
+    assert!(out.contains("state:  held"), "{out}");
+    assert!(out.contains("owner:  2 of 3 permits"), "{out}");
+
+    let out = run(&mut lockctl(&[
+        "--url",
+        &server.url(),
+        "unlock",
+        "catalog",
+        "--yes",
+    ]))
+    .await;
+    assert!(!out.status.success(), "{}", stdout(&out));
+    assert!(stderr(&out).contains("no single owner"), "{}", stderr(&out));
+    let info = registry.inspect("catalog").await.unwrap();
+    assert_eq!(info.readers, Some(2), "nothing was deleted");
+    for guard in held {
+        guard.release().await.unwrap();
+    }
+}

@@ -162,3 +162,22 @@ async fn bad_permits_are_refused_before_anything_is_sent() {
         "{err:?}"
     );
 }
+
+/// A permit taken away (here by an operator's force-unlock) is lost at the holder's next
+/// renewal, and `on_lost = "cancel"` stops its body; so is a reader's place.
+#[tokio::test]
+async fn a_permit_or_a_read_lock_taken_away_stops_its_body() {
+    on_redis_and_memory(|a, b| async move {
+        let ttl = Duration::from_millis(300);
+        for (key, request) in [
+            ("pool", a.lock("pool").permits(2)),
+            ("catalog", a.lock("catalog").mode(lock_runtime::Mode::Read)),
+        ] {
+            let body = lock_tests::spawn_hung_body(request.ttl(ttl)).await;
+            assert!(b.force_unlock(key).await.unwrap(), "{key} was held");
+            let err = body.await.unwrap().unwrap_err();
+            lock_tests::assert_lost(&err, lock_runtime::LostReason::Gone);
+        }
+    })
+    .await;
+}
