@@ -311,7 +311,7 @@ use proc_macro::TokenStream;
 /// Makes the key a read-write lock: `mode = "read"` bodies run side by side, each with a lease of
 /// its own, while a `"write"` body (the default: every plain lock is a write lock) runs alone. A
 /// waiting writer holds off new readers, so readers cannot starve it (on single servers,
-/// Sentinel, Cluster and memory; not on Redlock). A reader that calls a writer of the same key
+/// Sentinel, Cluster and memory; not on Redlock or with `confirm_replicas`). A reader that calls a writer of the same key
 /// gets `LockError::InvalidOptions` (an upgrade would wait for itself); a writer that calls a
 /// reader re-enters its lock. Not with `permits` or `fencing = true` (compile errors).
 ///

@@ -244,7 +244,6 @@ fn contains_impl_trait(ty: &Type) -> bool {
     walk(ty.to_token_stream())
 }
 
-/// `min_hold` / `max_hold` combinations that cannot do what they say.
 /// `fencing` orders holders one after another; permits and readers are held side by side, and
 /// a semaphore has no readers and writers.
 fn check_permits(args: &Args, errors: &mut Errors) {
@@ -279,6 +278,7 @@ fn check_permits(args: &Args, errors: &mut Errors) {
     }
 }
 
+/// `min_hold` / `max_hold` combinations that cannot do what they say.
 fn check_holds(args: &Args, errors: &mut Errors) {
     let ttl = args.ttl.as_ref().map_or(DEFAULT_TTL_MILLIS, |d| d.millis);
     let ttl_text = args.ttl.as_ref().map_or_else(

@@ -147,7 +147,9 @@ impl LockOptions {
     /// side by side, so a token would order nothing), and `permits(0)` is refused.
     ///
     /// Permit waiters are woken by releases and retry; they do not queue, so they are not
-    /// served first come, first served. An exclusive lock on the same key waits until every
+    /// served first come, first served. On Redlock a permit must be held on more than a
+    /// majority (see the README): 2 or more permits over 3 nodes need every node, so one node
+    /// down stops new permits and a node that restarts empty loses every permit holder. An exclusive lock on the same key waits until every
     /// permit is returned, and permit takers wait behind it once it queues.
     #[must_use]
     pub const fn permits(mut self, permits: u32) -> Self {
@@ -158,7 +160,10 @@ impl LockOptions {
     /// Takes the key as a reader (`Mode::Read`) or a writer (`Mode::Write`, the default: every
     /// plain lock is a write lock). Readers hold side by side, each with a lease of its own;
     /// a writer holds alone. A writer that waits stops new readers from entering, so a stream of
-    /// readers cannot starve it (a stream of writers can keep readers waiting). Not with
+    /// readers cannot starve it (a stream of writers can keep readers waiting); not on Redlock
+    /// or with `confirm_replicas`, where writers do not queue. While a writer waits, a read
+    /// body that waits for *another task* reading the same key waits for that writer, which
+    /// waits for the body: do not hand reads of one key from task to task. Not with
     /// `permits`, nor with `fencing` on a read (readers side by side have no order).
     ///
     /// A task that holds a read lock cannot take the write lock of the same key inside it

@@ -31,7 +31,7 @@
 //!
 //! ```
 //! // The same owner-checked release, from any Redis client:
-//! assert!(lock_runtime::protocol::RELEASE_LUA.contains("if owner ~= ARGV[1] then"));
+//! assert!(lock_runtime::protocol::RELEASE_LUA.contains("owner ~= ARGV[1]"));
 //! ```
 
 pub use crate::backend::redis::scripts::{

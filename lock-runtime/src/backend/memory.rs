@@ -92,6 +92,7 @@ struct Waiter {
 /// Who the lock went to in a handoff, for the notification sent once the data is unlocked.
 struct HandedOver {
     token: String,
+    ttl: Duration,
     fence: u64,
 }
 
@@ -146,18 +147,18 @@ impl Data {
     }
 
     /// Whether a live waiter is queued for `key` (stale places before it are dropped).
-    fn waiter_queued(&mut self, key: &str, now: Instant) -> bool {
-        let Some(queue) = self.queues.get_mut(key) else {
-            return false;
-        };
+    /// The place deadline of the oldest live waiter queued for `key` (stale places before it
+    /// are dropped).
+    fn waiter_queued(&mut self, key: &str, now: Instant) -> Option<Instant> {
+        let queue = self.queues.get_mut(key)?;
         while queue.front().is_some_and(|w| w.deadline <= now) {
             queue.pop_front();
         }
-        if queue.is_empty() {
+        let head = queue.front().map(|w| w.deadline);
+        if head.is_none() {
             self.queues.remove(key);
-            return false;
         }
-        true
+        head
     }
 
     /// A reader's or a permit taker's attempt, as `ACQUIRE_LUA` takes a place.
@@ -187,9 +188,11 @@ impl Data {
             Some(pool) => {
                 let held = pool.holders.len();
                 let soonest = pool.soonest();
-                if held >= limit || self.waiter_queued(&key.redis_key, now) {
+                let head = self.waiter_queued(&key.redis_key, now);
+                if held >= limit || head.is_some() {
+                    let wait = soonest.into_iter().chain(head).min();
                     let busy = Attempt::Busy {
-                        retry_after: soonest.map(|t| t - now),
+                        retry_after: wait.map(|t| t - now),
                         holder: Some(share.tag()),
                     };
                     return Ok((busy, None));
@@ -198,7 +201,7 @@ impl Data {
             None => {
                 if let Some(to) = self.hand_over(key, now) {
                     let busy = Attempt::Busy {
-                        retry_after: Some(attempt.ttl),
+                        retry_after: Some(to.ttl),
                         holder: Some(to.token.clone()),
                     };
                     return Ok((busy, Some(to)));
@@ -216,13 +219,18 @@ impl Data {
         Ok((Attempt::Acquired { fence: None }, None))
     }
 
-    fn leave_queue(&mut self, key: &str, token: &str) {
-        if let Some(queue) = self.queues.get_mut(key) {
-            queue.retain(|w| w.token != token);
-            if queue.is_empty() {
-                self.queues.remove(key);
-            }
+    /// Takes `token` out of `key`'s queue; whether it was there.
+    fn leave_queue(&mut self, key: &str, token: &str) -> bool {
+        let Some(queue) = self.queues.get_mut(key) else {
+            return false;
+        };
+        let before = queue.len();
+        queue.retain(|w| w.token != token);
+        let left = queue.len() < before;
+        if queue.is_empty() {
+            self.queues.remove(key);
         }
+        left
     }
 
     /// Takes or keeps `token`'s place in `key`'s queue, renewing it for one ttl.
@@ -265,6 +273,7 @@ impl Data {
         };
         Some(HandedOver {
             token: waiter.token,
+            ttl: waiter.ttl,
             fence,
         })
     }
@@ -392,9 +401,14 @@ impl Store for MemoryStore {
     async fn release(&self, key: &LockKey, token: &str) -> Result<bool, LockError> {
         let now = Instant::now();
         let mut data = self.inner.data();
-        data.leave_queue(&key.redis_key, token);
+        let left = data.leave_queue(&key.redis_key, token);
         if let Some(pool) = data.pool(&key.redis_key, now) {
             if pool.holders.remove(token).is_none() {
+                drop(data);
+                if left {
+                    // A waiter for the whole lock left: whoever it held off may enter.
+                    self.inner.hub.notify(key.channel());
+                }
                 return Ok(false);
             }
             let handed = if data.pool(&key.redis_key, now).is_none() {
@@ -409,10 +423,12 @@ impl Store for MemoryStore {
             }
             return Ok(true);
         }
-        let ours = data
-            .live(&key.redis_key, now)
-            .is_some_and(|e| e.token == token);
-        if !ours {
+        let owner = data.live(&key.redis_key, now).map(|e| e.token == token);
+        if owner != Some(true) {
+            drop(data);
+            if left && owner.is_none() {
+                self.inner.hub.notify(key.channel());
+            }
             return Ok(false);
         }
         data.locks.remove(&key.redis_key);

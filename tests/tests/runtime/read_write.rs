@@ -177,3 +177,77 @@ async fn read_mode_with_permits_or_fencing_is_refused() {
         );
     }
 }
+
+/// Regression: a queued writer that gave up left the readers it held off asleep until their
+/// own waits ran out (its release told nobody).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readers_held_off_by_a_writer_enter_when_it_gives_up() {
+    on_redis_and_memory(|a, b| async move {
+        let reader = a.lock("catalog").mode(Mode::Read).acquire().await.unwrap();
+        let writer = tokio::spawn({
+            let b = b.clone();
+            async move {
+                b.lock("catalog")
+                    .wait(Duration::from_secs(1))
+                    .acquire()
+                    .await
+            }
+        });
+        lock_tests::eventually(Duration::from_secs(10), "the writer queued", || async {
+            a.lock("catalog")
+                .mode(Mode::Read)
+                .acquire()
+                .await
+                .is_err_and(|e| e.is_busy())
+        })
+        .await;
+        // Held off by the writer, with a wait far beyond the writer's: its last attempt, at
+        // the end of that wait, would get in anyway.
+        let second = tokio::spawn({
+            let b = b.clone();
+            async move {
+                b.lock("catalog")
+                    .mode(Mode::Read)
+                    .wait(Duration::from_secs(20))
+                    .acquire()
+                    .await
+            }
+        });
+        assert!(
+            writer.await.unwrap().unwrap_err().is_busy(),
+            "the writer gave up"
+        );
+        lock_tests::eventually(
+            Duration::from_secs(5),
+            "the held-off reader let in",
+            || async { a.inspect("catalog").await.unwrap().readers == Some(2) },
+        )
+        .await;
+        second.await.unwrap().unwrap().release().await.unwrap();
+        reader.release().await.unwrap();
+    })
+    .await;
+}
+
+/// Regression: a read lock kept for `min_hold` (its place shortened to what is left of it)
+/// kept the whole key for its original ttl, so a writer waited for a minute, not a moment.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_gets_the_key_when_the_last_readers_place_runs_out() {
+    on_redis_and_memory(|a, b| async move {
+        a.lock("catalog")
+            .mode(Mode::Read)
+            .ttl(Duration::from_secs(60))
+            .min_hold(Duration::from_millis(300))
+            .run(async { Ok::<_, LockError>(()) })
+            .await
+            .unwrap();
+        let writer = b
+            .lock("catalog")
+            .wait(Duration::from_secs(5))
+            .acquire()
+            .await
+            .expect("the reader's place ran out well within the writer's wait");
+        writer.release().await.unwrap();
+    })
+    .await;
+}

@@ -619,7 +619,10 @@ impl Store for RedisBackend {
             .invoke_async(&mut con)
             .await
             .map_err(|e| self.error("inspect", Some(&key.key), e))?;
-        let shared = held.zip(tag.as_deref().and_then(Share::from_tag));
+        // A set whose every place ran out is free, though its key has not expired yet.
+        let shared = held
+            .filter(|held| *held > 0)
+            .zip(tag.as_deref().and_then(Share::from_tag));
         Ok(LockInfo {
             owner,
             remaining: u64::try_from(pttl).ok().map(Duration::from_millis),

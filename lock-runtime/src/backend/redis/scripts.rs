@@ -36,8 +36,9 @@ local function now_ms()
   return tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 end
 local function leave_queue(token)
-  if #KEYS < 4 then return end
-  if redis.call('ZREM', KEYS[3], token) == 1 then redis.call('HDEL', KEYS[4], token) end
+  if #KEYS < 4 or redis.call('ZREM', KEYS[3], token) == 0 then return false end
+  redis.call('HDEL', KEYS[4], token)
+  return true
 end
 local function oldest_live_place()
   if #KEYS < 4 or redis.call('EXISTS', KEYS[3]) == 0 then return nil end
@@ -69,20 +70,32 @@ local function shared_tag()
   if tag and (tag == '#read' or string.match(tag, '^#permits=%d+$')) then return tag end
   return nil
 end
-local function release_permit(token, publish)
-  if redis.call('ZREM', KEYS[1], token) == 0 then return 0 end
-  local released = redis.sha1hex(token)
-  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now_ms())
+local function settle_shared(now)
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
   if redis.call('ZCARD', KEYS[1]) <= 1 then
     redis.call('DEL', KEYS[1])
+    return false
+  end
+  local last = redis.call('ZRANGE', KEYS[1], -2, -2, 'WITHSCORES')[2]
+  redis.call('PEXPIRE', KEYS[1], math.max(tonumber(last) - now, 1))
+  return true
+end
+local function release_permit(token, publish)
+  local deadline = tonumber(redis.call('ZSCORE', KEYS[1], token))
+  if not deadline then return 0 end
+  redis.call('ZREM', KEYS[1], token)
+  local now = now_ms()
+  local ours = deadline > now
+  local released = redis.sha1hex(token)
+  if not settle_shared(now) then
     local waiter, ttl, fencing = oldest_live_waiter()
     if waiter then
       hand_over(waiter, ttl, fencing, released, publish)
-      return 2
+      return ours and 2 or 0
     end
   end
   redis.call(publish, KEYS[1], released)
-  return 1
+  return ours and 1 or 0
 end
 "
     };
@@ -140,25 +153,28 @@ if ARGV[6] and ARGV[6] ~= '0' then
   if kind == 'zset' then
     local found = shared_tag()
     if not found then return {2, kind} end
-    if found ~= tag then return {3, found} end
-    redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+    if settle_shared(now) and found ~= tag then return {3, found} end
   end
   if not redis.call('ZSCORE', KEYS[1], token) then
     local held = math.max(redis.call('ZCARD', KEYS[1]) - 1, 0)
-    if held == 0 then
+    local head, entry = oldest_live_place()
+    if held == 0 and head then
       local waiter, waiter_ttl, fencing = oldest_live_waiter()
-      if waiter then
-        redis.call('DEL', KEYS[1])
-        hand_over(waiter, waiter_ttl, fencing, '', ARGV[5])
-        return {0, tonumber(waiter_ttl), waiter}
+      redis.call('DEL', KEYS[1])
+      hand_over(waiter, waiter_ttl, fencing, '', ARGV[5])
+      return {0, tonumber(waiter_ttl), waiter}
+    end
+    if head or held >= limit then
+      local wait = math.huge
+      if held > 0 then
+        wait = tonumber(redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')[2]) - now
       end
-    elseif held >= limit or oldest_live_place() then
-      local soonest = tonumber(redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')[2])
-      return {0, math.max(soonest - now, 0), tag}
+      if head then wait = math.min(wait, tonumber((string.match(entry, '^(%d+)'))) - now) end
+      return {0, math.max(wait, 0), tag}
     end
   end
   redis.call('ZADD', KEYS[1], now + tonumber(ttl), token, '+inf', tag)
-  if redis.call('PTTL', KEYS[1]) < tonumber(ttl) then redis.call('PEXPIRE', KEYS[1], ttl) end
+  settle_shared(now)
   leave_queue(token)
   return {1, 0}
 end
@@ -170,6 +186,7 @@ if type(owner) == 'table' then
   local kind = redis.call('TYPE', KEYS[1]).ok
   owner = kind == 'zset' and shared_tag()
   if not owner then return {2, kind} end
+  if not settle_shared(now_ms()) then owner = false end
 end
 if owner == token then
   redis.call('PEXPIRE', KEYS[1], ttl)
@@ -220,13 +237,15 @@ pub const RELEASE_LUA: &str = concat!(
     queue_lua!(),
     r"
 local owner = redis.pcall('GET', KEYS[1])
-if type(owner) == 'table' and redis.call('TYPE', KEYS[1]).ok == 'zset' and shared_tag() then
-  leave_queue(ARGV[1])
-  return release_permit(ARGV[1], ARGV[2])
-end
-if owner ~= ARGV[1] then
-  leave_queue(ARGV[1])
-  return 0
+local shared = type(owner) == 'table' and redis.call('TYPE', KEYS[1]).ok == 'zset' and shared_tag()
+if shared or owner ~= ARGV[1] then
+  local left = leave_queue(ARGV[1])
+  local released = shared and release_permit(ARGV[1], ARGV[2]) or 0
+  if left and released == 0 and (shared or not owner) then
+    -- A waiter for the whole lock left: whoever it held off (readers, permit takers) may enter.
+    redis.call(ARGV[2], KEYS[1], redis.sha1hex(ARGV[1]))
+  end
+  return released
 end
 local released = redis.sha1hex(ARGV[1])
 local waiter, ttl, fencing = oldest_live_waiter()
@@ -251,7 +270,9 @@ local owner = redis.pcall('GET', KEYS[1])
 if owner == ARGV[1] then
   return redis.call('DEL', KEYS[1])
 end
-if type(owner) == 'table' and redis.call('TYPE', KEYS[1]).ok == 'zset' then
+local tag = type(owner) == 'table' and redis.call('TYPE', KEYS[1]).ok == 'zset'
+  and redis.call('ZRANGEBYSCORE', KEYS[1], '+inf', '+inf', 'LIMIT', 0, 1)[1]
+if tag and (tag == '#read' or string.match(tag, '^#permits=%d+$')) then
   local taken = redis.call('ZREM', KEYS[1], ARGV[1])
   if taken == 1 and redis.call('ZCOUNT', KEYS[1], '-inf', '(+inf') == 0 then
     redis.call('DEL', KEYS[1])
@@ -278,13 +299,17 @@ for i, key in ipairs(KEYS) do
   elseif value == false then
     out[i] = 0
   elseif type(value) == 'table' and redis.call('TYPE', key).ok == 'zset' then
+    local tag = redis.call('ZRANGEBYSCORE', key, '+inf', '+inf', 'LIMIT', 0, 1)[1]
     local ttl = tonumber(ARGV[2 * i])
     local deadline = tonumber(redis.call('ZSCORE', key, ARGV[2 * i - 1]))
     local now = redis.call('TIME')
     now = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-    if deadline and deadline > now then
+    if not tag or not (tag == '#read' or string.match(tag, '^#permits=%d+$')) then
+      out[i] = -1
+    elseif deadline and deadline > now then
       redis.call('ZADD', key, now + ttl, ARGV[2 * i - 1])
-      if redis.call('PTTL', key) < ttl then redis.call('PEXPIRE', key, ttl) end
+      local last = redis.call('ZRANGE', key, -2, -2, 'WITHSCORES')[2]
+      redis.call('PEXPIRE', key, math.max(tonumber(last) - now, 1))
       out[i] = 1
     else
       out[i] = 0
