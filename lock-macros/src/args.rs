@@ -13,14 +13,16 @@ use crate::duration;
 
 /// Every option, in the order the docs list them.
 pub(crate) const OPTIONS: &[&str] = &[
-    "key", "ttl", "wait", "renew", "on_lost", "min_hold", "max_hold", "fencing", "mode", "permits",
-    "registry", "crate",
+    "key", "keys", "ttl", "wait", "renew", "on_lost", "min_hold", "max_hold", "fencing", "mode",
+    "permits", "registry", "crate",
 ];
 
 /// The options as written. `None` means "not given": defaults are the runtime's business.
 #[derive(Default)]
 pub(crate) struct Args {
     pub(crate) key: Option<LitStr>,
+    /// `keys = ["..", ".."]`: the templates, and the option's name for errors about it.
+    pub(crate) keys: Option<(Vec<LitStr>, Path)>,
     pub(crate) ttl: Option<DurationArg>,
     pub(crate) wait: Option<DurationArg>,
     pub(crate) renew: Option<LitBool>,
@@ -78,7 +80,7 @@ fn parse_option(
         .as_deref()
         .and_then(|name| OPTIONS.iter().copied().find(|option| *option == name));
 
-    args.key_given |= known == Some("key");
+    args.key_given |= matches!(known, Some("key" | "keys"));
     let Some(value) = option_value(meta, known, errors)? else {
         return Ok(());
     };
@@ -89,6 +91,10 @@ fn parse_option(
 
     let duplicate = match option {
         "key" => set(&mut args.key, string(&value, option, errors)),
+        "keys" => set(
+            &mut args.keys,
+            templates(&value, errors).map(|t| (t, meta.path.clone())),
+        ),
         "ttl" => set(&mut args.ttl, duration_arg(&value, option, errors)),
         "wait" => set(&mut args.wait, duration_arg(&value, option, errors)),
         "min_hold" => set(&mut args.min_hold, duration_arg(&value, option, errors)),
@@ -198,6 +204,7 @@ fn edit_distance(a: &str, b: &str) -> usize {
 fn example(option: &str) -> &'static str {
     match option {
         "key" => "\"job:<id>\"",
+        "keys" => "[\"account:<from>\", \"account:<to>\"]",
         "ttl" => "\"30s\"",
         "wait" => "\"5s\"",
         "min_hold" => "\"12h\"",
@@ -259,6 +266,34 @@ fn duration_arg(value: &Expr, option: &str, errors: &mut Errors) -> Option<Durat
             None
         }
     }
+}
+
+/// A multi-key lock's key templates: an array of string literals, at least one.
+fn templates(value: &Expr, errors: &mut Errors) -> Option<Vec<LitStr>> {
+    let Expr::Array(array) = value else {
+        errors.spanned(
+            value,
+            "expected an array of key templates: `keys = [\"account:<from>\", \"account:<to>\"]`",
+        );
+        return None;
+    };
+    if array.elems.is_empty() {
+        errors.spanned(
+            array,
+            "`keys = []` names no lock; give the keys to take together, or use `key = \"..\"`",
+        );
+        return None;
+    }
+    let mut templates = Vec::new();
+    for elem in &array.elems {
+        match elem {
+            Expr::Lit(ExprLit {
+                lit: Lit::Str(lit), ..
+            }) => templates.push(lit.clone()),
+            other => errors.spanned(other, "each key must be a string literal template"),
+        }
+    }
+    (templates.len() == array.elems.len()).then_some(templates)
 }
 
 /// A semaphore's size: a whole number from 1 to `u32::MAX`.

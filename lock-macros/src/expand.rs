@@ -14,7 +14,7 @@ pub(crate) fn expand(lock: Lock) -> TokenStream {
     let Lock {
         krate,
         registry,
-        key,
+        keys,
         options,
         output,
         outer_attrs,
@@ -35,7 +35,7 @@ pub(crate) fn expand(lock: Lock) -> TokenStream {
             #private::assert_lock_result::<#ty>();
         }
     });
-    let render = render_key(&private, &key);
+    let renders: Vec<TokenStream> = keys.iter().map(|key| render_key(&private, key)).collect();
     let registry = match registry {
         Some(name) => quote!(::core::option::Option::Some(#name)),
         None => quote!(::core::option::Option::None),
@@ -44,7 +44,8 @@ pub(crate) fn expand(lock: Lock) -> TokenStream {
 
     let locked = |body: TokenStream| {
         quote! {
-            let #lock_key: ::std::string::String = #render;
+            let #lock_key: ::std::vec::Vec<::std::string::String> =
+                ::std::vec![#(#renders),*];
             #private::run(#registry, #lock_key, #options, #body)
         }
     };

@@ -92,6 +92,7 @@ use proc_macro::TokenStream;
 /// | option | value | default |
 /// |---|---|---|
 /// | `key` | key template, see [below](#key-templates) | required |
+/// | `keys` | instead of `key`: one lock over several key templates, all or none | none |
 /// | `ttl` | lease length: how long the lock outlives a crashed holder | `"30s"` |
 /// | `wait` | how long to wait for a busy lock; `"0s"` tries once | `"0s"` |
 /// | `renew` | `false` turns renewal off: the lock then simply expires after `ttl` | `true` |
@@ -302,6 +303,31 @@ use proc_macro::TokenStream;
 /// # Registry::in_memory().install_default();
 /// let first = write_invoice(1).await?;
 /// assert!(write_invoice(1).await? > first);
+/// # Ok(())
+/// # }
+/// ```
+///
+/// ## `keys`
+///
+/// One lock over several keys, taken all or none in one step: money moved between two
+/// accounts, stock between two warehouses. Each template is checked like `key`. The rendered
+/// keys are sorted, so two calls that name them in opposite orders never wait for each other
+/// in turn. In Redis Cluster they must share a hash tag (`{accounts}:<from>`), else the call
+/// fails with `LockError::InvalidKey` naming that fix. Not with `key`, `permits` or
+/// `mode = "read"` (compile errors).
+///
+/// ```
+/// # use lock_runtime::{distributed_lock, LockError, Registry};
+/// #[distributed_lock(keys = ["account:<from>", "account:<to>"])]
+/// async fn transfer(from: u64, to: u64, cents: u64) -> Result<(), LockError> {
+///     let held = lock_runtime::current().unwrap();
+///     assert_eq!(held.key(), format!("account:{} + account:{}", from.min(to), from.max(to)));
+///     Ok(())
+/// }
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), LockError> {
+/// # Registry::in_memory().install_default();
+/// transfer(9, 7, 100).await?;
 /// # Ok(())
 /// # }
 /// ```

@@ -21,7 +21,8 @@ use crate::template::{self, Field, Part, Root};
 pub(crate) struct Lock {
     pub(crate) krate: Path,
     pub(crate) registry: Option<LitStr>,
-    pub(crate) key: Key,
+    /// One key, or a multi-key lock's keys.
+    pub(crate) keys: Vec<Key>,
     pub(crate) options: Options,
     /// The fn's `Result<T, E>` type, for the `LockResult` assertion; `None` when it cannot be
     /// named inside the body (it contains `impl Trait`).
@@ -97,9 +98,23 @@ pub(crate) fn validate(args: Args, item: ItemFn, errors: &mut Errors) -> Option<
     check_holds(&args, errors);
     check_permits(&args, errors);
 
-    let key = match &args.key {
-        Some(lit) => resolve_key(lit, &sig.ident, &scope, errors),
-        None => {
+    let keys = match (&args.key, &args.keys) {
+        (Some(_), Some((_, keys))) => {
+            errors.spanned(
+                keys,
+                "give `key` (one lock) or `keys` (one lock over several keys), not both",
+            );
+            None
+        }
+        (Some(lit), None) => resolve_key(lit, &sig.ident, &scope, errors).map(|key| vec![key]),
+        (None, Some((lits, _))) => {
+            let keys: Vec<_> = lits
+                .iter()
+                .filter_map(|lit| resolve_key(lit, &sig.ident, &scope, errors))
+                .collect();
+            (keys.len() == lits.len()).then_some(keys)
+        }
+        (None, None) => {
             if args.complete && !args.key_given {
                 errors.at(
                     Span::call_site(),
@@ -110,7 +125,7 @@ pub(crate) fn validate(args: Args, item: ItemFn, errors: &mut Errors) -> Option<
         }
     };
 
-    let (Some(body), Some(output), Some(key)) = (body, output, key) else {
+    let (Some(body), Some(output), Some(keys)) = (body, output, keys) else {
         return None;
     };
     if !errors.is_empty() {
@@ -121,7 +136,7 @@ pub(crate) fn validate(args: Args, item: ItemFn, errors: &mut Errors) -> Option<
             .krate
             .unwrap_or_else(|| syn::parse_quote!(::lock_runtime)),
         registry: args.registry,
-        key,
+        keys,
         options: Options {
             ttl: args.ttl.map(|d| d.millis),
             wait: args.wait.map(|d| d.millis),
@@ -245,8 +260,24 @@ fn contains_impl_trait(ty: &Type) -> bool {
 }
 
 /// `fencing` orders holders one after another; permits and readers are held side by side, and
-/// a semaphore has no readers and writers.
+/// a semaphore has no readers and writers. Several keys are locked exclusively only.
 fn check_permits(args: &Args, errors: &mut Errors) {
+    if let Some((_, keys)) = &args.keys {
+        let shared = match (&args.permits, &args.mode) {
+            (Some(_), _) => Some("`permits`"),
+            (None, Some((Mode::Read, _))) => Some("`mode = \"read\"`"),
+            _ => None,
+        };
+        if let Some(shared) = shared {
+            errors.spanned(
+                keys,
+                format!(
+                    "`keys` takes several keys exclusively; {shared} over several keys is not \
+                     offered: lock them one by one, or use `key`"
+                ),
+            );
+        }
+    }
     if let (Some((_, mode)), Some(permits)) = (&args.mode, &args.permits) {
         errors.spanned(
             mode,

@@ -8,7 +8,7 @@ pub use crate::{LockError, LockOptions, Mode, OnLost};
 pub use core::time::Duration;
 
 /// Looks up the registry (`None`: the default) and runs `body` under the lock, exactly as
-/// `registry.lock(key).options(options).run(body)` does.
+/// `registry.lock_all(keys).options(options).run(body)` does (one key: a plain lock).
 ///
 /// Generic over the fn's return type `R` rather than over `Result<T, E>`: a return type that is
 /// not a [`LockResult`] then fails only the `R: LockResult` bound, with its
@@ -18,7 +18,7 @@ pub use core::time::Duration;
 /// As [`LockRequest::run`](crate::LockRequest::run), plus [`LockError::NotConfigured`].
 pub async fn run<R, F>(
     registry: Option<&'static str>,
-    key: String,
+    keys: Vec<String>,
     options: LockOptions,
     body: F,
 ) -> R
@@ -33,7 +33,7 @@ where
     let result = match registry {
         Ok(registry) => {
             registry
-                .lock(key)
+                .lock_all(keys)
                 .options(options)
                 .run(async move { body.await.into_result() })
                 .await

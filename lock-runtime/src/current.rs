@@ -66,7 +66,8 @@ pub fn current() -> Option<CurrentLock> {
 }
 
 impl CurrentLock {
-    /// The key as given to the lock (without the registry prefix).
+    /// The key as given to the lock (without the registry prefix); of a multi-key lock, its
+    /// keys sorted and joined by ` + `.
     #[must_use]
     pub fn key(&self) -> &str {
         &self.frame.lease.key.key
@@ -105,21 +106,34 @@ impl CurrentLock {
     }
 }
 
-/// The lease of `key` if the running task already holds it through `registry`.
-pub(crate) fn held(registry: &Arc<RegistryInner>, key: &str) -> Option<Arc<Lease>> {
+/// What the running task already holds, through one registry, of the keys it asks for.
+pub(crate) enum Held {
+    No,
+    /// All of them, in this lease (a single key, or a multi-key lock that covers them).
+    All(Arc<Lease>),
+    /// This one, but not all of them in one lease.
+    Some(String),
+}
+
+/// What the running task already holds of `keys` through `registry`.
+pub(crate) fn held(registry: &Arc<RegistryInner>, keys: &[String]) -> Held {
     FRAME
         .try_with(|frame| {
+            let mut some = None;
             let mut frame = Some(frame);
             while let Some(f) = frame {
-                if Arc::ptr_eq(&f.registry, registry) && f.lease.key.key == key {
-                    return Some(f.lease.clone());
+                if Arc::ptr_eq(&f.registry, registry) {
+                    let holds = |key: &String| f.lease.key.keys().iter().any(|k| k.key == *key);
+                    if keys.iter().all(holds) {
+                        return Held::All(f.lease.clone());
+                    }
+                    some = some.or_else(|| keys.iter().find(|k| holds(k)).cloned());
                 }
                 frame = f.parent.as_ref();
             }
-            None
+            some.map_or(Held::No, Held::Some)
         })
-        .ok()
-        .flatten()
+        .unwrap_or(Held::No)
 }
 
 /// Why a task that holds a key as `held` cannot take it again as `asked` inside (`None`: it

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::backend::{ttl_ms, Renewal, Renewed, Store};
+use crate::backend::{Renewal, Renewed, Store};
 use crate::keeper::Keeper;
 use crate::lease::Lease;
 use crate::state::RegistryInner;
@@ -53,7 +53,8 @@ impl LockGuard {
         }
     }
 
-    /// The key as given (without the registry prefix).
+    /// The key as given (without the registry prefix); of a multi-key lock, its keys sorted
+    /// and joined by ` + `.
     #[must_use]
     pub fn key(&self) -> &str {
         &self.lease.key.key
@@ -137,19 +138,14 @@ impl LockGuard {
         };
         let outcome = match keep {
             Some(left) => {
-                let renewal = [Renewal {
-                    redis_key: &lease.key.redis_key,
-                    token: &lease.token,
-                    ttl_ms: ttl_ms(left),
-                    share: lease.options.share(),
-                }];
+                let renewal: Vec<Renewal<'_>> = lease.renewals(left).collect();
                 match self
                     .inner
                     .backend
                     .renew(&renewal, lease.options.ttl / 3)
                     .await
                 {
-                    Ok(kept) => match kept.first().copied().flatten() {
+                    Ok(kept) => match Renewed::of_all(&kept) {
                         Some(kept) => Ok(kept == Renewed::Yes),
                         // Unconfirmed: deleting in the background would undo `min_hold`, so the
                         // key is left to its current expiry instead.

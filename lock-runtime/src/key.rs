@@ -21,6 +21,9 @@ pub(crate) struct LockKey {
     /// fencing choice (see `ACQUIRE_LUA`).
     pub queue_key: String,
     pub queued_key: String,
+    /// A multi-key lock's keys, sorted by Redis name, this one (the first) included; empty for
+    /// a single key.
+    pub all: Vec<LockKey>,
 }
 
 impl LockKey {
@@ -51,7 +54,60 @@ impl LockKey {
             fence_key,
             queue_key,
             queued_key,
+            all: Vec::new(),
         })
+    }
+
+    /// The keys of a multi-key lock, taken together: sorted (so every caller names them in one
+    /// order) and without repeats; a single key is a plain lock. Shown as `a + b`. In a cluster
+    /// they must share a hash tag, so one script on one node can take them all.
+    pub(crate) fn many(prefix: &str, keys: Vec<String>, cluster: bool) -> Result<Self, LockError> {
+        let mut all = keys
+            .into_iter()
+            .map(|key| Self::new(prefix, key, cluster))
+            .collect::<Result<Vec<_>, _>>()?;
+        all.sort_by(|a, b| a.redis_key.cmp(&b.redis_key));
+        all.dedup_by(|a, b| a.redis_key == b.redis_key);
+        let shown = all
+            .iter()
+            .map(|k| k.key.as_str())
+            .collect::<Vec<_>>()
+            .join(" + ");
+        if all.is_empty() {
+            return Err(LockError::InvalidKey {
+                key: shown,
+                reason: "a multi-key lock needs at least one key".to_owned(),
+            });
+        }
+        if all.len() == 1 {
+            return Ok(all.remove(0));
+        }
+        let tags: Vec<Option<&str>> = all.iter().map(|k| hash_tag(&k.redis_key)).collect();
+        if cluster && (tags[0].is_none() || tags.iter().any(|t| *t != tags[0])) {
+            return Err(LockError::InvalidKey {
+                key: shown,
+                reason: "in Redis Cluster the keys of one lock must share a hash slot, so one \
+                         script on one node takes them all: give them a common hash tag, e.g. \
+                         `{accounts}:<from>` and `{accounts}:<to>` (every key with that tag \
+                         lives on one node)"
+                    .to_owned(),
+            });
+        }
+        let first = all[0].clone_names();
+        Ok(Self {
+            key: shown,
+            all,
+            ..first
+        })
+    }
+
+    /// Every key this lock holds: itself, or a multi-key lock's keys.
+    pub(crate) fn keys(&self) -> &[LockKey] {
+        if self.all.is_empty() {
+            std::slice::from_ref(self)
+        } else {
+            &self.all
+        }
     }
 
     pub(crate) fn clone_names(&self) -> Self {
@@ -61,6 +117,7 @@ impl LockKey {
             fence_key: self.fence_key.clone(),
             queue_key: self.queue_key.clone(),
             queued_key: self.queued_key.clone(),
+            all: self.all.iter().map(Self::clone_names).collect(),
         }
     }
 

@@ -6,6 +6,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use crate::backend::{ttl_ms, Renewal};
 use crate::key::LockKey;
 use crate::{LockError, LockOptions, LostReason};
 
@@ -173,6 +174,16 @@ impl Lease {
                 () = changed => {}
             }
         }
+    }
+
+    /// One renewal per key this lease holds (a multi-key lock has several), each for `ttl`.
+    pub(crate) fn renewals(&self, ttl: Duration) -> impl Iterator<Item = Renewal<'_>> {
+        self.key.keys().iter().map(move |key| Renewal {
+            redis_key: &key.redis_key,
+            token: &self.token,
+            ttl_ms: ttl_ms(ttl),
+            share: self.options.share(),
+        })
     }
 
     /// How long `release` should keep the key for `min_hold`, if at all.

@@ -20,15 +20,16 @@ use crate::{current, token, LockError, LockOptions, Mode, OnLost};
 #[derive(Debug)]
 pub struct LockRequest {
     registry: Arc<RegistryInner>,
-    key: String,
+    /// One key, or a multi-key lock's keys as given.
+    keys: Vec<String>,
     options: LockOptions,
 }
 
 impl LockRequest {
-    pub(crate) fn new(registry: Arc<RegistryInner>, key: String) -> Self {
+    pub(crate) fn new(registry: Arc<RegistryInner>, keys: Vec<String>) -> Self {
         Self {
             registry,
-            key,
+            keys,
             options: LockOptions::new(),
         }
     }
@@ -104,24 +105,37 @@ impl LockRequest {
     /// `wait`); [`LockError::InvalidKey`] / [`LockError::InvalidOptions`] for bad input.
     pub async fn acquire(self) -> Result<LockGuard, LockError> {
         let inner = self.registry;
-        if let Some(lease) = current::held(&inner, &self.key) {
-            let (held, asked) = (lease.options.share(), self.options.share());
-            if let Some(reason) = current::cannot_reenter(held, asked) {
+        match current::held(&inner, &self.keys) {
+            current::Held::No => {}
+            current::Held::All(lease) => {
+                let (held, asked) = (lease.options.share(), self.options.share());
+                if let Some(reason) = current::cannot_reenter(held, asked) {
+                    return Err(LockError::InvalidOptions {
+                        key: self.keys.join(" + "),
+                        reason,
+                    });
+                }
+                return Ok(LockGuard::reentered(inner, lease));
+            }
+            current::Held::Some(held) => {
                 return Err(LockError::InvalidOptions {
-                    key: self.key,
-                    reason,
+                    key: self.keys.join(" + "),
+                    reason: format!(
+                        "this task already holds `{held}` and asks for more keys with it; taking \
+                         keys one request at a time is how two tasks deadlock, so take them all \
+                         in one request from the start"
+                    ),
                 });
             }
-            return Ok(LockGuard::reentered(inner, lease));
         }
         let lease = if inner.on_caller_runtime() {
-            acquire_lease(inner.clone(), self.key, self.options).await?
+            acquire_lease(inner.clone(), self.keys, self.options).await?
         } else {
             // The whole acquisition (attempts, subscribing, waiting) runs on the I/O runtime,
             // next to the connections: a release notification wakes the waiter there and its
             // next attempt goes out at once, with no other thread to wake in between; only the
             // outcome crosses over to the caller.
-            acquire_on_io(inner.clone(), self.key, self.options).await?
+            acquire_on_io(inner.clone(), self.keys, self.options).await?
         };
         Ok(LockGuard::new(inner, lease))
     }
@@ -202,7 +216,7 @@ impl LockRequest {
 /// lock taken just as the caller gave up is released, never left held with no guard.
 async fn acquire_on_io(
     inner: Arc<RegistryInner>,
-    key: String,
+    keys: Vec<String>,
     options: LockOptions,
 ) -> Result<Arc<Lease>, LockError> {
     struct AbortOnDrop(tokio::task::AbortHandle);
@@ -213,7 +227,7 @@ async fn acquire_on_io(
     }
     let (deliver, delivered) = tokio::sync::oneshot::channel();
     let task = crate::io::spawn(async move {
-        let outcome = acquire_lease(inner.clone(), key, options).await;
+        let outcome = acquire_lease(inner.clone(), keys, options).await;
         if let Err(Ok(lease)) = deliver.send(outcome) {
             inner.keeper.release_in_background(lease.id);
         }
@@ -232,13 +246,22 @@ async fn acquire_on_io(
 /// found it queued: the handoff came after that attempt ran, so the key expires no earlier.
 async fn acquire_lease(
     inner: Arc<RegistryInner>,
-    key: String,
+    keys: Vec<String>,
     options: LockOptions,
 ) -> Result<Arc<Lease>, LockError> {
     let inner = &inner;
-    options.validate(&key)?;
-    inner.ensure_open(&key)?;
-    let key = inner.lock_key(key)?;
+    let shown = keys.join(" + ");
+    options.validate(&shown)?;
+    inner.ensure_open(&shown)?;
+    let key = inner.lock_keys(keys)?;
+    if !key.all.is_empty() && options.share().is_shared() {
+        return Err(LockError::InvalidOptions {
+            key: shown,
+            reason: "several keys are locked exclusively only: a read lock or a permit over \
+                     several keys is not offered; take them one by one"
+                .to_owned(),
+        });
+    }
     let mut token = token::new_token();
     let started = Instant::now();
     // `Duration::MAX` is the natural "wait as long as it takes": beyond the clock's range means
@@ -249,9 +272,14 @@ async fn acquire_lease(
     // A try-lock (no `wait`) never queues: it would only have to leave again. Nor does a
     // permit taker: a release hands over a whole lock, never one permit.
     let share = options.share();
-    let queue = inner.backend.hands_over() && !options.wait.is_zero() && !share.is_shared();
+    let queue = inner.backend.hands_over()
+        && !options.wait.is_zero()
+        && !share.is_shared()
+        && key.all.is_empty();
     let hub = inner.backend.hub();
     let mut interest = None;
+    // Which of a multi-key lock's keys the interest follows: the one last found taken.
+    let mut waiting_on = 0;
     let mut attempts = 0u32;
     let mut backoff = Backoff::new();
     // The token may be in the store without a lease to show for it: queued, or taken by an
@@ -294,7 +322,15 @@ async fn acquire_lease(
                 )
                 .await;
             }
-            Ok(Attempt::Busy { retry_after, .. }) => {
+            Ok(Attempt::Busy {
+                retry_after, at, ..
+            }) => {
+                if at != waiting_on && interest.take().is_some() {
+                    // Another of a multi-key lock's keys is taken now: follow that one.
+                    waiting_on = at;
+                    continue;
+                }
+                waiting_on = at;
                 if queue {
                     queued_at = Some(sent_at);
                 } else {
@@ -310,7 +346,8 @@ async fn acquire_lease(
                 let Some(current) = &interest else {
                     // Subscribe first, then try again at once: a release that happened since the
                     // failed attempt would otherwise go unnoticed until the lease ran out.
-                    let mut fresh = hub.interest(key.channel(), give_up_at).await;
+                    let channel = key.keys().get(waiting_on).unwrap_or(&key).channel();
+                    let mut fresh = hub.interest(channel, give_up_at).await;
                     if queue {
                         fresh.expect_handoff(&token);
                     }

@@ -21,6 +21,8 @@
 //!   `ARGV[6]` = `read` or N takes a place, [`RELEASE_LUA`] and [`RENEW_LUA`] release and renew
 //!   it as they do a lock; a writer (a plain lock) and a plain `SET NX` on the key are refused
 //!   while any place lives.
+//! - A multi-key lock takes all its keys, sorted, in one [`ACQUIRE_ALL_LUA`] call (each key a
+//!   plain lock holding the same token), and releases and renews each as a lock.
 //! - Redlock takes back an attempt that won only a minority with [`UNDO_LUA`], which wakes
 //!   nobody.
 //! - A renewal is [`RENEW_LUA`] (an owner-checked `PEXPIRE`), an inspection [`INSPECT_LUA`],
@@ -35,5 +37,5 @@
 //! ```
 
 pub use crate::backend::redis::scripts::{
-    ACQUIRE_LUA, FORCE_UNLOCK_LUA, INSPECT_LUA, RELEASE_LUA, RENEW_LUA, UNDO_LUA,
+    ACQUIRE_ALL_LUA, ACQUIRE_LUA, FORCE_UNLOCK_LUA, INSPECT_LUA, RELEASE_LUA, RENEW_LUA, UNDO_LUA,
 };

@@ -50,6 +50,11 @@ impl RegistryInner {
         LockKey::new(&self.prefix, key, self.backend.is_cluster())
     }
 
+    /// One key, or a multi-key lock's keys (see [`LockKey::many`]).
+    pub(crate) fn lock_keys(&self, keys: Vec<String>) -> Result<LockKey, LockError> {
+        LockKey::many(&self.prefix, keys, self.backend.is_cluster())
+    }
+
     pub(crate) fn next_lease_id(&self) -> u64 {
         self.next_id.fetch_add(1, Ordering::Relaxed)
     }

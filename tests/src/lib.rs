@@ -25,7 +25,7 @@ pub mod server;
 
 pub use direct::{command_calls, connection, raw, subscribers};
 pub use locks::{
-    assert_lost, most_inside, read_write_round, semaphore_round, spawn_hung_body,
+    assert_lost, most_inside, multi_key_round, read_write_round, semaphore_round, spawn_hung_body,
     spawn_hung_body_holding, start_holder, warm_up,
 };
 pub use poll::eventually;

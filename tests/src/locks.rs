@@ -243,3 +243,53 @@ pub async fn read_write_round(a: &lock_runtime::Registry, b: &lock_runtime::Regi
         reader.release().await.expect("release");
     }
 }
+
+/// A lock over the keys `first` and `second`, as every deployment must keep it: not taken
+/// while one key is held elsewhere (and the other left free), then both taken at once and each
+/// refused to others, a waiter woken by the release of the key it found taken (well before
+/// that holder's 30 s lease would end), and both free after the release.
+///
+/// # Panics
+/// When any of that fails.
+pub async fn multi_key_round(
+    a: &lock_runtime::Registry,
+    b: &lock_runtime::Registry,
+    first: &str,
+    second: &str,
+) {
+    use std::time::Duration;
+    let ttl = Duration::from_secs(30);
+    let held = b.lock(second).ttl(ttl).acquire().await.expect("one key");
+    let err = a.lock_all([first, second]).acquire().await.unwrap_err();
+    assert!(err.is_busy(), "all or none: {err:?}");
+    let info = a.inspect(first).await.expect("inspect");
+    assert_eq!(info.owner, None, "the free key was not taken alone");
+    let waiter = tokio::spawn({
+        let (a, keys) = (a.clone(), [second.to_owned(), first.to_owned()]);
+        async move {
+            a.lock_all(keys)
+                .ttl(ttl)
+                .wait(Duration::from_secs(10))
+                .acquire()
+                .await
+        }
+    });
+    held.release().await.expect("release");
+    let both = waiter
+        .await
+        .expect("task")
+        .expect("woken by the release of the taken key");
+    for key in [first, second] {
+        let info = b.inspect(key).await.expect("inspect");
+        assert_eq!(info.owner.as_deref(), Some(both.token()), "{key} held");
+        assert!(b.lock(key).acquire().await.unwrap_err().is_busy(), "{key}");
+    }
+    both.release().await.expect("release");
+    for key in [first, second] {
+        assert_eq!(
+            b.inspect(key).await.expect("inspect").owner,
+            None,
+            "{key} free"
+        );
+    }
+}

@@ -521,3 +521,52 @@ async fn readers_read_together_and_the_writer_waits_for_them() {
         "written"
     );
 }
+
+/// Moves `amount` from one balance to another: a read-modify-write of both under one lock.
+#[distributed_lock(keys = ["account:<from>", "account:<to>"], wait = "30s", registry = "attr_keys")]
+async fn move_money(
+    balances: Arc<std::sync::Mutex<[i64; 3]>>,
+    from: usize,
+    to: usize,
+    amount: i64,
+) -> Result<(), JobError> {
+    let (a, b) = {
+        let b = balances.lock().unwrap();
+        (b[from], b[to])
+    };
+    tokio::task::yield_now().await;
+    let mut now = balances.lock().unwrap();
+    now[from] = a - amount;
+    now[to] = b + amount;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transfers_under_several_keys_never_lose_money_in_either_direction() {
+    let server = RedisServer::start();
+    install(&server, "attr_keys");
+    let balances = Arc::new(std::sync::Mutex::new([100, 100, 100]));
+    let tasks: Vec<_> = (0..12)
+        .map(|i| {
+            let balances = balances.clone();
+            let (from, to) = [(0, 1), (1, 0), (1, 2), (2, 0)][i % 4];
+            tokio::spawn(async move {
+                for _ in 0..10 {
+                    move_money(balances.clone(), from, to, 1).await?;
+                }
+                Ok::<_, JobError>(())
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap().expect("every transfer ran");
+    }
+    let balances = *balances.lock().unwrap();
+    assert_eq!(balances.iter().sum::<i64>(), 300, "{balances:?}");
+    // Three tasks each for 0->1, 1->0, 1->2 and 2->0, ten transfers of 1 apiece.
+    assert_eq!(
+        balances,
+        [130, 70, 100],
+        "each transfer applied exactly once"
+    );
+}

@@ -9,6 +9,7 @@ mod runtime {
     mod handoff;
     mod leases;
     mod memory;
+    mod multi_key;
     mod read_write;
     mod reentrancy;
     mod semaphore;

@@ -25,6 +25,8 @@ pub(crate) enum Attempt {
     Busy {
         retry_after: Option<Duration>,
         holder: Option<String>,
+        /// Which of a multi-key lock's keys is taken (0 for a single key).
+        at: usize,
     },
 }
 
@@ -37,6 +39,22 @@ pub(crate) enum Renewed {
     Gone,
     /// Someone else's token (or another kind of value) is under the key.
     Taken,
+}
+
+impl Renewed {
+    /// A multi-key lock's outcome from its keys' (`None`: unknown): lost when any key is
+    /// (taken before gone), renewed only when every key is, else unknown.
+    pub(crate) fn of_all(found: &[Option<Renewed>]) -> Option<Renewed> {
+        [Renewed::Taken, Renewed::Gone]
+            .into_iter()
+            .find(|lost| found.contains(&Some(*lost)))
+            .or_else(|| {
+                found
+                    .iter()
+                    .all(|f| *f == Some(Renewed::Yes))
+                    .then_some(Renewed::Yes)
+            })
+    }
 }
 
 /// One acquisition attempt.

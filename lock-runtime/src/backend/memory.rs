@@ -161,6 +161,51 @@ impl Data {
         head
     }
 
+    /// A multi-key lock's attempt, as `ACQUIRE_ALL_LUA` takes its keys: all or none, with one
+    /// fencing token above every key's earlier ones, every counter raised to it.
+    fn take_all(&mut self, attempt: &Acquire<'_>, now: Instant) -> Attempt {
+        let keys = attempt.key.keys();
+        for (at, key) in keys.iter().enumerate() {
+            if let Some(pool) = self.pool(&key.redis_key, now) {
+                return Attempt::Busy {
+                    retry_after: pool.soonest().map(|t| t - now),
+                    holder: Some(pool.share.tag()),
+                    at,
+                };
+            }
+            if let Some(entry) = self.live(&key.redis_key, now) {
+                if entry.token != attempt.token {
+                    return Attempt::Busy {
+                        retry_after: entry.expires_at.map(|t| t - now),
+                        holder: Some(entry.token.clone()),
+                        at,
+                    };
+                }
+            }
+        }
+        for key in keys {
+            let entry = Entry {
+                token: attempt.token.to_owned(),
+                expires_at: Some(now + attempt.ttl),
+            };
+            self.locks.insert(key.redis_key.clone(), entry);
+        }
+        let fence = attempt.fencing.then(|| {
+            let fence = keys
+                .iter()
+                .map(|k| self.next_fence(&k.fence_key, now))
+                .max()
+                .unwrap_or(0);
+            for key in keys {
+                if let Some(counter) = self.fences.get_mut(&key.fence_key) {
+                    counter.last = fence;
+                }
+            }
+            fence
+        });
+        Attempt::Acquired { fence }
+    }
+
     /// A reader's or a permit taker's attempt, as `ACQUIRE_LUA` takes a place.
     fn take_place(
         &mut self,
@@ -177,6 +222,7 @@ impl Data {
             let busy = Attempt::Busy {
                 retry_after: entry.expires_at.map(|t| t - now),
                 holder: Some(entry.token.clone()),
+                at: 0,
             };
             return Ok((busy, None));
         }
@@ -194,6 +240,7 @@ impl Data {
                     let busy = Attempt::Busy {
                         retry_after: wait.map(|t| t - now),
                         holder: Some(share.tag()),
+                        at: 0,
                     };
                     return Ok((busy, None));
                 }
@@ -203,6 +250,7 @@ impl Data {
                     let busy = Attempt::Busy {
                         retry_after: Some(to.ttl),
                         holder: Some(to.token.clone()),
+                        at: 0,
                     };
                     return Ok((busy, Some(to)));
                 }
@@ -305,6 +353,50 @@ impl Data {
 }
 
 impl MemoryStore {
+    /// Releases one key, as `RELEASE_LUA` does.
+    fn release_key(&self, key: &LockKey, token: &str) -> bool {
+        let now = Instant::now();
+        let mut data = self.inner.data();
+        let left = data.leave_queue(&key.redis_key, token);
+        if let Some(pool) = data.pool(&key.redis_key, now) {
+            if pool.holders.remove(token).is_none() {
+                drop(data);
+                if left {
+                    // A waiter for the whole lock left: whoever it held off may enter.
+                    self.inner.hub.notify(key.channel());
+                }
+                return false;
+            }
+            let handed = if data.pool(&key.redis_key, now).is_none() {
+                data.hand_over(key, now)
+            } else {
+                None
+            };
+            drop(data);
+            match handed {
+                Some(to) => self.inner.hub.hand_over(key.channel(), &to.token, to.fence),
+                None => self.inner.hub.notify(key.channel()),
+            }
+            return true;
+        }
+        let owner = data.live(&key.redis_key, now).map(|e| e.token == token);
+        if owner != Some(true) {
+            drop(data);
+            if left && owner.is_none() {
+                self.inner.hub.notify(key.channel());
+            }
+            return false;
+        }
+        data.locks.remove(&key.redis_key);
+        let handed = data.hand_over(key, now);
+        drop(data);
+        match handed {
+            Some(to) => self.inner.hub.hand_over(key.channel(), &to.token, to.fence),
+            None => self.inner.hub.notify(key.channel()),
+        }
+        true
+    }
+
     /// An empty store.
     #[must_use]
     pub fn new() -> Self {
@@ -337,6 +429,9 @@ impl Store for MemoryStore {
         let now = Instant::now();
         let mut data = self.inner.data();
         let key = attempt.key;
+        if !attempt.key.all.is_empty() {
+            return Ok(data.take_all(attempt, now));
+        }
         if attempt.share.is_shared() {
             let (outcome, handed) = data.take_place(attempt, now)?;
             drop(data);
@@ -374,6 +469,7 @@ impl Store for MemoryStore {
                 Attempt::Busy {
                     retry_after: expires_at.map(|t| t - now),
                     holder: Some(owner),
+                    at: 0,
                 }
             }
             _ => {
@@ -399,46 +495,12 @@ impl Store for MemoryStore {
     }
 
     async fn release(&self, key: &LockKey, token: &str) -> Result<bool, LockError> {
-        let now = Instant::now();
-        let mut data = self.inner.data();
-        let left = data.leave_queue(&key.redis_key, token);
-        if let Some(pool) = data.pool(&key.redis_key, now) {
-            if pool.holders.remove(token).is_none() {
-                drop(data);
-                if left {
-                    // A waiter for the whole lock left: whoever it held off may enter.
-                    self.inner.hub.notify(key.channel());
-                }
-                return Ok(false);
-            }
-            let handed = if data.pool(&key.redis_key, now).is_none() {
-                data.hand_over(key, now)
-            } else {
-                None
-            };
-            drop(data);
-            match handed {
-                Some(to) => self.inner.hub.hand_over(key.channel(), &to.token, to.fence),
-                None => self.inner.hub.notify(key.channel()),
-            }
-            return Ok(true);
+        // Every key is let go of, also after one that was not ours.
+        let mut all = true;
+        for key in key.keys() {
+            all &= self.release_key(key, token);
         }
-        let owner = data.live(&key.redis_key, now).map(|e| e.token == token);
-        if owner != Some(true) {
-            drop(data);
-            if left && owner.is_none() {
-                self.inner.hub.notify(key.channel());
-            }
-            return Ok(false);
-        }
-        data.locks.remove(&key.redis_key);
-        let handed = data.hand_over(key, now);
-        drop(data);
-        match handed {
-            Some(to) => self.inner.hub.hand_over(key.channel(), &to.token, to.fence),
-            None => self.inner.hub.notify(key.channel()),
-        }
-        Ok(true)
+        Ok(all)
     }
 
     async fn renew(

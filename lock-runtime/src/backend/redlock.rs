@@ -225,6 +225,8 @@ impl Store for Redlock {
         let n = self.nodes.len();
         let (mut won, mut busy, mut errors, mut refused) =
             (0, Vec::new(), Vec::<String>::new(), None);
+        // Which of a multi-key lock's keys a busy node named first: the one to wait on.
+        let mut busy_at = None;
         // Read on while a quorum may still grant. Once it cannot, read on (each reply bounded
         // by `per_node`) until a holder with a quorum shows or too few nodes answer: who holds
         // the lock decides how to wait.
@@ -242,7 +244,11 @@ impl Store for Redlock {
                 Ok(Attempt::Busy {
                     retry_after,
                     holder,
-                }) => busy.push((retry_after, holder)),
+                    at,
+                }) => {
+                    busy_at.get_or_insert(at);
+                    busy.push((retry_after, holder));
+                }
                 Err(e @ (LockError::InvalidKey { .. } | LockError::InvalidOptions { .. })) => {
                     errors.push(e.to_string());
                     refused = Some(e);
@@ -273,7 +279,11 @@ impl Store for Redlock {
             // A release notification ends the wait. Until then only expiry frees a quorum: once
             // enough of the holder's nodes have let its lease run out. A holder whose release
             // has already been announced is still deleting the lock on its other nodes.
-            Some((holder, mut leases)) if !self.hub.released_recently(key.channel(), holder) => {
+            Some((holder, mut leases))
+                if !self
+                    .hub
+                    .released_recently(taken_channel(key, busy_at), holder) =>
+            {
                 leases.sort_by_key(|left| left.unwrap_or(Duration::MAX));
                 leases[leases.len() - quorum]
             }
@@ -285,6 +295,7 @@ impl Store for Redlock {
         Ok(Attempt::Busy {
             retry_after,
             holder: None,
+            at: busy_at.unwrap_or(0),
         })
     }
 
@@ -456,6 +467,11 @@ impl Store for Redlock {
             .flatten()
             .any(|deleted| deleted))
     }
+}
+
+/// The channel of the key a busy attempt found taken (a multi-key lock's `at`-th).
+fn taken_channel(key: &LockKey, at: Option<usize>) -> &str {
+    key.keys().get(at.unwrap_or(0)).unwrap_or(key).channel()
 }
 
 /// One node's owner-checked delete of `key`, for [`Redlock::fan_out`]: a release that wakes

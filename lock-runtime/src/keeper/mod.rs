@@ -17,7 +17,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::backend::{ttl_ms, Backend, Renewal, Renewed, Store};
+use crate::backend::{Backend, Renewal, Renewed, Store};
 use crate::backoff::Backoff;
 use crate::lease::Lease;
 use crate::LostReason;
@@ -152,12 +152,7 @@ async fn keep(keeper: Weak<Keeper>, wake: Arc<Notify>, _running: Running) {
 async fn renew(keeper: &Keeper, leases: &[Arc<Lease>], sent_at: Instant) {
     let batch: Vec<Renewal<'_>> = leases
         .iter()
-        .map(|l| Renewal {
-            redis_key: &l.key.redis_key,
-            token: &l.token,
-            ttl_ms: ttl_ms(l.options.ttl),
-            share: l.options.share(),
-        })
+        .flat_map(|l| l.renewals(l.options.ttl))
         .collect();
     // Waiting longer than a third of the shortest ttl would only delay the retries.
     let budget = leases
@@ -171,7 +166,13 @@ async fn renew(keeper: &Keeper, leases: &[Arc<Lease>], sent_at: Instant) {
     match outcome {
         Ok(Ok(renewed)) => {
             let now = Instant::now();
-            for (lease, outcome) in leases.iter().zip(renewed) {
+            let mut found = renewed.as_slice();
+            let outcomes = leases.iter().map(|lease| {
+                let (mine, rest) = found.split_at(lease.key.keys().len().min(found.len()));
+                found = rest;
+                Renewed::of_all(mine)
+            });
+            for (lease, outcome) in leases.iter().zip(outcomes.collect::<Vec<_>>()) {
                 match outcome {
                     Some(Renewed::Yes) => {
                         lease.confirm_renewal(sent_at);

@@ -61,7 +61,38 @@ impl Registry {
     /// # Ok(()) }
     /// ```
     pub fn lock(&self, key: impl Into<String>) -> LockRequest {
-        LockRequest::new(self.inner.clone(), key.into())
+        LockRequest::new(self.inner.clone(), vec![key.into()])
+    }
+
+    /// Starts a request for one lock over several keys, taken all or none, in one step (one
+    /// script on one node): money moved between two accounts, stock between two warehouses.
+    /// The keys are sorted, so two requests for the same keys never wait for each other in
+    /// turn, and repeats count once. Exclusive only (no `mode(Mode::Read)` or `permits`); with
+    /// `fencing`, one token above every earlier token of each key.
+    ///
+    /// In Redis Cluster the keys must share a hash tag (`{accounts}:7`, `{accounts}:9`), else
+    /// the request fails with [`LockError::InvalidKey`] naming that fix; on Redlock every key
+    /// is taken on a quorum. A multi-key acquisition does not queue: it waits for a release
+    /// notification of the key it found taken, and is not served first come, first served.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lock_runtime::LockError> {
+    /// let registry = lock_runtime::Registry::in_memory();
+    /// let both = registry.lock_all(["account:9", "account:7"]).acquire().await?;
+    /// assert_eq!(both.key(), "account:7 + account:9");
+    /// assert!(registry.lock("account:9").acquire().await.unwrap_err().is_busy());
+    /// both.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn lock_all<I, K>(&self, keys: I) -> LockRequest
+    where
+        I: IntoIterator<Item = K>,
+        K: Into<String>,
+    {
+        LockRequest::new(
+            self.inner.clone(),
+            keys.into_iter().map(Into::into).collect(),
+        )
     }
 
     /// The Redis key that holds `key`'s lock.

@@ -438,3 +438,23 @@ async fn a_read_write_lock_keeps_its_readers_on_the_master_of_its_slot() {
     let (a, b) = (registry(&cluster), registry(&cluster));
     lock_tests::read_write_round(&a, &b, "{tenant:7}:catalog").await;
 }
+
+/// Several keys go to one node in one script, so they must share a slot: a common hash tag.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_keys_must_share_a_hash_tag_and_then_lock_together() {
+    let cluster = RedisCluster::start(3, 0);
+    let (a, b) = (registry(&cluster), registry(&cluster));
+    let err = a
+        .lock_all(["account:1", "account:2"])
+        .acquire()
+        .await
+        .unwrap_err();
+    let LockError::InvalidKey { reason, .. } = &err else {
+        panic!("keys in different slots are refused: {err:?}");
+    };
+    assert!(
+        reason.contains("hash tag") && reason.contains("{accounts}"),
+        "{reason}"
+    );
+    lock_tests::multi_key_round(&a, &b, "{accounts}:1", "{accounts}:2").await;
+}

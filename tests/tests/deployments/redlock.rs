@@ -582,3 +582,10 @@ async fn a_read_write_lock_holds_readers_and_writers_on_a_majority() {
     assert!(b.lock("catalog").acquire().await.unwrap_err().is_busy());
     reader.release().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_keys_are_taken_together_on_a_quorum() {
+    let nodes = nodes(3);
+    let (a, b) = (registry(&nodes), registry(&nodes));
+    lock_tests::multi_key_round(&a, &b, "account:1", "account:2").await;
+}

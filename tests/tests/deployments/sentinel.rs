@@ -436,3 +436,10 @@ async fn a_read_write_lock_keeps_its_readers_on_the_master_the_sentinels_name() 
     let (a, b) = (registry(&deployment), registry(&deployment));
     lock_tests::read_write_round(&a, &b, "catalog").await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_keys_are_taken_together_on_the_master_the_sentinels_name() {
+    let deployment = RedisSentinels::start();
+    let (a, b) = (registry(&deployment), registry(&deployment));
+    lock_tests::multi_key_round(&a, &b, "account:1", "account:2").await;
+}

@@ -271,6 +271,14 @@ impl RedisBackend {
 
     /// Deletes the lock if `token` still holds it, without waking anyone ([`scripts::UNDO_LUA`]).
     pub(crate) async fn undo(&self, key: &LockKey, token: &str) -> Result<bool, LockError> {
+        let undone = join_all(key.keys().iter().map(|k| self.undo_key(k, token))).await;
+        undone
+            .into_iter()
+            .try_fold(true, |all, one| Ok(all && one?))
+    }
+
+    /// [`Self::undo`] of one key.
+    async fn undo_key(&self, key: &LockKey, token: &str) -> Result<bool, LockError> {
         let mut con = self.con("undo", Some(&key.key)).await?;
         let deleted: i64 = scripts::UNDO
             .key(&key.redis_key)
@@ -289,15 +297,27 @@ impl RedisBackend {
         confirm: &Confirmer,
         attempt: &Acquire<'_>,
     ) -> Result<Attempt, LockError> {
-        let mut cmd = evalsha(&scripts::ACQUIRE, 2);
-        cmd.arg(&attempt.key.redis_key)
-            .arg(&attempt.key.fence_key)
-            .arg(attempt.token)
-            .arg(ttl_ms(attempt.ttl))
-            .arg(u8::from(attempt.fencing))
-            .arg(0u8)
-            .arg(self.publish_command())
-            .arg(attempt.share.wire());
+        let mut cmd;
+        if attempt.key.all.is_empty() {
+            cmd = evalsha(&scripts::ACQUIRE, 2);
+            cmd.arg(&attempt.key.redis_key)
+                .arg(&attempt.key.fence_key)
+                .arg(attempt.token)
+                .arg(ttl_ms(attempt.ttl))
+                .arg(u8::from(attempt.fencing))
+                .arg(0u8)
+                .arg(self.publish_command())
+                .arg(attempt.share.wire());
+        } else {
+            let keys = attempt.key.keys();
+            cmd = evalsha(&scripts::ACQUIRE_ALL, 2 * keys.len());
+            cmd.arg(keys.iter().map(|k| &k.redis_key).collect::<Vec<_>>())
+                .arg(keys.iter().map(|k| &k.fence_key).collect::<Vec<_>>())
+                .arg(attempt.token)
+                .arg(ttl_ms(attempt.ttl))
+                .arg(u8::from(attempt.fencing))
+                .arg(keys.len());
+        }
         // Small against the ttl: the lease's deadline runs from before the acquisition was sent.
         let wait = attempt.ttl / 20;
         let confirmed = confirm
@@ -466,6 +486,10 @@ impl RedisBackend {
                 holder: owner
                     .first()
                     .and_then(|o| redis::from_redis_value_ref::<String>(o).ok()),
+                at: match owner.get(1) {
+                    Some(Value::Int(i)) => key_index(*i),
+                    _ => 0,
+                },
             }),
             [Value::Int(3), found] => {
                 let found = redis::from_redis_value_ref::<String>(found).unwrap_or_default();
@@ -479,7 +503,53 @@ impl RedisBackend {
                     .get(1)
                     .and_then(|v| redis::from_redis_value_ref::<String>(v).ok())
                     .unwrap_or_default();
-                Err(self.not_a_lock(attempt.key, &kind))
+                let at = match other.get(2) {
+                    Some(Value::Int(i)) => key_index(*i),
+                    _ => 0,
+                };
+                let keys = attempt.key.keys();
+                Err(self.not_a_lock(keys.get(at).unwrap_or(attempt.key), &kind))
+            }
+        }
+    }
+
+    /// A multi-key lock's attempt: all its keys in one script call.
+    async fn acquire_all(&self, attempt: &Acquire<'_>) -> Result<Attempt, LockError> {
+        let mut con = self.con("acquire", Some(&attempt.key.redis_key)).await?;
+        let keys = attempt.key.keys();
+        let mut call = scripts::ACQUIRE_ALL.prepare_invoke();
+        for key in keys {
+            call.key(&key.redis_key);
+        }
+        if attempt.fencing {
+            for key in keys {
+                call.key(&key.fence_key);
+            }
+        }
+        let reply: Vec<Value> = call
+            .arg(attempt.token)
+            .arg(ttl_ms(attempt.ttl))
+            .arg(u8::from(attempt.fencing))
+            .arg(keys.len())
+            .invoke_async(&mut con)
+            .await
+            .map_err(|e| self.error("acquire", Some(&attempt.key.key), e))?;
+        self.attempt(attempt, reply)
+    }
+
+    /// Releases one lock (a multi-key lock's keys one by one).
+    async fn release_key(&self, key: &LockKey, token: &str) -> Result<bool, LockError> {
+        let Some(coalescer) = &self.coalescer else {
+            return self.release_alone(key, token).await;
+        };
+        match coalescer.enter(|| self.release_op(key, token)) {
+            Turn::Alone(_sending) => self.release_alone(key, token).await,
+            Turn::Queued(reply) => {
+                let released = coalesce::reply(reply)
+                    .await
+                    .and_then(|v| Ok(redis::from_redis_value::<i64>(v)?))
+                    .map_err(|e| self.error("release", Some(&key.key), e))?;
+                Ok(released > 0)
             }
         }
     }
@@ -526,6 +596,9 @@ impl Store for RedisBackend {
     }
 
     async fn acquire(&self, attempt: &Acquire<'_>) -> Result<Attempt, LockError> {
+        if !attempt.key.all.is_empty() && self.confirm.is_none() {
+            return self.acquire_all(attempt).await;
+        }
         if let Some(confirm) = &self.confirm {
             return self.acquire_confirmed(confirm, attempt).await;
         }
@@ -550,19 +623,13 @@ impl Store for RedisBackend {
     }
 
     async fn release(&self, key: &LockKey, token: &str) -> Result<bool, LockError> {
-        let Some(coalescer) = &self.coalescer else {
-            return self.release_alone(key, token).await;
-        };
-        match coalescer.enter(|| self.release_op(key, token)) {
-            Turn::Alone(_sending) => self.release_alone(key, token).await,
-            Turn::Queued(reply) => {
-                let released = coalesce::reply(reply)
-                    .await
-                    .and_then(|v| Ok(redis::from_redis_value::<i64>(v)?))
-                    .map_err(|e| self.error("release", Some(&key.key), e))?;
-                Ok(released > 0)
-            }
+        if key.all.is_empty() {
+            return self.release_key(key, token).await;
         }
+        let released = join_all(key.all.iter().map(|k| self.release_key(k, token))).await;
+        released
+            .into_iter()
+            .try_fold(true, |all, one| Ok(all && one?))
     }
 
     /// One flag per lock: renewed, not ours, or unknown (`None`: that call failed).
@@ -652,6 +719,11 @@ impl Store for RedisBackend {
 
 /// Whether Redis refused a script because its slot is being migrated and not all of its keys
 /// are on this node.
+/// A script's 1-based key number, as an index.
+fn key_index(i: i64) -> usize {
+    usize::try_from(i - 1).unwrap_or(0)
+}
+
 fn migrating(e: &redis::RedisError) -> bool {
     e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::TryAgain)
 }

@@ -216,6 +216,50 @@ return {0, redis.call('PTTL', KEYS[1]), owner}
 "
 );
 
+/// A multi-key lock: `KEYS[1..n]` the locks (sorted), then with fencing `KEYS[n+1..2n]` their
+/// counters; `ARGV[1]` token, `ARGV[2]` ttl ms, `ARGV[3]` `1` to take a fencing token, `ARGV[4]`
+/// n. All or none: every key free (or already this token's) is set to the token with the ttl;
+/// else nothing is written and the reply is `{0, pttl, owner, i}` for the first taken key `i`
+/// (a reader's or permit's set reads as taken, by its tag), or `{2, type, i}` for a key that
+/// holds application data. Taken, it replies `{1, fence}`: with fencing, the next token of
+/// every key's counter (as [`ACQUIRE_LUA`] takes one), the highest of them, and every counter
+/// raised to it, so the token is above each key's earlier tokens and a later holder of any of
+/// them gets a higher one. It does not queue, and takes free keys even where single-key
+/// waiters are queued (a key with waiters is free only after its holder's lease ran out).
+pub const ACQUIRE_ALL_LUA: &str = r"
+local token, ttl, n = ARGV[1], ARGV[2], tonumber(ARGV[4])
+for i = 1, n do
+  local owner = redis.pcall('GET', KEYS[i])
+  if type(owner) == 'table' then
+    local kind = redis.call('TYPE', KEYS[i]).ok
+    local tag = kind == 'zset' and redis.call('ZRANGEBYSCORE', KEYS[i], '+inf', '+inf', 'LIMIT', 0, 1)[1]
+    if not tag or not (tag == '#read' or string.match(tag, '^#permits=%d+$')) then
+      return {2, kind, i}
+    end
+    return {0, redis.call('PTTL', KEYS[i]), tag, i}
+  end
+  if owner and owner ~= token then return {0, redis.call('PTTL', KEYS[i]), owner, i} end
+end
+for i = 1, n do redis.call('SET', KEYS[i], token, 'PX', ttl) end
+if ARGV[3] ~= '1' then return {1, 0} end
+local fence = 0
+for i = n + 1, 2 * n do
+  local next = redis.call('INCR', KEYS[i])
+  if next == 1 then
+    local now = redis.call('TIME')
+    next = tonumber(now[1]) * 1000000 + tonumber(now[2])
+  end
+  if next > fence then fence = next end
+end
+for i = n + 1, 2 * n do
+  redis.call('SET', KEYS[i], string.format('%d', fence), 'PX', '86400000')
+end
+return {1, fence}
+";
+
+/// [`ACQUIRE_ALL_LUA`], ready to invoke (by SHA, loading it on `NOSCRIPT`).
+pub(crate) static ACQUIRE_ALL: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_ALL_LUA));
+
 /// [`ACQUIRE_LUA`], ready to invoke (by SHA, loading it on `NOSCRIPT`).
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_LUA));
 
@@ -375,8 +419,9 @@ pub(crate) fn evalsha(script: &redis::Script, keys: usize) -> Cmd {
 }
 
 /// Every script, for loading them all when a connection opens.
-pub(crate) const ALL: [&str; 6] = [
+pub(crate) const ALL: [&str; 7] = [
     ACQUIRE_LUA,
+    ACQUIRE_ALL_LUA,
     RELEASE_LUA,
     UNDO_LUA,
     RENEW_LUA,
