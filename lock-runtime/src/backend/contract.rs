@@ -43,8 +43,11 @@ pub(crate) enum Renewed {
 
 impl Renewed {
     /// A multi-key lock's outcome from its keys' (`None`: unknown): lost when any key is
-    /// (taken before gone), renewed only when every key is, else unknown.
+    /// (taken before gone), renewed only when every key is, else (or with no answers) unknown.
     pub(crate) fn of_all(found: &[Option<Renewed>]) -> Option<Renewed> {
+        if found.is_empty() {
+            return None;
+        }
         [Renewed::Taken, Renewed::Gone]
             .into_iter()
             .find(|lost| found.contains(&Some(*lost)))
@@ -163,4 +166,22 @@ pub(crate) trait Store: Send + Sync {
 /// Milliseconds for `PX`/`PEXPIRE`, at least 1 (0 would be an error or mean "delete now").
 pub(crate) fn ttl_ms(ttl: Duration) -> u64 {
     u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Renewed::{self, Gone, Taken, Yes};
+
+    #[test]
+    fn a_multi_key_lease_is_renewed_only_when_every_key_is() {
+        assert_eq!(Renewed::of_all(&[Some(Yes), Some(Yes)]), Some(Yes));
+        assert_eq!(Renewed::of_all(&[Some(Yes), None]), None, "one key unknown");
+        assert_eq!(
+            Renewed::of_all(&[None, Some(Gone)]),
+            Some(Gone),
+            "lost beats unknown"
+        );
+        assert_eq!(Renewed::of_all(&[Some(Gone), Some(Taken)]), Some(Taken));
+        assert_eq!(Renewed::of_all(&[]), None, "no answer is no renewal");
+    }
 }
