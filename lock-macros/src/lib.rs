@@ -311,8 +311,8 @@ use proc_macro::TokenStream;
 ///
 /// One lock over several keys, taken all or none in one step: money moved between two
 /// accounts, stock between two warehouses. Each template is checked like `key`. The rendered
-/// keys are sorted, so two calls that name them in opposite orders never wait for each other
-/// in turn. In Redis Cluster they must share a hash tag (`{accounts}:<from>`), else the call
+/// keys are sorted by name (as text: `account:10` before `account:9`), so two calls that name
+/// them in opposite orders never wait for each other in turn. In Redis Cluster they must share a hash tag (`{accounts}:<from>`), else the call
 /// fails with `LockError::InvalidKey` naming that fix. Not with `key`, `permits` or
 /// `mode = "read"` (compile errors).
 ///

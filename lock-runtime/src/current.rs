@@ -73,7 +73,8 @@ impl CurrentLock {
         &self.frame.lease.key.key
     }
 
-    /// The Redis key that holds the lock (prefix included).
+    /// The Redis key that holds the lock (prefix included); of a multi-key lock, its first
+    /// key's.
     #[must_use]
     pub fn redis_key(&self) -> &str {
         &self.frame.lease.key.redis_key
@@ -117,6 +118,10 @@ pub(crate) enum Held {
 
 /// What the running task already holds of `keys` through `registry`.
 pub(crate) fn held(registry: &Arc<RegistryInner>, keys: &[String]) -> Held {
+    if keys.is_empty() {
+        // Nothing to re-enter: the request fails on its own.
+        return Held::No;
+    }
     FRAME
         .try_with(|frame| {
             let mut some = None;

@@ -60,7 +60,7 @@ impl LockGuard {
         &self.lease.key.key
     }
 
-    /// The Redis key that holds the lock.
+    /// The Redis key that holds the lock; of a multi-key lock, its first key's.
     #[must_use]
     pub fn redis_key(&self) -> &str {
         &self.lease.key.redis_key

@@ -121,9 +121,9 @@ impl LockRequest {
                 return Err(LockError::InvalidOptions {
                     key: self.keys.join(" + "),
                     reason: format!(
-                        "this task already holds `{held}` and asks for more keys with it; taking \
-                         keys one request at a time is how two tasks deadlock, so take them all \
-                         in one request from the start"
+                        "this task already holds `{held}` in another lock; a lock over several \
+                         keys takes them all in one request (keys taken one request at a time is \
+                         how two tasks deadlock), so take them together from the start"
                     ),
                 });
             }
@@ -326,7 +326,10 @@ async fn acquire_lease(
                 retry_after, at, ..
             }) => {
                 if at != waiting_on && interest.take().is_some() {
-                    // Another of a multi-key lock's keys is taken now: follow that one.
+                    // Another of a multi-key lock's keys is taken now: follow that one, and pass
+                    // on the wake that may have brought this waiter here (a release wakes one
+                    // waiter per process; another may be able to use the key that came free).
+                    hub.notify(key.keys().get(waiting_on).unwrap_or(&key).channel());
                     waiting_on = at;
                     continue;
                 }

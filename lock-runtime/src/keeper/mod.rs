@@ -164,8 +164,12 @@ async fn renew(keeper: &Keeper, leases: &[Arc<Lease>], sent_at: Instant) {
     // connect.
     let outcome = tokio::time::timeout(budget * 2, keeper.backend.renew(&batch, budget)).await;
     match outcome {
-        Ok(Ok(renewed)) => {
+        Ok(Ok(mut renewed)) => {
             let now = Instant::now();
+            if renewed.len() != batch.len() {
+                // Answers that cannot be matched to their keys say nothing about any of them.
+                renewed = vec![None; batch.len()];
+            }
             let mut found = renewed.as_slice();
             let outcomes = leases.iter().map(|lease| {
                 let (mine, rest) = found.split_at(lease.key.keys().len().min(found.len()));

@@ -154,3 +154,54 @@ async fn several_keys_as_readers_or_permits_are_refused() {
         );
     }
 }
+
+/// Regression: a release wakes one waiter per process. A multi-key waiter woken for a key
+/// that then found another of its keys taken kept the wake to itself, and a waiter that could
+/// use the freed key slept on until the old holder's lease would have ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_multi_key_waiter_that_cannot_use_a_wake_passes_it_on() {
+    let server = RedisServer::start();
+    let (a, b) = (registry(&server), registry(&server));
+    let ttl = Duration::from_secs(60);
+    let first = b.lock("account:a").ttl(ttl).acquire().await.unwrap();
+    let _long = b.lock("account:b").ttl(ttl).acquire().await.unwrap();
+    let wait = |keys: [&'static str; 2]| {
+        let a = a.clone();
+        tokio::spawn(async move {
+            a.lock_all(keys)
+                .ttl(ttl)
+                .wait(Duration::from_secs(30))
+                .acquire()
+                .await
+        })
+    };
+    // Both follow `account:a`; the first to park is the one its release wakes. Each parks
+    // after two attempts (one script call each): before subscribing, and once subscribed.
+    let mut con = lock_tests::connection(&server.url());
+    let scripts = |con: &mut redis::Connection| {
+        lock_tests::command_calls(con)
+            .get("evalsha")
+            .copied()
+            .unwrap_or(0)
+    };
+    let before = scripts(&mut con);
+    let stuck = wait(["account:a", "account:b"]);
+    lock_tests::eventually(Duration::from_secs(10), "the first waiter parked", || {
+        std::future::ready(scripts(&mut lock_tests::connection(&server.url())) >= before + 2)
+    })
+    .await;
+    let free = wait(["account:a", "account:c"]);
+    lock_tests::eventually(Duration::from_secs(10), "the second waiter parked", || {
+        std::future::ready(scripts(&mut lock_tests::connection(&server.url())) >= before + 4)
+    })
+    .await;
+    first.release().await.unwrap();
+    lock_tests::eventually(
+        Duration::from_secs(10),
+        "account:a and account:c taken",
+        || async { a.inspect("account:c").await.unwrap().owner.is_some() },
+    )
+    .await;
+    free.await.unwrap().unwrap().release().await.unwrap();
+    stuck.abort();
+}

@@ -515,7 +515,7 @@ impl RedisBackend {
 
     /// A multi-key lock's attempt: all its keys in one script call.
     async fn acquire_all(&self, attempt: &Acquire<'_>) -> Result<Attempt, LockError> {
-        let mut con = self.con("acquire", Some(&attempt.key.redis_key)).await?;
+        let mut con = self.con("acquire", Some(&attempt.key.key)).await?;
         let keys = attempt.key.keys();
         let mut call = scripts::ACQUIRE_ALL.prepare_invoke();
         for key in keys {
