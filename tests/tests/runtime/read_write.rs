@@ -5,8 +5,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_runtime::{LockError, Mode, Registry};
+use lock_runtime::{LockError, LockGuard, Mode, Registry};
 use lock_tests::RedisServer;
+use tokio::task::JoinHandle;
 
 use super::support::{on_redis_and_memory, registry};
 
@@ -18,29 +19,32 @@ async fn readers_share_the_key_and_a_writer_holds_it_alone() {
     .await;
 }
 
+/// A read lock on `catalog` through `a`, and a writer queued behind it through `b` (waiting
+/// up to `wait`); returns once new readers are held back by that writer.
+async fn reader_and_queued_writer(
+    a: &Registry,
+    b: &Registry,
+    wait: Duration,
+) -> (LockGuard, JoinHandle<Result<LockGuard, LockError>>) {
+    let reader = a.lock("catalog").mode(Mode::Read).acquire().await.unwrap();
+    let writer = tokio::spawn(b.lock("catalog").wait(wait).acquire());
+    lock_tests::eventually(Duration::from_secs(10), "new readers held back", || async {
+        a.lock("catalog")
+            .mode(Mode::Read)
+            .acquire()
+            .await
+            .is_err_and(|e| e.is_busy())
+    })
+    .await;
+    (reader, writer)
+}
+
 /// A writer that waits stops new readers, even while others still read: the last reader's
 /// release hands it the lock, however many readers keep arriving.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_writer_is_not_starved_by_arriving_readers() {
     on_redis_and_memory(|a, b| async move {
-        let reader = a.lock("catalog").mode(Mode::Read).acquire().await.unwrap();
-        let writer = tokio::spawn({
-            let b = b.clone();
-            async move {
-                b.lock("catalog")
-                    .wait(Duration::from_secs(20))
-                    .acquire()
-                    .await
-            }
-        });
-        lock_tests::eventually(Duration::from_secs(10), "new readers held back", || async {
-            a.lock("catalog")
-                .mode(Mode::Read)
-                .acquire()
-                .await
-                .is_err_and(|e| e.is_busy())
-        })
-        .await;
+        let (reader, writer) = reader_and_queued_writer(&a, &b, Duration::from_secs(20)).await;
         reader.release().await.unwrap();
         let writer = writer
             .await
@@ -183,24 +187,7 @@ async fn read_mode_with_permits_or_fencing_is_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readers_held_off_by_a_writer_enter_when_it_gives_up() {
     on_redis_and_memory(|a, b| async move {
-        let reader = a.lock("catalog").mode(Mode::Read).acquire().await.unwrap();
-        let writer = tokio::spawn({
-            let b = b.clone();
-            async move {
-                b.lock("catalog")
-                    .wait(Duration::from_secs(1))
-                    .acquire()
-                    .await
-            }
-        });
-        lock_tests::eventually(Duration::from_secs(10), "the writer queued", || async {
-            a.lock("catalog")
-                .mode(Mode::Read)
-                .acquire()
-                .await
-                .is_err_and(|e| e.is_busy())
-        })
-        .await;
+        let (reader, writer) = reader_and_queued_writer(&a, &b, Duration::from_secs(1)).await;
         // Held off by the writer, with a wait far beyond the writer's: its last attempt, at
         // the end of that wait, would get in anyway.
         let second = tokio::spawn({
