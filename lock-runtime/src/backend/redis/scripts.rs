@@ -9,6 +9,32 @@ use std::sync::LazyLock;
 
 use redis::{Cmd, Script};
 
+/// The Lua every script that needs them begins with: the server's clock in milliseconds, the
+/// tag that marks a sorted set as ours (readers or a semaphore, see [`ACQUIRE_LUA`]; any other
+/// sorted set is application data), and a fencing counter's next value (`INCR`, or the
+/// server's clock in microseconds for a counter that starts afresh, with `true`).
+macro_rules! common_lua {
+    () => {
+        r"
+local function now_ms()
+  local now = redis.call('TIME')
+  return tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+end
+local function shared_tag_of(key)
+  local tag = redis.call('ZRANGEBYSCORE', key, '+inf', '+inf', 'LIMIT', 0, 1)[1]
+  if tag and (tag == '#read' or string.match(tag, '^#permits=%d+$')) then return tag end
+  return nil
+end
+local function next_fence(key)
+  local fence = redis.call('INCR', key)
+  if fence ~= 1 then return fence, false end
+  local now = redis.call('TIME')
+  return tonumber(now[1]) * 1000000 + tonumber(now[2]), true
+end
+"
+    };
+}
+
 /// The Lua both [`ACQUIRE_LUA`] and [`RELEASE_LUA`] begin with: taking a fencing token, and
 /// handing the lock to the oldest live waiter.
 ///
@@ -19,21 +45,15 @@ use redis::{Cmd, Script};
 /// so) is dropped when it reaches the head, never handed the lock.
 macro_rules! queue_lua {
     () => {
-        r"
+        concat!(
+            common_lua!(),
+            r"
 local function take_fence(wanted)
   if wanted ~= '1' then return 0 end
-  local fence = redis.call('INCR', KEYS[2])
-  if fence == 1 then
-    local now = redis.call('TIME')
-    fence = tonumber(now[1]) * 1000000 + tonumber(now[2])
-    redis.call('SET', KEYS[2], string.format('%d', fence))
-  end
+  local fence, restarted = next_fence(KEYS[2])
+  if restarted then redis.call('SET', KEYS[2], string.format('%d', fence)) end
   redis.call('PEXPIRE', KEYS[2], '86400000')
   return fence
-end
-local function now_ms()
-  local now = redis.call('TIME')
-  return tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 end
 local function leave_queue(token)
   if #KEYS < 4 or redis.call('ZREM', KEYS[3], token) == 0 then return false end
@@ -65,11 +85,6 @@ local function hand_over(waiter, ttl, fencing, released, publish)
   local next = redis.sha1hex(waiter) .. ':' .. string.format('%d', fence)
   redis.call(publish, KEYS[1], released .. ':' .. next)
 end
-local function shared_tag()
-  local tag = redis.call('ZRANGEBYSCORE', KEYS[1], '+inf', '+inf', 'LIMIT', 0, 1)[1]
-  if tag and (tag == '#read' or string.match(tag, '^#permits=%d+$')) then return tag end
-  return nil
-end
 local function settle_shared(now)
   redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
   if redis.call('ZCARD', KEYS[1]) <= 1 then
@@ -98,6 +113,7 @@ local function release_permit(token, publish)
   return ours and 1 or 0
 end
 "
+        )
     };
 }
 
@@ -105,7 +121,8 @@ end
 /// below); `ARGV[1]` token, `ARGV[2]` ttl ms, `ARGV[3]` `1` to take a fencing token, `ARGV[4]`
 /// `1` to queue up when busy, `ARGV[5]` the publish command (`PUBLISH`, or `SPUBLISH` in a
 /// cluster), `ARGV[6]` a semaphore's size, or `read` for a reader (`0` or absent: the lock
-/// itself, also a read-write lock's write side). With the lock alone, or the lock and its counter, as `KEYS`, there is no queue:
+/// itself, also a read-write lock's write side). With the lock alone, or the lock and its
+/// counter, as `KEYS`, there is no queue:
 /// Redlock, `confirm_replicas`, and a cluster slot in migration (where Redis refuses a script
 /// whose keys are not all on one node) use it that way. Used after a plain `SET NX PX` was
 /// refused, and with fencing.
@@ -151,7 +168,7 @@ if ARGV[6] and ARGV[6] ~= '0' then
   local tag = limit == math.huge and '#read' or '#permits=' .. ARGV[6]
   local now = now_ms()
   if kind == 'zset' then
-    local found = shared_tag()
+    local found = shared_tag_of(KEYS[1])
     if not found then return {2, kind} end
     if settle_shared(now) and found ~= tag then return {3, found} end
   end
@@ -184,7 +201,7 @@ end
 local owner = redis.pcall('GET', KEYS[1])
 if type(owner) == 'table' then
   local kind = redis.call('TYPE', KEYS[1]).ok
-  owner = kind == 'zset' and shared_tag()
+  owner = kind == 'zset' and shared_tag_of(KEYS[1])
   if not owner then return {2, kind} end
   if not settle_shared(now_ms()) then owner = false end
 end
@@ -226,16 +243,16 @@ return {0, redis.call('PTTL', KEYS[1]), owner}
 /// raised to it, so the token is above each key's earlier tokens and a later holder of any of
 /// them gets a higher one. It does not queue, and takes free keys even where single-key
 /// waiters are queued (a key with waiters is free only after its holder's lease ran out).
-pub const ACQUIRE_ALL_LUA: &str = r"
+pub const ACQUIRE_ALL_LUA: &str = concat!(
+    common_lua!(),
+    r"
 local token, ttl, n = ARGV[1], ARGV[2], tonumber(ARGV[4])
 for i = 1, n do
   local owner = redis.pcall('GET', KEYS[i])
   if type(owner) == 'table' then
     local kind = redis.call('TYPE', KEYS[i]).ok
-    local tag = kind == 'zset' and redis.call('ZRANGEBYSCORE', KEYS[i], '+inf', '+inf', 'LIMIT', 0, 1)[1]
-    if not tag or not (tag == '#read' or string.match(tag, '^#permits=%d+$')) then
-      return {2, kind, i}
-    end
+    local tag = kind == 'zset' and shared_tag_of(KEYS[i])
+    if not tag then return {2, kind, i} end
     return {0, redis.call('PTTL', KEYS[i]), tag, i}
   end
   if owner and owner ~= token then return {0, redis.call('PTTL', KEYS[i]), owner, i} end
@@ -244,18 +261,15 @@ for i = 1, n do redis.call('SET', KEYS[i], token, 'PX', ttl) end
 if ARGV[3] ~= '1' then return {1, 0} end
 local fence = 0
 for i = n + 1, 2 * n do
-  local next = redis.call('INCR', KEYS[i])
-  if next == 1 then
-    local now = redis.call('TIME')
-    next = tonumber(now[1]) * 1000000 + tonumber(now[2])
-  end
+  local next = next_fence(KEYS[i])
   if next > fence then fence = next end
 end
 for i = n + 1, 2 * n do
   redis.call('SET', KEYS[i], string.format('%d', fence), 'PX', '86400000')
 end
 return {1, fence}
-";
+"
+);
 
 /// [`ACQUIRE_ALL_LUA`], ready to invoke (by SHA, loading it on `NOSCRIPT`).
 pub(crate) static ACQUIRE_ALL: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_ALL_LUA));
@@ -265,9 +279,10 @@ pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUI
 
 /// `KEYS` as for [`ACQUIRE_LUA`]; `ARGV[1]` token, `ARGV[2]` the publish command. Lets go of
 /// the token: takes it out of the waiters' queue, and if it holds the lock, hands the lock to
-/// the oldest live waiter or deletes it; of a semaphore (a sorted set, see [`ACQUIRE_LUA`]),
-/// removes the token's permit, and with the last one gone deletes the set and hands the lock to
-/// the oldest live waiter if any. `pcall` so a key of another type reads as "not ours" instead
+/// the oldest live waiter or deletes it; of readers or a semaphore (a sorted set, see
+/// [`ACQUIRE_LUA`]), removes the token's place, and with the last live one gone deletes the set
+/// and hands the lock to the oldest live waiter if any. A waiter for the whole lock that leaves
+/// the queue of a shared or free key publishes, so whoever it held off may enter. `pcall` so a key of another type reads as "not ours" instead
 /// of an error. Returns 1 when the lock was deleted, 2 when it was handed over, 0 when
 /// it was not ours.
 ///
@@ -281,7 +296,7 @@ pub const RELEASE_LUA: &str = concat!(
     queue_lua!(),
     r"
 local owner = redis.pcall('GET', KEYS[1])
-local shared = type(owner) == 'table' and redis.call('TYPE', KEYS[1]).ok == 'zset' and shared_tag()
+local shared = type(owner) == 'table' and redis.call('TYPE', KEYS[1]).ok == 'zset' and shared_tag_of(KEYS[1])
 if shared or owner ~= ARGV[1] then
   local left = leave_queue(ARGV[1])
   local released = shared and release_permit(ARGV[1], ARGV[2]) or 0
@@ -309,14 +324,14 @@ pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEA
 /// `KEYS[1]` lock; `ARGV[1]` token. [`RELEASE_LUA`] without the notification: it takes back a
 /// Redlock attempt that won only a minority of nodes. Nobody waits for such an attempt to end
 /// (no one saw it hold a quorum), and telling them would wake waiters for nothing.
-pub const UNDO_LUA: &str = r"
+pub const UNDO_LUA: &str = concat!(
+    common_lua!(),
+    r"
 local owner = redis.pcall('GET', KEYS[1])
 if owner == ARGV[1] then
   return redis.call('DEL', KEYS[1])
 end
-local tag = type(owner) == 'table' and redis.call('TYPE', KEYS[1]).ok == 'zset'
-  and redis.call('ZRANGEBYSCORE', KEYS[1], '+inf', '+inf', 'LIMIT', 0, 1)[1]
-if tag and (tag == '#read' or string.match(tag, '^#permits=%d+$')) then
+if type(owner) == 'table' and redis.call('TYPE', KEYS[1]).ok == 'zset' and shared_tag_of(KEYS[1]) then
   local taken = redis.call('ZREM', KEYS[1], ARGV[1])
   if taken == 1 and redis.call('ZCOUNT', KEYS[1], '-inf', '(+inf') == 0 then
     redis.call('DEL', KEYS[1])
@@ -324,7 +339,8 @@ if tag and (tag == '#read' or string.match(tag, '^#permits=%d+$')) then
   return taken
 end
 return 0
-";
+"
+);
 
 /// [`UNDO_LUA`], ready to invoke (by SHA, loading it on `NOSCRIPT`).
 pub(crate) static UNDO: LazyLock<Script> = LazyLock::new(|| Script::new(UNDO_LUA));
@@ -333,8 +349,10 @@ pub(crate) static UNDO: LazyLock<Script> = LazyLock::new(|| Script::new(UNDO_LUA
 /// batch: the keeper sends one command per batch instead of one per lock. Returns per key 1
 /// (renewed), 0 (no such key: expired or deleted; of a semaphore: no live permit of ours) or -1
 /// (someone else's value); a lock that is no longer ours is never touched. A permit's deadline
-/// moves to now + ttl, and the set's expiry to at least the ttl.
-pub const RENEW_LUA: &str = r"
+/// moves to now + ttl, and the set's expiry to its last live deadline.
+pub const RENEW_LUA: &str = concat!(
+    common_lua!(),
+    r"
 local out = {}
 for i, key in ipairs(KEYS) do
   local value = redis.pcall('GET', key)
@@ -343,12 +361,10 @@ for i, key in ipairs(KEYS) do
   elseif value == false then
     out[i] = 0
   elseif type(value) == 'table' and redis.call('TYPE', key).ok == 'zset' then
-    local tag = redis.call('ZRANGEBYSCORE', key, '+inf', '+inf', 'LIMIT', 0, 1)[1]
     local ttl = tonumber(ARGV[2 * i])
     local deadline = tonumber(redis.call('ZSCORE', key, ARGV[2 * i - 1]))
-    local now = redis.call('TIME')
-    now = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-    if not tag or not (tag == '#read' or string.match(tag, '^#permits=%d+$')) then
+    local now = now_ms()
+    if not shared_tag_of(key) then
       out[i] = -1
     elseif deadline and deadline > now then
       redis.call('ZADD', key, now + ttl, ARGV[2 * i - 1])
@@ -363,50 +379,54 @@ for i, key in ipairs(KEYS) do
   end
 end
 return out
-";
+"
+);
 
 /// [`RENEW_LUA`], ready to invoke (by SHA, loading it on `NOSCRIPT`).
 pub(crate) static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(RENEW_LUA));
 
 /// `KEYS[1]` lock, `KEYS[2]` fencing counter. Returns `{token or false, pttl, fence or false,
-/// live permits or false, '#permits=N' or false}` (the last two for a semaphore).
-pub const INSPECT_LUA: &str = r"
+/// live places or false, tag or false}` (the last two for readers or a semaphore: the count of
+/// live holders, and `#read` or `#permits=N`).
+pub const INSPECT_LUA: &str = concat!(
+    common_lua!(),
+    r"
 local token = redis.pcall('GET', KEYS[1])
 local held, tag = false, false
 if type(token) ~= 'string' then
   token = false
   if redis.call('TYPE', KEYS[1]).ok == 'zset' then
-    local now = redis.call('TIME')
-    now = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-    held = redis.call('ZCOUNT', KEYS[1], '(' .. now, '(+inf')
-    tag = redis.call('ZRANGEBYSCORE', KEYS[1], '+inf', '+inf', 'LIMIT', 0, 1)[1] or false
+    held = redis.call('ZCOUNT', KEYS[1], '(' .. now_ms(), '(+inf')
+    tag = shared_tag_of(KEYS[1]) or false
   end
 end
 return {token, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2]), held, tag}
-";
+"
+);
 
 /// [`INSPECT_LUA`], ready to invoke (by SHA, loading it on `NOSCRIPT`).
 pub(crate) static INSPECT: LazyLock<Script> = LazyLock::new(|| Script::new(INSPECT_LUA));
 
 /// `KEYS[1]` lock; `ARGV[1]` the publish command. Deletes whatever lock is there (an operator's
 /// decision) and wakes waiters, naming the tenure as [`RELEASE_LUA`] does.
-pub const FORCE_UNLOCK_LUA: &str = r"
+pub const FORCE_UNLOCK_LUA: &str = concat!(
+    common_lua!(),
+    r"
 local kind = redis.call('TYPE', KEYS[1]).ok
 local tenure
 if kind == 'string' then
   tenure = redis.call('GET', KEYS[1])
 elseif kind == 'zset' then
-  tenure = redis.call('ZRANGEBYSCORE', KEYS[1], '+inf', '+inf', 'LIMIT', 0, 1)[1]
-  if not tenure or not (tenure == '#read' or string.match(tenure, '^#permits=%d+$')) then
-    return 0
-  end
+  tenure = shared_tag_of(KEYS[1])
+  if not tenure then return 0 end
 else
   return 0
 end
 redis.call('DEL', KEYS[1])
 redis.call(ARGV[1], KEYS[1], redis.sha1hex(tenure))
 return 1
-";
+"
+);
 
 /// [`FORCE_UNLOCK_LUA`], ready to invoke (by SHA, loading it on `NOSCRIPT`).
 pub(crate) static FORCE_UNLOCK: LazyLock<Script> = LazyLock::new(|| Script::new(FORCE_UNLOCK_LUA));
