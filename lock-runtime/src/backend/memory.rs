@@ -373,10 +373,7 @@ impl MemoryStore {
                 None
             };
             drop(data);
-            match handed {
-                Some(to) => self.inner.hub.hand_over(key.channel(), &to.token, to.fence),
-                None => self.inner.hub.notify(key.channel()),
-            }
+            self.announce(key, handed);
             return true;
         }
         let owner = data.live(&key.redis_key, now).map(|e| e.token == token);
@@ -390,11 +387,16 @@ impl MemoryStore {
         data.locks.remove(&key.redis_key);
         let handed = data.hand_over(key, now);
         drop(data);
+        self.announce(key, handed);
+        true
+    }
+
+    /// Tells the waiters a release happened: the lock went to `handed`, or it is free.
+    fn announce(&self, key: &LockKey, handed: Option<HandedOver>) {
         match handed {
             Some(to) => self.inner.hub.hand_over(key.channel(), &to.token, to.fence),
             None => self.inner.hub.notify(key.channel()),
         }
-        true
     }
 
     /// An empty store.

@@ -271,10 +271,7 @@ impl RedisBackend {
 
     /// Deletes the lock if `token` still holds it, without waking anyone ([`scripts::UNDO_LUA`]).
     pub(crate) async fn undo(&self, key: &LockKey, token: &str) -> Result<bool, LockError> {
-        let undone = join_all(key.keys().iter().map(|k| self.undo_key(k, token))).await;
-        undone
-            .into_iter()
-            .try_fold(true, |all, one| Ok(all && one?))
+        every_key(join_all(key.keys().iter().map(|k| self.undo_key(k, token))).await)
     }
 
     /// [`Self::undo`] of one key.
@@ -310,9 +307,9 @@ impl RedisBackend {
                 .arg(attempt.share.wire());
         } else {
             let keys = attempt.key.keys();
-            cmd = evalsha(&scripts::ACQUIRE_ALL, 2 * keys.len());
-            cmd.arg(keys.iter().map(|k| &k.redis_key).collect::<Vec<_>>())
-                .arg(keys.iter().map(|k| &k.fence_key).collect::<Vec<_>>())
+            let names = all_keys(attempt);
+            cmd = evalsha(&scripts::ACQUIRE_ALL, names.len());
+            cmd.arg(names)
                 .arg(attempt.token)
                 .arg(ttl_ms(attempt.ttl))
                 .arg(u8::from(attempt.fencing))
@@ -516,21 +513,15 @@ impl RedisBackend {
     /// A multi-key lock's attempt: all its keys in one script call.
     async fn acquire_all(&self, attempt: &Acquire<'_>) -> Result<Attempt, LockError> {
         let mut con = self.con("acquire", Some(&attempt.key.key)).await?;
-        let keys = attempt.key.keys();
         let mut call = scripts::ACQUIRE_ALL.prepare_invoke();
-        for key in keys {
-            call.key(&key.redis_key);
-        }
-        if attempt.fencing {
-            for key in keys {
-                call.key(&key.fence_key);
-            }
+        for name in all_keys(attempt) {
+            call.key(name);
         }
         let reply: Vec<Value> = call
             .arg(attempt.token)
             .arg(ttl_ms(attempt.ttl))
             .arg(u8::from(attempt.fencing))
-            .arg(keys.len())
+            .arg(attempt.key.keys().len())
             .invoke_async(&mut con)
             .await
             .map_err(|e| self.error("acquire", Some(&attempt.key.key), e))?;
@@ -626,10 +617,7 @@ impl Store for RedisBackend {
         if key.all.is_empty() {
             return self.release_key(key, token).await;
         }
-        let released = join_all(key.all.iter().map(|k| self.release_key(k, token))).await;
-        released
-            .into_iter()
-            .try_fold(true, |all, one| Ok(all && one?))
+        every_key(join_all(key.all.iter().map(|k| self.release_key(k, token))).await)
     }
 
     /// One flag per lock: renewed, not ours, or unknown (`None`: that call failed).
@@ -726,6 +714,26 @@ fn key_index(i: i64) -> usize {
 
 fn migrating(e: &redis::RedisError) -> bool {
     e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::TryAgain)
+}
+
+/// The keys [`scripts::ACQUIRE_ALL_LUA`] names: every lock, then with fencing their counters.
+fn all_keys<'a>(attempt: &Acquire<'a>) -> Vec<&'a str> {
+    let keys = attempt.key.keys();
+    let locks = keys.iter().map(|k| k.redis_key.as_str());
+    let fences = keys.iter().map(|k| k.fence_key.as_str());
+    if attempt.fencing {
+        locks.chain(fences).collect()
+    } else {
+        locks.collect()
+    }
+}
+
+/// A multi-key lock's per-key answers as one: true only if every key said so, the first error
+/// otherwise.
+fn every_key(answers: Vec<Result<bool, LockError>>) -> Result<bool, LockError> {
+    answers
+        .into_iter()
+        .try_fold(true, |all, one| Ok(all && one?))
 }
 
 /// The keys the acquire and release scripts name: the lock, then with `queued` its fencing
