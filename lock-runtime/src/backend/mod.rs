@@ -36,7 +36,7 @@ impl Backend {
         timeouts: Timeouts,
         replicas: u32,
     ) -> Result<Self, LockError> {
-        let client = tls.client(url)?;
+        let client = tls.client(url, "server")?;
         Ok(Self::redis(
             Topology::Server(Box::new(client)),
             timeouts,
@@ -59,10 +59,11 @@ impl Backend {
     pub(crate) fn sentinel(
         master: &str,
         sentinels: Vec<String>,
+        tls: &Tls,
         timeouts: Timeouts,
         replicas: u32,
     ) -> Result<Self, LockError> {
-        let setup = redis::config::sentinel_setup(master, sentinels)?;
+        let setup = redis::config::sentinel_setup(master, sentinels, tls)?;
         Ok(Self::redis(Topology::Sentinel(setup), timeouts, replicas))
     }
 

@@ -103,7 +103,33 @@ impl RegistryBuilder {
     /// `master` is the service's name (`mymaster`), or a URL whose host is that name and which
     /// carries the master's login and database: `redis://user:password@mymaster/2`. Each
     /// sentinel is `redis://[user:password@]host:port` (the first one's login is used for all).
-    /// TLS is not offered in this mode.
+    ///
+    /// **TLS** (the `tls` feature; without it a `rediss://` URL is refused by
+    /// [`build`](Self::build), naming the feature):
+    /// - the sentinels are reached over TLS when their URLs are `rediss://`: all of them or
+    ///   none (a mix is refused);
+    /// - the master (and so every server the registry locks on, across failovers) follows the
+    ///   sentinels when `master` is a plain name. A master URL decides for itself:
+    ///   `rediss://user:password@mymaster` for TLS, `redis://..` for plain TCP, whatever the
+    ///   sentinels speak;
+    /// - [`tls_root_cert`](Self::tls_root_cert) and [`tls_client_cert`](Self::tls_client_cert)
+    ///   apply to both, as a deployment shares one CA (without them, the system's roots).
+    ///
+    /// The master's certificate is checked against the address the sentinels announce for it:
+    /// an IP address unless the sentinels run with `sentinel announce-hostnames yes`, so the
+    /// certificate must name that address. A server configured with `tls-replication yes` is
+    /// what makes its replicas and sentinels talk TLS to it.
+    ///
+    /// ```
+    /// let registry = lock_runtime::Registry::builder()
+    ///     .sentinel("mymaster", ["rediss://10.0.0.1:26379", "rediss://10.0.0.2:26379"])
+    ///     // .tls_root_cert(ca_pem) for a private CA
+    ///     .build();
+    /// # #[cfg(feature = "tls")]
+    /// # assert!(registry.is_ok());
+    /// # #[cfg(not(feature = "tls"))]
+    /// # assert!(registry.unwrap_err().to_string().contains("`tls` feature"));
+    /// ```
     ///
     /// ```
     /// let registry = lock_runtime::Registry::builder()
@@ -130,14 +156,17 @@ impl RegistryBuilder {
         self
     }
 
-    /// Trust this CA (PEM) for `rediss://` connections instead of the system's roots.
+    /// Trust this CA (PEM) for `rediss://` connections instead of the system's roots: the
+    /// server, every cluster node or Redlock node, and in Sentinel mode the sentinels and the
+    /// master they name (see [`sentinel`](Self::sentinel)). `redis://` URLs stay plain.
     #[cfg(feature = "tls")]
     pub fn tls_root_cert(mut self, pem: impl Into<Vec<u8>>) -> Self {
         self.tls.root_cert(pem.into());
         self
     }
 
-    /// Present this client certificate and key (PEM) for mutual TLS.
+    /// Present this client certificate and key (PEM) for mutual TLS, on every `rediss://`
+    /// connection (in Sentinel mode, to the sentinels and the master alike).
     #[cfg(feature = "tls")]
     pub fn tls_client_cert(
         mut self,
@@ -277,7 +306,7 @@ impl RegistryBuilder {
             Mode::Cluster(seeds) => Backend::cluster(seeds, &self.tls, timeouts)?,
             Mode::Redlock(nodes) => Backend::redlock(nodes, &self.tls, timeouts)?,
             Mode::Sentinel { master, sentinels } => {
-                Backend::sentinel(&master, sentinels, timeouts, replicas)?
+                Backend::sentinel(&master, sentinels, &self.tls, timeouts, replicas)?
             }
         };
         Ok(Registry {

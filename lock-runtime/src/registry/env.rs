@@ -16,6 +16,11 @@ impl Registry {
     /// An empty entry in a comma list (`redis://a:6379,`) is an error naming its position, never
     /// skipped: a stray comma must not turn one server into a Redlock.
     ///
+    /// `rediss://` URLs speak TLS (the `tls` feature, with the system's roots: a private CA
+    /// needs [`RegistryBuilder::tls_root_cert`](super::builder::RegistryBuilder::tls_root_cert)
+    /// in code); in Sentinel mode `rediss://` sentinel URLs make the master TLS too, unless
+    /// `LOCK_REDIS_SENTINEL_MASTER` is a URL with a scheme of its own.
+    ///
     /// `LOCK_REDIS_CONFIRM_REPLICAS=1` sets [`RegistryBuilder::confirm_replicas`](super::builder::RegistryBuilder::confirm_replicas)
     /// (one server or Sentinel; unset or `0` is off).
     ///

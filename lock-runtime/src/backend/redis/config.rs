@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use redis::ConnectionInfo;
+use redis::{ConnectionAddr, ConnectionInfo, TlsMode};
 
 use super::sentinel::SentinelSetup;
 use crate::LockError;
@@ -37,26 +37,66 @@ impl Tls {
         })
     }
 
-    /// A client for `url`, with these certificates when any were given.
-    pub(crate) fn client(&self, url: &str) -> Result<redis::Client, LockError> {
+    /// A client for `url` (a `what`: "server", "sentinel"..., for errors), with these
+    /// certificates attached when it is a `rediss://` URL and any were given; a `redis://` URL
+    /// stays plain TCP whatever certificates there are.
+    pub(crate) fn client(&self, url: &str, what: &str) -> Result<redis::Client, LockError> {
+        let url = url.trim();
+        // Refused by name even where another crate turned on redis' TLS: without the feature,
+        // the registry's certificates could not be attached.
+        if is_tls_url(url) && !cfg!(feature = "tls") {
+            return Err(LockError::configure(format!(
+                "the {what} URL uses rediss:// (TLS), but lock-runtime was built without its \
+                 `tls` feature; enable it (lock-runtime = {{ .., features = [\"tls\"] }}) or \
+                 use redis://"
+            )));
+        }
+        let client = redis::Client::open(url).map_err(|e| {
+            LockError::Backend {
+                // The URL may hold a password: name only what kind of error it was.
+                node: "(unparsed URL)".into(),
+                command: "parse URL",
+                key: None,
+                message: format!(
+                    "the {what} URL is not a valid Redis URL ({:?}); expected \
+                     redis://[user:password@]host:port[/db]",
+                    e.kind()
+                ),
+                source: None,
+            }
+        })?;
         #[cfg(feature = "tls")]
-        let opened = match &self.certs {
-            Some(certs) => redis::Client::build_with_tls(url.trim(), certs.clone()),
-            None => redis::Client::open(url.trim()),
-        };
-        #[cfg(not(feature = "tls"))]
-        let opened = redis::Client::open(url.trim());
-        opened.map_err(|e| LockError::Backend {
-            // The URL may hold a password: name only what kind of error it was.
-            node: "(unparsed URL)".into(),
-            command: "parse URL",
-            key: None,
-            message: format!(
-                "not a valid Redis URL ({:?}); expected redis://[user:password@]host:port[/db]",
-                e.kind()
-            ),
-            source: None,
-        })
+        if let (Some(certs), Some(_)) = (&self.certs, tls_mode(client.get_connection_info().addr()))
+        {
+            return redis::Client::build_with_tls(
+                client.get_connection_info().clone(),
+                certs.clone(),
+            )
+            .map_err(|e| {
+                LockError::configure(format!(
+                    "the TLS certificates (tls_root_cert, tls_client_cert) could not be \
+                         used for the {what} ({:?}: {}); give PEM-encoded certificates and key",
+                    e.kind(),
+                    e.detail().unwrap_or_default()
+                ))
+            });
+        }
+        Ok(client)
+    }
+}
+
+/// `rediss://` (or valkey's `valkeys://`), whatever the case.
+fn is_tls_url(url: &str) -> bool {
+    let scheme = url.split("://").next().unwrap_or_default();
+    scheme.eq_ignore_ascii_case("rediss") || scheme.eq_ignore_ascii_case("valkeys")
+}
+
+/// How redis-rs' Sentinel client is told to reach a server: `None` for plain TCP.
+fn tls_mode(addr: &ConnectionAddr) -> Option<TlsMode> {
+    match addr {
+        ConnectionAddr::TcpTls { insecure: true, .. } => Some(TlsMode::Insecure),
+        ConnectionAddr::TcpTls { .. } => Some(TlsMode::Secure),
+        _ => None,
     }
 }
 
@@ -73,7 +113,10 @@ impl ClusterSeeds {
     pub(crate) fn parse(seeds: Vec<String>, tls: &Tls) -> Result<Self, LockError> {
         let nodes = non_empty(seeds, "cluster seed")?
             .iter()
-            .map(|url| tls.client(url).map(|c| c.get_connection_info().clone()))
+            .map(|url| {
+                tls.client(url, "cluster seed")
+                    .map(|c| c.get_connection_info().clone())
+            })
             .collect::<Result<_, _>>()?;
         Ok(Self {
             nodes,
@@ -114,7 +157,7 @@ pub(crate) fn node_name(info: &ConnectionInfo) -> String {
 pub(crate) fn redlock_nodes(urls: Vec<String>, tls: &Tls) -> Result<Vec<redis::Client>, LockError> {
     let clients: Vec<redis::Client> = non_empty(urls, "Redlock node")?
         .iter()
-        .map(|url| tls.client(url))
+        .map(|url| tls.client(url, "Redlock node"))
         .collect::<Result<_, _>>()?;
     let servers: Vec<String> = clients
         .iter()
@@ -143,36 +186,63 @@ pub(crate) fn redlock_nodes(urls: Vec<String>, tls: &Tls) -> Result<Vec<redis::C
     Ok(clients)
 }
 
-/// Sentinel mode's sentinels and master: plain TCP only (no TLS is offered in this mode).
+/// Sentinel mode's sentinels and master. The sentinels speak TLS when their URLs are
+/// `rediss://` (all of them or none); the master and replicas when the master URL is
+/// `rediss://`, and like the sentinels when the master is given by name alone. Both use the
+/// same certificates.
 pub(crate) fn sentinel_setup(
     master: &str,
     sentinels: Vec<String>,
+    tls: &Tls,
 ) -> Result<Arc<SentinelSetup>, LockError> {
-    let sentinels = non_empty(sentinels, "sentinel")?
+    let sentinels: Vec<ConnectionInfo> = non_empty(sentinels, "sentinel")?
         .iter()
-        .map(|url| plain(url, "sentinel").map(|c| c.get_connection_info().clone()))
+        .map(|url| {
+            tls.client(url, "sentinel")
+                .map(|c| c.get_connection_info().clone())
+        })
         .collect::<Result<_, _>>()?;
-    let (service, master) = sentinel_master(master)?;
+    let sentinel_tls = tls_mode(sentinels[0].addr());
+    if let Some(other) = sentinels
+        .iter()
+        .position(|s| tls_mode(s.addr()) != sentinel_tls)
+    {
+        let scheme = |mode: Option<TlsMode>| {
+            if mode.is_some() {
+                "rediss://"
+            } else {
+                "redis://"
+            }
+        };
+        return Err(LockError::configure(format!(
+            "sentinel URLs 1 and {} differ in TLS ({} and {}): one deployment's sentinels all \
+             listen for TLS or none do; give every sentinel URL the same scheme",
+            other + 1,
+            scheme(sentinel_tls),
+            scheme(tls_mode(sentinels[other].addr())),
+        )));
+    }
+    let (service, login, master_tls) = match sentinel_master(master, tls)? {
+        (service, Some(info)) => (
+            service,
+            info.redis_settings().clone(),
+            tls_mode(info.addr()),
+        ),
+        (service, None) => (service, redis::RedisConnectionInfo::default(), sentinel_tls),
+    };
     Ok(Arc::new(SentinelSetup {
         sentinels,
         service,
-        master,
+        master: login,
+        master_tls,
+        #[cfg(feature = "tls")]
+        certs: tls.certs.clone(),
     }))
 }
 
-/// A plain-TCP client (Sentinel mode offers no TLS): a `rediss://` URL is refused by name.
-fn plain(url: &str, what: &str) -> Result<redis::Client, LockError> {
-    if url.trim().starts_with("rediss://") {
-        return Err(LockError::configure(format!(
-            "a {what} URL uses rediss://, but Sentinel mode offers no TLS; use redis:// \
-             or a single server, cluster or Redlock registry"
-        )));
-    }
-    Tls::default().client(url)
-}
-
-/// The service name and the master's login: `mymaster`, or `redis://user:pass@mymaster/db`.
-fn sentinel_master(master: &str) -> Result<(String, redis::RedisConnectionInfo), LockError> {
+/// The service name, and the master URL when one was given (`redis://user:pass@mymaster/db`,
+/// which carries the master's login, database and scheme) rather than the name alone.
+fn sentinel_master(master: &str, tls: &Tls) -> Result<(String, Option<ConnectionInfo>), LockError> {
     let master = master.trim();
     if !master.contains("://") {
         if master.is_empty() || master.contains(['/', '@', ':', ' ']) {
@@ -182,18 +252,19 @@ fn sentinel_master(master: &str) -> Result<(String, redis::RedisConnectionInfo),
                     .into(),
             ));
         }
-        return Ok((master.to_owned(), redis::RedisConnectionInfo::default()));
+        return Ok((master.to_owned(), None));
     }
-    let info = plain(master, "Sentinel master")?
+    let info = tls
+        .client(master, "Sentinel master")?
         .get_connection_info()
         .clone();
     match info.addr() {
-        redis::ConnectionAddr::Tcp(service, _) => {
-            Ok((service.clone(), info.redis_settings().clone()))
+        ConnectionAddr::Tcp(service, _) | ConnectionAddr::TcpTls { host: service, .. } => {
+            Ok((service.clone(), Some(info.clone())))
         }
         _ => Err(LockError::configure(
             "the Sentinel master URL must name the service as its host: \
-             redis://user:password@mymaster/db"
+             redis://user:password@mymaster/db (rediss:// for a master that speaks TLS)"
                 .into(),
         )),
     }
@@ -225,6 +296,16 @@ pub(crate) enum Topology {
 }
 
 impl Topology {
+    /// Whether the connection starts over TLS (to the server, the seeds, the sentinels).
+    pub(crate) fn tls(&self) -> bool {
+        let first = match self {
+            Self::Server(client) => Some(client.get_connection_info()),
+            Self::Cluster(seeds) => seeds.nodes.first(),
+            Self::Sentinel(setup) => setup.sentinels.first(),
+        };
+        first.is_some_and(|info| tls_mode(info.addr()).is_some())
+    }
+
     /// `host:port[/db]`, `cluster(..)` or `sentinel <service> via ..`: never credentials.
     pub(crate) fn node_name(&self) -> String {
         match self {
@@ -232,5 +313,70 @@ impl Topology {
             Self::Cluster(seeds) => seeds.node_name(),
             Self::Sentinel(setup) => setup.node_name(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(master: &str, sentinels: &[&str]) -> String {
+        let urls = sentinels.iter().map(|s| (*s).to_owned()).collect();
+        match sentinel_setup(master, urls, &Tls::default()) {
+            Ok(_) => panic!("{master} via {sentinels:?} was accepted"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[cfg(not(feature = "tls"))]
+    #[test]
+    fn a_rediss_url_without_the_tls_feature_names_the_feature_and_the_node() {
+        let message = refused("mymaster", &["rediss://127.0.0.1:26379"]);
+        assert!(message.contains("sentinel URL uses rediss://"), "{message}");
+        assert!(message.contains("`tls` feature"), "{message}");
+        let message = refused("rediss://mymaster", &["redis://127.0.0.1:26379"]);
+        assert!(message.contains("Sentinel master URL"), "{message}");
+        let Err(e) = Tls::default().client("rediss://127.0.0.1:6380", "server") else {
+            panic!("rediss:// accepted without the tls feature");
+        };
+        assert!(e.to_string().contains("`tls` feature"), "{e}");
+    }
+
+    #[cfg(feature = "tls")]
+    #[test]
+    fn sentinels_that_mix_tls_and_plain_tcp_are_refused_by_position() {
+        let message = refused(
+            "mymaster",
+            &[
+                "rediss://10.0.0.1:26379",
+                "rediss://10.0.0.2:26379",
+                "redis://10.0.0.3:26379",
+            ],
+        );
+        assert!(
+            message.contains("sentinel URLs 1 and 3 differ in TLS"),
+            "{message}"
+        );
+    }
+
+    #[cfg(feature = "tls")]
+    #[test]
+    fn the_master_follows_the_sentinels_unless_its_url_says_otherwise() {
+        let master_tls = |master: &str, sentinel: &str| {
+            let setup = sentinel_setup(master, vec![sentinel.to_owned()], &Tls::default());
+            setup.map(|s| s.master_tls).map_err(|e| e.to_string())
+        };
+        let (tls, plain) = ("rediss://10.0.0.1:26379", "redis://10.0.0.1:26379");
+        assert_eq!(master_tls("mymaster", tls), Ok(Some(TlsMode::Secure)));
+        assert_eq!(master_tls("mymaster", plain), Ok(None));
+        assert_eq!(master_tls("redis://u:p@mymaster/2", tls), Ok(None));
+        assert_eq!(
+            master_tls("rediss://u:p@mymaster/2", plain),
+            Ok(Some(TlsMode::Secure))
+        );
+        assert_eq!(
+            master_tls("rediss://mymaster/#insecure", plain),
+            Ok(Some(TlsMode::Insecure))
+        );
     }
 }

@@ -9,7 +9,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 
 use super::config::Topology;
-use super::errors::timed_out;
+use super::errors::{plain_to_tls_hint, timed_out};
 use super::manager::manager;
 use super::sentinel::SentinelConnection;
 use super::stall::Stall;
@@ -155,7 +155,10 @@ impl SharedConnection {
         };
         match tokio::time::timeout(self.timeouts.connect, attempt).await {
             Ok(Ok(con)) => Ok(OnIo(con)),
-            Ok(Err(e)) => Err(failure(format!("could not connect: {e}"), Some(e))),
+            Ok(Err(e)) => {
+                let hint = plain_to_tls_hint(&e, !self.topology.tls());
+                Err(failure(format!("could not connect: {e}{hint}"), Some(e)))
+            }
             Err(_) => Err(failure(
                 format!("could not connect within {:?}", self.timeouts.connect),
                 None,

@@ -11,6 +11,18 @@ pub(crate) fn unanswered(e: &redis::RedisError) -> bool {
     e.is_timeout() || e.is_io_error() || e.is_connection_dropped()
 }
 
+/// What to add to a failed connect of a plain-TCP client: a server (or sentinel) that listens
+/// only for TLS drops a plain connection as soon as its first bytes fail the handshake, which
+/// reads as a mere reset.
+pub(crate) fn plain_to_tls_hint(e: &redis::RedisError, plain: bool) -> &'static str {
+    if plain && e.is_connection_dropped() && !e.is_connection_refusal() && !e.is_timeout() {
+        " (a server that listens only for TLS drops plain connections like this: if it does, \
+         use rediss:// URLs)"
+    } else {
+        ""
+    }
+}
+
 /// The error of a call that got no answer within `budget`.
 pub(crate) fn timed_out(budget: Duration) -> redis::RedisError {
     std::io::Error::new(

@@ -1,5 +1,10 @@
 //! Redis Sentinel: the master is whichever server the sentinels name now.
 //!
+//! With the `tls` feature, the sentinels are reached over TLS when their URLs are `rediss://`,
+//! and the master when its URL is (a master given by name alone follows the sentinels); both
+//! with the registry's certificates. The master is verified against the address the sentinels
+//! announce for it, as redis-rs does.
+//!
 //! The registry asks the sentinels for the master of a named service (redis-rs checks the
 //! answer with `ROLE`), connects to it, and runs the same commands and scripts as on a single
 //! server. When the master stops answering, or answers `READONLY` because it was demoted to a
@@ -39,6 +44,11 @@ pub(crate) struct SentinelSetup {
     pub service: String,
     /// Username, password and database for the master (from the master URL).
     pub master: redis::RedisConnectionInfo,
+    /// Whether the master and replicas speak TLS (`None`: plain TCP).
+    pub master_tls: Option<redis::TlsMode>,
+    /// The certificates for a TLS master (the sentinels' own are in their addresses).
+    #[cfg(feature = "tls")]
+    pub certs: Option<redis::TlsCertificates>,
 }
 
 impl SentinelSetup {
@@ -66,6 +76,13 @@ impl SentinelSetup {
         }
         if let Some(password) = self.master.password() {
             builder = builder.set_client_to_redis_password(password);
+        }
+        if let Some(mode) = self.master_tls {
+            builder = builder.set_client_to_redis_tls_mode(mode);
+            #[cfg(feature = "tls")]
+            if let Some(certs) = &self.certs {
+                builder = builder.set_client_to_redis_certificates(certs.clone());
+            }
         }
         // Sentinels of one deployment share their credentials; the first URL carries them.
         if let Some(first) = self.sentinels.first().map(ConnectionInfo::redis_settings) {
