@@ -30,4 +30,4 @@ pub use locks::{
 };
 pub use poll::eventually;
 pub use registry::{fast_registry, with_timeouts};
-pub use server::{free_port, signal, RedisServer, SilentServer, INSTALL_HINT};
+pub use server::{free_port, signal, Certificates, RedisServer, SilentServer, INSTALL_HINT};

@@ -6,14 +6,18 @@
 //! replica and the sentinels connect from loopback addresses of their own
 //! ([`REPLICA_SOURCE`], [`SENTINEL_SOURCE`], through redis' `bind-source-addr`), clients from
 //! `127.0.0.1`, and the proxy black-holes connections by source address.
+//!
+//! [`RedisSentinels::start_tls`] makes every server speak only TLS, with one throwaway CA:
+//! the replica replicates and the sentinels monitor, and talk to each other, over TLS.
 
 use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 
 use crate::proxy::Proxy;
-use crate::RedisServer;
+use crate::{Certificates, RedisServer};
 
 /// The service name the sentinels monitor.
 pub const SERVICE: &str = "mymaster";
@@ -41,7 +45,19 @@ impl RedisSentinels {
     /// When `redis-server` is missing or the deployment does not come together in 30 s.
     #[must_use]
     pub fn start() -> Self {
-        Self::start_inner(false)
+        Self::start_inner(false, None)
+    }
+
+    /// As [`start`](Self::start), every server listening only for TLS (`--port 0`,
+    /// `--tls-port`) with certificates from one throwaway CA ([`ca_pem`](Self::ca_pem)), and
+    /// `tls-replication yes`: the replica follows the master over TLS, and the sentinels
+    /// monitor the servers and talk to each other over TLS.
+    ///
+    /// # Panics
+    /// As [`start`](Self::start), or when `openssl` is missing.
+    #[must_use]
+    pub fn start_tls() -> Self {
+        Self::start_inner(false, Some(Arc::new(Certificates::make())))
     }
 
     /// As [`start`](Self::start), with the master reached through a proxy that
@@ -56,11 +72,15 @@ impl RedisSentinels {
     /// As [`start`](Self::start).
     #[must_use]
     pub fn start_partitionable() -> Self {
-        Self::start_inner(true)
+        Self::start_inner(true, None)
     }
 
-    fn start_inner(partitionable: bool) -> Self {
-        let master = RedisServer::start();
+    fn start_inner(partitionable: bool, tls: Option<Arc<Certificates>>) -> Self {
+        let server = |args: &[&str]| match &tls {
+            Some(certs) => RedisServer::start_tls_with(certs, args),
+            None => RedisServer::start_with(args),
+        };
+        let master = server(&[]);
         let front = partitionable.then(|| Proxy::start(master.port()));
         // The master's address as the replica and the sentinels know it.
         let master_port = front.as_ref().map_or(master.port(), Proxy::port);
@@ -71,7 +91,7 @@ impl RedisSentinels {
         if partitionable {
             replica_args.extend(["--bind-source-addr", replica_source.as_str()]);
         }
-        let replica = RedisServer::start_with(&replica_args);
+        let replica = server(&replica_args);
         poll("the replica linked to the master", || {
             info(&replica, "replication").contains("master_link_status:up")
         });
@@ -86,7 +106,15 @@ impl RedisSentinels {
             ));
         }
         let sentinels: Vec<RedisServer> = (0..3)
-            .map(|_| RedisServer::start_configured(&config, &["--sentinel"], "+monitor master"))
+            .map(|_| match &tls {
+                Some(certs) => RedisServer::start_configured_tls(
+                    certs,
+                    &config,
+                    &["--sentinel"],
+                    "+monitor master",
+                ),
+                None => RedisServer::start_configured(&config, &["--sentinel"], "+monitor master"),
+            })
             .collect();
         for sentinel in &sentinels {
             poll("each sentinel knows the replica and the others", || {
@@ -126,10 +154,19 @@ impl RedisSentinels {
             .partition(&[REPLICA_SOURCE, SENTINEL_SOURCE]);
     }
 
-    /// The sentinels' URLs, as a registry is given them.
+    /// The sentinels' URLs, as a registry is given them (`rediss://` in a TLS deployment).
     #[must_use]
     pub fn urls(&self) -> Vec<String> {
         self.sentinels.iter().map(RedisServer::url).collect()
+    }
+
+    /// The PEM of the CA of a TLS deployment ([`start_tls`](Self::start_tls)).
+    ///
+    /// # Panics
+    /// For a deployment without TLS.
+    #[must_use]
+    pub fn ca_pem(&self) -> Vec<u8> {
+        self.master.ca_pem()
     }
 
     /// Subscribes to the first sentinel's `+switch-master` events; call before the fault.

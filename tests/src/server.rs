@@ -5,7 +5,8 @@ use std::io::{BufRead, BufReader};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 /// What to do when Debian's `redis-server` is missing: fail loudly, never skip.
@@ -19,7 +20,8 @@ pub struct RedisServer {
     port: u16,
     dir: PathBuf,
     extra: Vec<String>,
-    tls: bool,
+    /// For a server that speaks only TLS: its certificate and CA.
+    tls: Option<Arc<Certificates>>,
     /// A config file given first (Sentinel mode requires one, and writes to it).
     config: Option<String>,
     /// The log line that says the process serves.
@@ -42,7 +44,7 @@ impl RedisServer {
     /// As [`RedisServer::start`].
     #[must_use]
     pub fn start_with(extra: &[&str]) -> Self {
-        Self::start_inner(extra, false)
+        Self::start_full(extra, None, None, "Ready to accept connections")
     }
 
     /// Starts a replica of `master` and returns once its replication link is up.
@@ -77,7 +79,22 @@ impl RedisServer {
     /// As [`RedisServer::start`], or when `openssl` is missing.
     #[must_use]
     pub fn start_tls() -> Self {
-        Self::start_inner(&[], true)
+        Self::start_tls_with(&Arc::new(Certificates::make()), &[])
+    }
+
+    /// Starts a server that speaks only TLS with these certificates (shared by the servers of
+    /// one deployment) and extra arguments; replication runs over TLS too.
+    ///
+    /// # Panics
+    /// As [`RedisServer::start`].
+    #[must_use]
+    pub fn start_tls_with(certs: &Arc<Certificates>, extra: &[&str]) -> Self {
+        Self::start_full(
+            extra,
+            Some(certs.clone()),
+            None,
+            "Ready to accept connections",
+        )
     }
 
     /// Starts `redis-server <config file> <extra..>`, ready once `ready` appears in its log:
@@ -87,14 +104,30 @@ impl RedisServer {
     /// As [`RedisServer::start`].
     #[must_use]
     pub fn start_configured(config: &str, extra: &[&str], ready: &'static str) -> Self {
-        Self::start_full(extra, false, Some(config.to_owned()), ready)
+        Self::start_full(extra, None, Some(config.to_owned()), ready)
     }
 
-    fn start_inner(extra: &[&str], tls: bool) -> Self {
-        Self::start_full(extra, tls, None, "Ready to accept connections")
+    /// As [`start_configured`](Self::start_configured), speaking only TLS with these
+    /// certificates (a sentinel then talks TLS to the servers it monitors and to its peers).
+    ///
+    /// # Panics
+    /// As [`RedisServer::start`].
+    #[must_use]
+    pub fn start_configured_tls(
+        certs: &Arc<Certificates>,
+        config: &str,
+        extra: &[&str],
+        ready: &'static str,
+    ) -> Self {
+        Self::start_full(extra, Some(certs.clone()), Some(config.to_owned()), ready)
     }
 
-    fn start_full(extra: &[&str], tls: bool, config: Option<String>, ready: &'static str) -> Self {
+    fn start_full(
+        extra: &[&str],
+        tls: Option<Arc<Certificates>>,
+        config: Option<String>,
+        ready: &'static str,
+    ) -> Self {
         let extra: Vec<String> = extra.iter().map(|s| (*s).to_owned()).collect();
         // A port found free can be taken by someone else before the server binds it: retry.
         let mut last_error = String::new();
@@ -107,13 +140,10 @@ impl RedisServer {
                 port,
                 dir,
                 extra: extra.clone(),
-                tls,
+                tls: tls.clone(),
                 config: config.clone(),
                 ready,
             };
-            if tls {
-                server.make_certificates();
-            }
             match server.spawn() {
                 Ok(()) => return server,
                 Err(e) => last_error = e,
@@ -130,8 +160,8 @@ impl RedisServer {
             std::fs::write(&file, config).map_err(|e| e.to_string())?;
             command.arg(file);
         }
-        if self.tls {
-            let file = |name: &str| self.dir.join(name);
+        if let Some(certs) = &self.tls {
+            let file = |name: &str| certs.dir.join(name);
             command
                 .args(["--port", "0", "--tls-port"])
                 .arg(self.port.to_string())
@@ -141,7 +171,7 @@ impl RedisServer {
                 .arg(file("server.key"))
                 .arg("--tls-ca-cert-file")
                 .arg(file("ca.crt"))
-                .args(["--tls-auth-clients", "no"]);
+                .args(["--tls-auth-clients", "no", "--tls-replication", "yes"]);
         } else {
             command.arg("--port").arg(self.port.to_string());
         }
@@ -198,7 +228,11 @@ impl RedisServer {
     /// `redis://127.0.0.1:<port>/` (`rediss://` for a TLS server).
     #[must_use]
     pub fn url(&self) -> String {
-        let scheme = if self.tls { "rediss" } else { "redis" };
+        let scheme = if self.tls.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
         format!("{scheme}://127.0.0.1:{}/", self.port)
     }
 
@@ -208,80 +242,7 @@ impl RedisServer {
     /// For a server started without TLS.
     #[must_use]
     pub fn ca_pem(&self) -> Vec<u8> {
-        std::fs::read(self.dir.join("ca.crt")).expect("a TLS server has a CA")
-    }
-
-    fn make_certificates(&self) {
-        std::fs::create_dir_all(&self.dir).expect("certificate dir");
-        std::fs::write(
-            self.dir.join("ext.cnf"),
-            "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
-        )
-        .expect("write ext.cnf");
-        let steps: [&[&str]; 3] = [
-            &[
-                "req",
-                "-x509",
-                "-newkey",
-                "rsa:2048",
-                "-nodes",
-                "-keyout",
-                "ca.key",
-                "-out",
-                "ca.crt",
-                "-days",
-                "2",
-                "-subj",
-                "/CN=lock-tests CA",
-            ],
-            &[
-                "req",
-                "-newkey",
-                "rsa:2048",
-                "-nodes",
-                "-keyout",
-                "server.key",
-                "-out",
-                "server.csr",
-                "-subj",
-                "/CN=127.0.0.1",
-            ],
-            &[
-                "x509",
-                "-req",
-                "-in",
-                "server.csr",
-                "-CA",
-                "ca.crt",
-                "-CAkey",
-                "ca.key",
-                "-CAcreateserial",
-                "-out",
-                "server.crt",
-                "-days",
-                "2",
-                "-extfile",
-                "ext.cnf",
-            ],
-        ];
-        for args in steps {
-            let out = match Command::new("openssl")
-                .args(args)
-                .current_dir(&self.dir)
-                .output()
-            {
-                Ok(out) => out,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                    panic!("openssl was not found: install it with `apt-get install -y openssl`")
-                }
-                Err(e) => panic!("could not run openssl: {e}"),
-            };
-            assert!(
-                out.status.success(),
-                "openssl {args:?}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
+        self.tls.as_ref().expect("a TLS server").ca_pem()
     }
 
     #[must_use]
@@ -295,7 +256,17 @@ impl RedisServer {
     /// Never for a running server.
     #[must_use]
     pub fn client(&self) -> redis::Client {
-        redis::Client::open(self.url()).expect("valid url")
+        match &self.tls {
+            None => redis::Client::open(self.url()).expect("valid url"),
+            Some(certs) => redis::Client::build_with_tls(
+                self.url(),
+                redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(certs.ca_pem()),
+                },
+            )
+            .expect("valid url and CA"),
+        }
     }
 
     /// A synchronous connection for raw commands.
@@ -304,7 +275,9 @@ impl RedisServer {
     /// When the server does not answer.
     #[must_use]
     pub fn connection(&self) -> redis::Connection {
-        crate::connection(&self.url())
+        self.client()
+            .get_connection()
+            .expect("connect to the test redis-server")
     }
 
     fn pid(&self) -> u32 {
@@ -367,6 +340,114 @@ impl Drop for RedisServer {
             signal(child.id(), "CONT");
         }
         self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A CA and a server certificate signed by it, shared by the TLS servers of one deployment
+/// (replicas and sentinels verify each other with it); removed on drop.
+pub struct Certificates {
+    dir: PathBuf,
+}
+
+impl Certificates {
+    /// A throwaway CA and a certificate it signed for `127.0.0.1` (and `localhost`), in a
+    /// directory of their own; made with the `openssl` command.
+    ///
+    /// # Panics
+    /// When `openssl` is missing or fails.
+    #[must_use]
+    pub fn make() -> Self {
+        static MADE: AtomicUsize = AtomicUsize::new(0);
+        let n = MADE.fetch_add(1, Ordering::Relaxed);
+        let certs = Self {
+            dir: std::env::temp_dir().join(format!("lock-tests-certs-{}-{n}", std::process::id())),
+        };
+        std::fs::create_dir_all(&certs.dir).expect("certificate dir");
+        std::fs::write(
+            certs.dir.join("ext.cnf"),
+            "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
+        )
+        .expect("write ext.cnf");
+        let steps: [&[&str]; 3] = [
+            &[
+                "req",
+                "-x509",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-keyout",
+                "ca.key",
+                "-out",
+                "ca.crt",
+                "-days",
+                "2",
+                "-subj",
+                "/CN=lock-tests CA",
+            ],
+            &[
+                "req",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-keyout",
+                "server.key",
+                "-out",
+                "server.csr",
+                "-subj",
+                "/CN=127.0.0.1",
+            ],
+            &[
+                "x509",
+                "-req",
+                "-in",
+                "server.csr",
+                "-CA",
+                "ca.crt",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-out",
+                "server.crt",
+                "-days",
+                "2",
+                "-extfile",
+                "ext.cnf",
+            ],
+        ];
+        for args in steps {
+            let out = match Command::new("openssl")
+                .args(args)
+                .current_dir(&certs.dir)
+                .output()
+            {
+                Ok(out) => out,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    panic!("openssl was not found: install it with `apt-get install -y openssl`")
+                }
+                Err(e) => panic!("could not run openssl: {e}"),
+            };
+            assert!(
+                out.status.success(),
+                "openssl {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        certs
+    }
+
+    /// The CA's certificate (PEM), for clients to trust.
+    ///
+    /// # Panics
+    /// When the file is gone.
+    #[must_use]
+    pub fn ca_pem(&self) -> Vec<u8> {
+        std::fs::read(self.dir.join("ca.crt")).expect("the CA certificate")
+    }
+}
+
+impl Drop for Certificates {
+    fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

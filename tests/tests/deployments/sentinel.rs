@@ -9,12 +9,15 @@ use lock_tests::{
 };
 
 /// Short timeouts, so operations on a dead master fail quickly and are retried by the library
-/// while the sentinels promote the replica.
+/// while the sentinels promote the replica. A TLS deployment's CA is trusted.
 fn registry(deployment: &RedisSentinels) -> Registry {
-    with_timeouts(
-        Registry::builder().sentinel(SERVICE, deployment.urls()),
-        Duration::from_millis(300),
-    )
+    let builder = Registry::builder().sentinel(SERVICE, deployment.urls());
+    let builder = if deployment.urls()[0].starts_with("rediss://") {
+        builder.tls_root_cert(deployment.ca_pem())
+    } else {
+        builder
+    };
+    with_timeouts(builder, Duration::from_millis(300))
 }
 
 /// As [`registry`], counting only what `replicas` replicas acknowledged.
@@ -411,7 +414,11 @@ fn sentinel_configuration_mistakes_are_refused_by_name() {
     };
     assert!(refused("mymaster", &[]).contains("no sentinel URL given"));
     assert!(refused("my master", &["redis://127.0.0.1:26379"]).contains("not a plain name"));
-    assert!(refused("mymaster", &["rediss://127.0.0.1:26379"]).contains("offers no TLS"));
+    assert!(refused(
+        "mymaster",
+        &["rediss://127.0.0.1:26379", "redis://127.0.0.1:26380"]
+    )
+    .contains("differ in TLS"));
     // The master's login rides on a URL whose host is the service name; never echoed back.
     let reg = Registry::builder()
         .sentinel(
@@ -442,4 +449,113 @@ async fn several_keys_are_taken_together_on_the_master_the_sentinels_name() {
     let deployment = RedisSentinels::start();
     let (a, b) = (registry(&deployment), registry(&deployment));
     lock_tests::multi_key_round(&a, &b, "account:1", "account:2").await;
+}
+
+/// `PUBSUB NUMSUB` on a server of any kind (the shared helper speaks plain TCP only).
+fn subscribers_on(server: &RedisServer, channel: &str) -> i64 {
+    let counts: Vec<(String, i64)> = redis::cmd("PUBSUB")
+        .arg("NUMSUB")
+        .arg(channel)
+        .query(&mut server.connection())
+        .unwrap();
+    counts.first().map_or(0, |(_, n)| *n)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_is_taken_renewed_and_handed_over_through_tls_sentinels_on_a_tls_master() {
+    let deployment = RedisSentinels::start_tls();
+    assert!(deployment.urls().iter().all(|u| u.starts_with("rediss://")));
+    let (a, b) = (registry(&deployment), registry(&deployment));
+    let ttl = Duration::from_secs(1);
+    let guard = a
+        .lock("tls:7")
+        .fencing(true)
+        .ttl(ttl)
+        .acquire()
+        .await
+        .unwrap();
+    let first_fence = guard.fence().expect("fencing was asked for");
+    assert_eq!(
+        value(&deployment.master, "lock:tls:7").as_deref(),
+        Some(guard.token())
+    );
+    // Renewed over TLS: the key's remaining time goes up again (only a renewal raises it).
+    let mut last = pttl(&deployment.master, "lock:tls:7");
+    eventually(ttl * 3, "a renewal raised the key's expiry", || {
+        let now = pttl(&deployment.master, "lock:tls:7");
+        let raised = now > last;
+        last = now;
+        async move { raised }
+    })
+    .await;
+    assert!(!guard.is_lost());
+    // Handed over on release: the waiter's subscription is on the TLS master too.
+    let waiter = tokio::spawn(async move {
+        let next = b
+            .lock("tls:7")
+            .fencing(true)
+            .wait(Duration::from_secs(20))
+            .acquire()
+            .await?;
+        let fence = next.fence();
+        next.release().await?;
+        Ok::<_, LockError>(fence)
+    });
+    eventually(Duration::from_secs(10), "the waiter subscribed", || {
+        let subscribed = subscribers_on(&deployment.master, "lock:tls:7") > 0;
+        async move { subscribed }
+    })
+    .await;
+    guard.release().await.unwrap();
+    assert_eq!(waiter.await.unwrap().unwrap(), Some(first_fence + 1));
+    assert_eq!(value(&deployment.master, "lock:tls:7"), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_failover_under_tls_locks_are_taken_on_the_promoted_replica() {
+    let mut deployment = RedisSentinels::start_tls();
+    let reg = connected_registry(&deployment).await;
+    fail_over(&mut deployment, RedisServer::kill).await;
+    locks_on_the_new_master(&reg, &deployment).await;
+}
+
+#[tokio::test]
+async fn a_plain_client_of_tls_only_sentinels_fails_fast_naming_them() {
+    let deployment = RedisSentinels::start_tls();
+    let plain: Vec<String> = deployment
+        .urls()
+        .iter()
+        .map(|u| u.replacen("rediss://", "redis://", 1))
+        .collect();
+    let reg = Registry::builder()
+        .sentinel(SERVICE, plain)
+        .connect_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let err = tokio::time::timeout(Duration::from_secs(30), reg.lock("k").acquire())
+        .await
+        .expect("an error, not a hang")
+        .unwrap_err();
+    let message = err.to_string();
+    let sentinel = format!("127.0.0.1:{}", deployment.sentinels[0].port());
+    assert!(message.contains(&sentinel), "{message}");
+    assert!(message.contains("rediss://"), "{message}");
+}
+
+#[tokio::test]
+async fn tls_sentinels_without_the_deployment_ca_are_refused_naming_them() {
+    let deployment = RedisSentinels::start_tls();
+    let reg = Registry::builder()
+        .sentinel(SERVICE, deployment.urls())
+        .connect_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let err = tokio::time::timeout(Duration::from_secs(30), reg.lock("k").acquire())
+        .await
+        .expect("an error, not a hang")
+        .unwrap_err();
+    let message = err.to_string();
+    let sentinel = format!("127.0.0.1:{}", deployment.sentinels[0].port());
+    assert!(message.contains(&sentinel), "{message}");
+    assert_eq!(value(&deployment.master, "lock:k"), None);
 }
