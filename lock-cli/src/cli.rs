@@ -7,9 +7,13 @@ use clap::{Args, Parser, Subcommand};
 /// Inspect the Redis locks of lock-runtime (`#[distributed_lock]`): list, show, watch, and
 /// force-unlock them.
 ///
-/// Without --url, --cluster or --redlock, the Redis to inspect comes from the same environment
-/// variables as the library: LOCK_REDIS_CLUSTER (seeds, comma-separated), else LOCK_REDIS_URL
-/// (comma-separated URLs mean Redlock), else REDIS_URL.
+/// Without --url, --cluster, --redlock or --sentinel, the Redis to inspect comes from the same
+/// environment variables as the library: LOCK_REDIS_SENTINEL with LOCK_REDIS_SENTINEL_MASTER,
+/// else LOCK_REDIS_CLUSTER (seeds, comma-separated), else LOCK_REDIS_URL (comma-separated URLs
+/// mean Redlock), else REDIS_URL.
+///
+/// rediss:// URLs speak TLS and trust the system's roots (a private CA: point SSL_CERT_FILE at
+/// its PEM).
 #[derive(Debug, Parser)]
 #[command(name = "lockctl", version)]
 pub struct Cli {
@@ -30,7 +34,12 @@ pub struct Cli {
 #[derive(Debug, Args)]
 pub struct TargetArgs {
     /// One Redis server: redis://host:port/ (with an ACL user: redis://user:password@host:port/).
-    #[arg(long, global = true, value_name = "URL", conflicts_with_all = ["cluster", "redlock"])]
+    #[arg(
+        long,
+        global = true,
+        value_name = "URL",
+        conflicts_with_all = ["cluster", "redlock", "sentinel", "master_name"]
+    )]
     pub url: Option<String>,
 
     /// A Redis Cluster, through these seed nodes.
@@ -39,13 +48,31 @@ pub struct TargetArgs {
         global = true,
         value_name = "SEED,SEED",
         value_delimiter = ',',
-        conflicts_with = "redlock"
+        conflicts_with_all = ["redlock", "sentinel", "master_name"]
     )]
     pub cluster: Vec<String>,
 
     /// Redlock over these independent masters.
-    #[arg(long, global = true, value_name = "URL,URL,URL", value_delimiter = ',')]
+    #[arg(
+        long,
+        global = true,
+        value_name = "URL,URL,URL",
+        value_delimiter = ',',
+        conflicts_with_all = ["sentinel", "master_name"]
+    )]
     pub redlock: Vec<String>,
+
+    /// Redis Sentinel: the master these sentinels name for --master-name, followed as the
+    /// library follows it (comma-separated, or the flag repeated). rediss:// sentinels speak
+    /// TLS, and so does the master unless --master-name is a redis:// URL.
+    #[arg(long, global = true, value_name = "URL,URL", value_delimiter = ',')]
+    pub sentinel: Vec<String>,
+
+    /// The service name the sentinels monitor (mymaster), or redis://user:password@mymaster/db
+    /// for the master's login (rediss:// for a TLS master). No default: else
+    /// LOCK_REDIS_SENTINEL_MASTER, as for the library.
+    #[arg(long, global = true, value_name = "NAME")]
+    pub master_name: Option<String>,
 }
 
 /// The subcommands.
@@ -115,6 +142,35 @@ mod tests {
         let cli = Cli::try_parse_from(["lockctl", "show", "x", "--redlock", "redis://a,redis://b"])
             .unwrap();
         assert_eq!(cli.target.redlock, ["redis://a", "redis://b"]);
+    }
+
+    #[test]
+    fn sentinels_are_taken_comma_separated_or_repeated() {
+        let cli = Cli::try_parse_from([
+            "lockctl",
+            "--sentinel",
+            "redis://a:1,redis://b:2",
+            "--sentinel",
+            "redis://c:3",
+            "--master-name",
+            "mymaster",
+            "list",
+        ])
+        .unwrap();
+        assert_eq!(
+            cli.target.sentinel,
+            ["redis://a:1", "redis://b:2", "redis://c:3"]
+        );
+        assert_eq!(cli.target.master_name.as_deref(), Some("mymaster"));
+        let both = Cli::try_parse_from([
+            "lockctl",
+            "--url",
+            "redis://a",
+            "--sentinel",
+            "redis://b",
+            "list",
+        ]);
+        assert!(both.is_err());
     }
 
     #[test]

@@ -45,6 +45,10 @@ pub async fn list(target: &Target, registry: &Registry, key_prefix: &str) -> Res
         Target::Server(_) => String::new(),
         Target::Cluster(_) => format!(" on {} masters", scan.scanned),
         Target::Redlock(urls) => format!(" on {} of {} nodes", scan.scanned, urls.len()),
+        Target::Sentinel { .. } => format!(
+            " on {}, the master the sentinels name",
+            scan.master.as_deref().unwrap_or("?")
+        ),
     };
     println!(
         "{held} lock{} under {under}{nodes}",

@@ -9,7 +9,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
-use redis::{AsyncConnectionConfig, Value};
+use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
+use redis::{AsyncConnectionConfig, ConnectionAddr, ConnectionInfo, TlsMode, Value};
 
 use crate::target::Target;
 use crate::Failure;
@@ -36,6 +37,8 @@ pub struct Scan {
     pub scanned: usize,
     /// `host:port: error` for each node that failed.
     pub failed: Vec<String>,
+    /// `host:port` of the master the sentinels named (Sentinel mode).
+    pub master: Option<String>,
 }
 
 /// The `MATCH` pattern for keys that start with `prefix` literally: glob characters in it are
@@ -63,14 +66,22 @@ pub async fn scan(target: &Target, pattern: &str) -> Result<Scan, Failure> {
     let mut scan = Scan::default();
     match target {
         Target::Server(url) => {
-            for key in scan_server(url, pattern).await? {
+            for key in scan_server(open(url)?, pattern).await? {
+                *counts.entry(key).or_default() += 1;
+            }
+            scan.scanned = 1;
+        }
+        Target::Sentinel { master, sentinels } => {
+            let master = sentinel_master(master, sentinels).await?;
+            scan.master = Some(node_name(&master));
+            for key in scan_server(master, pattern).await? {
                 *counts.entry(key).or_default() += 1;
             }
             scan.scanned = 1;
         }
         Target::Redlock(urls) => {
             for url in urls {
-                match scan_server(url, pattern).await {
+                match async { scan_server(open(url)?, pattern).await }.await {
                     Ok(keys) => {
                         scan.scanned += 1;
                         for key in keys {
@@ -107,15 +118,74 @@ pub async fn scan(target: &Target, pattern: &str) -> Result<Scan, Failure> {
     Ok(scan)
 }
 
-/// Every key on one server matching `pattern`.
-async fn scan_server(url: &str, pattern: &str) -> Result<Vec<Vec<u8>>, Failure> {
-    let client = redis::Client::open(url.trim()).map_err(|e| {
+/// A client for `url` (`rediss://` trusts the system's roots, as the library does).
+fn open(url: &str) -> Result<redis::Client, Failure> {
+    redis::Client::open(url.trim()).map_err(|e| {
         // The URL may hold a password: say only what kind of error it was.
         Failure(format!(
             "not a valid Redis URL ({:?}); expected redis://[user:password@]host:port[/db]",
             e.kind()
         ))
-    })?;
+    })
+}
+
+/// The master the sentinels name for `master` (a service name, or a URL whose host is the
+/// name and which carries the master's login), reached as the library reaches it: over TLS
+/// when the master URL is `rediss://`, or, for a plain name, when the sentinels' URLs are.
+async fn sentinel_master(master: &str, sentinels: &[String]) -> Result<redis::Client, Failure> {
+    let sentinels: Vec<ConnectionInfo> = sentinels
+        .iter()
+        .map(|url| open(url).map(|c| c.get_connection_info().clone()))
+        .collect::<Result<_, _>>()?;
+    let Some(first) = sentinels.first() else {
+        return Err(Failure("no sentinel URL given".into()));
+    };
+    let master = master.trim();
+    let (service, node) = if master.contains("://") {
+        let info = open(master)?.get_connection_info().clone();
+        let (ConnectionAddr::Tcp(service, _) | ConnectionAddr::TcpTls { host: service, .. }) =
+            info.addr()
+        else {
+            return Err(Failure(
+                "the master URL must name the service as its host: \
+                 redis://user:password@mymaster/db"
+                    .into(),
+            ));
+        };
+        let node = SentinelNodeConnectionInfo::default()
+            .set_redis_connection_info(info.redis_settings().clone());
+        (service.clone(), with_tls(node, info.addr()))
+    } else {
+        let node = SentinelNodeConnectionInfo::default();
+        (master.to_owned(), with_tls(node, first.addr()))
+    };
+    let names: Vec<String> = sentinels.iter().map(|s| s.addr().to_string()).collect();
+    let fail = |e: String| Failure(format!("sentinel {service} via {}: {e}", names.join(",")));
+    let mut client = SentinelClient::build(
+        sentinels,
+        service.clone(),
+        Some(node),
+        SentinelServerType::Master,
+    )
+    .map_err(|e| fail(e.to_string()))?;
+    match tokio::time::timeout(TIMEOUT, client.async_get_client()).await {
+        Ok(Ok(master)) => Ok(master),
+        Ok(Err(e)) => Err(fail(e.to_string())),
+        Err(_) => Err(fail(format!("no master named within {TIMEOUT:?}"))),
+    }
+}
+
+/// `node` set to speak TLS when `addr` does.
+fn with_tls(node: SentinelNodeConnectionInfo, addr: &ConnectionAddr) -> SentinelNodeConnectionInfo {
+    match addr {
+        ConnectionAddr::TcpTls { insecure: true, .. } => node.set_tls_mode(TlsMode::Insecure),
+        ConnectionAddr::TcpTls { .. } => node.set_tls_mode(TlsMode::Secure),
+        _ => node,
+    }
+}
+
+/// Every key on one server matching `pattern`.
+async fn scan_server(client: redis::Client, pattern: &str) -> Result<Vec<Vec<u8>>, Failure> {
     let node = node_name(&client);
     let config = AsyncConnectionConfig::new()
         .set_connection_timeout(Some(TIMEOUT))

@@ -1,5 +1,6 @@
 //! Which Redis deployment to inspect: from the flags, else from the library's own environment
-//! variables, so `lockctl` sees exactly what the services see.
+//! variables, so `lockctl` sees exactly what the services see (Sentinel included: the master
+//! the sentinels name).
 
 use lock_runtime::{LockError, Registry};
 
@@ -14,15 +15,23 @@ pub enum Target {
     Cluster(Vec<String>),
     /// Redlock over these independent masters.
     Redlock(Vec<String>),
+    /// The master these sentinels name for `master` (a service name, or a URL carrying the
+    /// master's login), as `RegistryBuilder::sentinel` takes them.
+    Sentinel {
+        master: String,
+        sentinels: Vec<String>,
+    },
 }
 
 impl Target {
     /// The flags win; otherwise the variables `Registry::from_env` reads, in its order:
-    /// `LOCK_REDIS_CLUSTER`, then `LOCK_REDIS_URL` (a comma list is Redlock), then `REDIS_URL`.
-    /// `LOCK_REDIS_SENTINEL` (first in the library's order) is refused with what to pass.
+    /// `LOCK_REDIS_SENTINEL` (with `LOCK_REDIS_SENTINEL_MASTER`), then `LOCK_REDIS_CLUSTER`,
+    /// then `LOCK_REDIS_URL` (a comma list is Redlock), then `REDIS_URL`. `--master-name`
+    /// names the master of sentinels from either place, else `LOCK_REDIS_SENTINEL_MASTER`
+    /// does: like the library, there is no default name.
     ///
     /// # Errors
-    /// A message saying what to pass when nothing names a deployment.
+    /// A message saying what to pass when nothing names a deployment, or sentinels no master.
     pub fn resolve(
         args: &TargetArgs,
         env: impl Fn(&str) -> Option<String>,
@@ -38,12 +47,26 @@ impl Target {
         }
         let var = |name| env(name).filter(|v: &String| !v.trim().is_empty());
         let list = |v: String| v.split(',').map(|s| s.trim().to_owned()).collect();
-        if var("LOCK_REDIS_SENTINEL").is_some() {
-            // The services use Sentinel's master; the other variables may name another Redis.
+        let sentinels = if args.sentinel.is_empty() {
+            var("LOCK_REDIS_SENTINEL").map(list)
+        } else {
+            Some(args.sentinel.clone())
+        };
+        if let Some(sentinels) = sentinels {
+            let master = args
+                .master_name
+                .clone()
+                .or_else(|| var("LOCK_REDIS_SENTINEL_MASTER"))
+                .ok_or(
+                    "sentinels are given but no master name: pass --master-name (the service \
+                     name the sentinels monitor, e.g. mymaster) or set LOCK_REDIS_SENTINEL_MASTER",
+                )?;
+            return Ok(Self::Sentinel { master, sentinels });
+        }
+        if args.master_name.is_some() {
             return Err(
-                "LOCK_REDIS_SENTINEL is set, and lockctl does not follow Sentinel yet: \
-                        pass the master with --url (`redis-cli -h <sentinel> -p 26379 SENTINEL \
-                        GET-MASTER-ADDR-BY-NAME <name>` tells which it is)"
+                "--master-name names the master of sentinels: pass them with \
+                        --sentinel URL,URL (or set LOCK_REDIS_SENTINEL)"
                     .to_owned(),
             );
         }
@@ -54,8 +77,8 @@ impl Target {
             Some(url) if url.contains(',') => Ok(Self::Redlock(list(url))),
             Some(url) => Ok(Self::Server(url.trim().to_owned())),
             None => Err(
-                "no Redis to inspect: pass --url, --cluster or --redlock, or set \
-                 LOCK_REDIS_URL / LOCK_REDIS_CLUSTER as for the services"
+                "no Redis to inspect: pass --url, --cluster, --redlock or --sentinel, or set \
+                 LOCK_REDIS_URL / LOCK_REDIS_CLUSTER / LOCK_REDIS_SENTINEL as for the services"
                     .to_owned(),
             ),
         }
@@ -72,15 +95,19 @@ impl Target {
             Self::Server(url) => builder.url(url.clone()),
             Self::Cluster(seeds) => builder.cluster(seeds.clone()),
             Self::Redlock(nodes) => builder.redlock(nodes.clone()),
+            Self::Sentinel { master, sentinels } => {
+                builder.sentinel(master.clone(), sentinels.clone())
+            }
         }
         .build()
     }
 
-    /// The URLs to open plain connections to (every Redlock node, the cluster's seeds).
+    /// The URLs given (every Redlock node, the cluster's seeds, the sentinels).
     pub fn urls(&self) -> &[String] {
         match self {
             Self::Server(url) => std::slice::from_ref(url),
             Self::Cluster(urls) | Self::Redlock(urls) => urls,
+            Self::Sentinel { sentinels, .. } => sentinels,
         }
     }
 }
@@ -94,6 +121,8 @@ mod tests {
             url: None,
             cluster: Vec::new(),
             redlock: Vec::new(),
+            sentinel: Vec::new(),
+            master_name: None,
         }
     }
 
@@ -140,21 +169,57 @@ mod tests {
     }
 
     #[test]
-    fn a_sentinel_deployment_is_refused_rather_than_another_redis_inspected() {
+    fn a_sentinel_deployment_in_the_environment_is_followed_before_any_other_redis() {
         let vars = [
-            ("LOCK_REDIS_SENTINEL", "redis://s:26379"),
+            ("LOCK_REDIS_SENTINEL", "redis://s1:26379, redis://s2:26379"),
+            ("LOCK_REDIS_SENTINEL_MASTER", "mymaster"),
             ("REDIS_URL", "redis://cache:6379"),
         ];
-        let refused = Target::resolve(&no_flags(), env(&vars)).unwrap_err();
-        assert!(refused.contains("--url"), "{refused}");
+        assert_eq!(
+            Target::resolve(&no_flags(), env(&vars)),
+            Ok(Target::Sentinel {
+                master: "mymaster".into(),
+                sentinels: vec!["redis://s1:26379".into(), "redis://s2:26379".into()],
+            })
+        );
+        // Without a master name the sentinels cannot be followed: say what to set, rather
+        // than inspect whatever REDIS_URL names.
+        let refused = Target::resolve(&no_flags(), env(&[vars[0], vars[2]])).unwrap_err();
+        assert!(refused.contains("--master-name"), "{refused}");
+        assert!(refused.contains("LOCK_REDIS_SENTINEL_MASTER"), "{refused}");
+    }
+
+    #[test]
+    fn sentinel_flags_win_and_take_their_master_name_from_the_flag_or_the_environment() {
         let args = TargetArgs {
-            url: Some("redis://master:6379/".into()),
+            sentinel: vec!["rediss://s1:26379".into()],
             ..no_flags()
         };
+        let master_env = [("LOCK_REDIS_SENTINEL_MASTER", "from-env")];
         assert_eq!(
-            Target::resolve(&args, env(&vars)),
-            Ok(Target::Server("redis://master:6379/".into()))
+            Target::resolve(&args, env(&master_env)),
+            Ok(Target::Sentinel {
+                master: "from-env".into(),
+                sentinels: vec!["rediss://s1:26379".into()],
+            })
         );
+        let args = TargetArgs {
+            master_name: Some("from-flag".into()),
+            ..args
+        };
+        assert_eq!(
+            Target::resolve(&args, env(&master_env)),
+            Ok(Target::Sentinel {
+                master: "from-flag".into(),
+                sentinels: vec!["rediss://s1:26379".into()],
+            })
+        );
+        let alone = TargetArgs {
+            master_name: Some("mymaster".into()),
+            ..no_flags()
+        };
+        let refused = Target::resolve(&alone, env(&[("REDIS_URL", "redis://c:1")])).unwrap_err();
+        assert!(refused.contains("--sentinel"), "{refused}");
     }
 
     #[test]

@@ -1,5 +1,5 @@
-//! `lockctl` against real servers: a single node, a Redis Cluster and Redlock nodes that each
-//! test starts itself. The binary runs as an operator would run it; locks are taken through
+//! `lockctl` against real servers: a single node, a Redis Cluster, Redlock nodes and Sentinel
+//! deployments that each test starts itself. The binary runs as an operator would run it; locks are taken through
 //! the library, as the services would.
 
 use std::process::{Output, Stdio};
@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use lock_runtime::{LockError, LockGuard, LostReason, Registry};
 use lock_tests::cluster::RedisCluster;
+use lock_tests::sentinel::{RedisSentinels, SERVICE};
 use lock_tests::RedisServer;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
@@ -24,6 +25,8 @@ fn lockctl(args: &[&str]) -> Command {
         .env_remove("LOCK_REDIS_URL")
         .env_remove("LOCK_REDIS_CLUSTER")
         .env_remove("REDIS_URL")
+        .env_remove("LOCK_REDIS_SENTINEL")
+        .env_remove("LOCK_REDIS_SENTINEL_MASTER")
         .stdin(Stdio::null())
         .kill_on_drop(true);
     command
@@ -271,6 +274,8 @@ async fn on_terminal(args: &[&str], typed: &str) -> Output {
         .env_remove("LOCK_REDIS_URL")
         .env_remove("LOCK_REDIS_CLUSTER")
         .env_remove("REDIS_URL")
+        .env_remove("LOCK_REDIS_SENTINEL")
+        .env_remove("LOCK_REDIS_SENTINEL_MASTER")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -527,4 +532,103 @@ async fn list_and_show_count_readers_and_permits_and_unlock_refuses_them() {
     for guard in held {
         guard.release().await.unwrap();
     }
+}
+
+/// Over TLS end to end: the sentinels, and the master they name, which `list` scans and
+/// `show` and `unlock` reach through the library. The throwaway CA is trusted the way an
+/// operator trusts a private CA, through `SSL_CERT_FILE`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_command_reaches_the_master_that_tls_sentinels_name() {
+    let deployment = RedisSentinels::start_tls();
+    let registry = Registry::builder()
+        .sentinel(SERVICE, deployment.urls())
+        .tls_root_cert(deployment.ca_pem())
+        .build()
+        .unwrap();
+    let guard = registry
+        .lock("deploy:s")
+        // Renewals at ttl/3 are how the holder finds out about the unlock; keep them frequent.
+        .ttl(Duration::from_secs(3))
+        .fencing(true)
+        .acquire()
+        .await
+        .unwrap();
+    let ca = std::env::temp_dir().join(format!(
+        "lockctl-ca-{}-{}.pem",
+        std::process::id(),
+        deployment.master.port()
+    ));
+    std::fs::write(&ca, deployment.ca_pem()).unwrap();
+    let sentinels = deployment.urls().join(",");
+    let lockctl_tls = |args: &[&str]| {
+        let mut command =
+            lockctl(&[&["--sentinel", &sentinels, "--master-name", SERVICE], args].concat());
+        command.env("SSL_CERT_FILE", &ca);
+        command
+    };
+
+    let out = succeeded(&run(&mut lockctl_tls(&["list", "deploy:"])).await);
+    assert!(row(&out, "deploy:s").contains(guard.token()), "{out}");
+    let master = format!("127.0.0.1:{}", deployment.master.port());
+    assert!(
+        out.contains(&format!(
+            "1 lock under lock:deploy: on {master}, the master the sentinels name"
+        )),
+        "{out}"
+    );
+    let out = succeeded(&run(&mut lockctl_tls(&["show", "deploy:s"])).await);
+    assert!(out.contains(guard.token()), "{out}");
+    assert!(
+        out.contains(&format!("fence:  {}", guard.fence().unwrap())),
+        "{out}"
+    );
+    let out = succeeded(&run(&mut lockctl_tls(&["unlock", "deploy:s", "--yes"])).await);
+    assert!(out.contains("force-unlocked lock:deploy:s"), "{out}");
+    let exists: bool = redis::cmd("EXISTS")
+        .arg("lock:deploy:s")
+        .query(&mut deployment.master.connection())
+        .unwrap();
+    assert!(!exists, "deleted on the master");
+    let _ = std::fs::remove_file(&ca);
+    let lost = tokio::time::timeout(PATIENCE, guard.lost())
+        .await
+        .expect("the holder notices at its next renewal");
+    assert!(
+        matches!(
+            lost,
+            LockError::Lost {
+                reason: LostReason::Gone,
+                ..
+            }
+        ),
+        "{lost}"
+    );
+}
+
+/// With the library's Sentinel variables set, lockctl follows the sentinels, never the
+/// `REDIS_URL` that may name some other Redis (here, nothing at all).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_library_sentinel_environment_is_followed_before_redis_url() {
+    let deployment = RedisSentinels::start();
+    let registry = Registry::builder()
+        .sentinel(SERVICE, deployment.urls())
+        .build()
+        .unwrap();
+    let guard = hold(&registry, "job:sentinel", false).await;
+    let out = succeeded(
+        &run(lockctl(&["list"])
+            .env("LOCK_REDIS_SENTINEL", deployment.urls().join(","))
+            .env("LOCK_REDIS_SENTINEL_MASTER", SERVICE)
+            .env("REDIS_URL", "redis://127.0.0.1:1/"))
+        .await,
+    );
+    assert!(row(&out, "job:sentinel").contains(guard.token()), "{out}");
+
+    // Without a master name there is nothing to follow: lockctl says what to pass.
+    let out = run(lockctl(&["list"])
+        .env("LOCK_REDIS_SENTINEL", deployment.urls().join(","))
+        .env("REDIS_URL", "redis://127.0.0.1:1/"))
+    .await;
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("--master-name"), "{}", stderr(&out));
 }
