@@ -11,7 +11,10 @@
 //! - payments for different orders ran at the same time,
 //! - a payment for an order that another replica keeps locked longer than the handler waits
 //!   is answered `409 Conflict` with a `Retry-After` header (the holder's remaining lease in
-//!   seconds, rounded up).
+//!   seconds, rounded up),
+//! - `GET /metrics` (the `metrics` feature, rendered by `metrics-exporter-prometheus`) counts
+//!   exactly those payments under the handler's key template `order:<order_id>`: 6 acquired,
+//!   1 busy, 6 holds of at least the provider's 150 ms each, none held now.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -20,9 +23,10 @@ use std::time::{Duration, Instant};
 use axum::extract::{Path, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
+use axum::routing::{get, post};
 use axum::Router;
 use lock_runtime::{distributed_lock, LockError, Registry};
+use metrics_exporter_prometheus::PrometheusBuilder;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -136,12 +140,17 @@ struct Answer {
     body: String,
 }
 
-/// `POST path` with HTTP/1.1 over a fresh connection, `Connection: close`, so the answer is
-/// everything until the server closes.
+/// `POST path` with HTTP/1.1 over a fresh connection.
 async fn http_post(addr: SocketAddr, path: &str) -> std::io::Result<Answer> {
+    http(addr, "POST", path).await
+}
+
+/// `method path` with HTTP/1.1 over a fresh connection, `Connection: close`, so the answer is
+/// everything until the server closes.
+async fn http(addr: SocketAddr, method: &str, path: &str) -> std::io::Result<Answer> {
     let mut stream = TcpStream::connect(addr).await?;
     let request = format!(
-        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
     );
     stream.write_all(request.as_bytes()).await?;
     let mut raw = Vec::new();
@@ -186,6 +195,10 @@ async fn post_all(addr: SocketAddr, paths: &[String]) -> Vec<Answer> {
 #[tokio::main]
 async fn main() {
     let (_server, url) = lock_examples::redis_url();
+    // Installed before the first lock: the library reports through whatever recorder is.
+    let metrics = PrometheusBuilder::new()
+        .install_recorder()
+        .expect("the process's only metrics recorder");
     Registry::from_url(&url)
         .expect("a valid Redis URL")
         .install_default();
@@ -193,6 +206,7 @@ async fn main() {
     let app = App::default();
     let router = Router::new()
         .route("/orders/{order_id}/pay", post(pay))
+        .route("/metrics", get(move || async move { metrics.render() }))
         .with_state(app.clone());
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("a free port");
     let addr = listener.local_addr().unwrap();
@@ -206,7 +220,7 @@ async fn main() {
     });
     println!(
         "payment service on http://{addr}: POST /orders/{{id}}/pay, locked on order:<id>, \
-         waits up to {} s for a busy order\n",
+         waits up to {} s for a busy order; GET /metrics\n",
         WAIT.as_secs()
     );
     let mut failures = Vec::new();
@@ -291,7 +305,11 @@ async fn main() {
 
     // 3. Another replica is paying order 5 and keeps it longer than the handler waits.
     let busy = 5;
-    let other_replica = Registry::from_url(&url).expect("a valid Redis URL");
+    let other_replica = Registry::builder()
+        .url(&url)
+        .name("other-replica")
+        .build()
+        .expect("a valid Redis URL");
     let held = other_replica
         .lock(format!("order:{busy}"))
         .ttl(Duration::from_secs(20))
@@ -335,6 +353,41 @@ async fn main() {
     }
     held.release().await.expect("the other replica releases");
 
+    // 4. What the service's own metrics say about all of the above.
+    let scrape = http(addr, "GET", "/metrics")
+        .await
+        .expect("HTTP request")
+        .body;
+    let sample = |name: &str, outcome: &str| -> f64 {
+        let labels = r#"registry="default",lock="order:<order_id>""#;
+        let labels = if outcome.is_empty() {
+            format!("{{{labels}}} ")
+        } else {
+            format!("{{{labels},outcome=\"{outcome}\"}} ")
+        };
+        scrape
+            .lines()
+            .find_map(|line| line.strip_prefix(&format!("{name}{labels}")))
+            .and_then(|value| value.parse().ok())
+            .unwrap_or(-1.0)
+    };
+    let acquired = sample("distributed_lock_acquisitions_total", "acquired");
+    let busy_seen = sample("distributed_lock_acquisitions_total", "busy");
+    let holds = sample("distributed_lock_hold_seconds_count", "");
+    let held_for = sample("distributed_lock_hold_seconds_sum", "");
+    let held_now = sample("distributed_lock_held", "");
+    println!(
+        "GET /metrics for order:<order_id>: {acquired} acquired, {busy_seen} busy, {holds} holds \
+         totalling {held_for:.2} s, {held_now} held now"
+    );
+    let least = 6.0 * PROVIDER_CALL.as_secs_f64();
+    if acquired != 6.0 || busy_seen != 1.0 || holds != 6.0 || held_for < least || held_now != 0.0 {
+        failures.push(format!(
+            "/metrics: expected 6 acquired, 1 busy, 6 holds of >= {least:.2} s in all and none \
+             held now:\n{scrape}"
+        ));
+    }
+
     let _ = stop.send(());
     server.await.expect("server task").expect("serve");
     if !failures.is_empty() {
@@ -345,6 +398,6 @@ async fn main() {
     }
     println!(
         "one attribute on the handler: same order serialized, different orders in parallel, \
-         busy answered 409 with Retry-After."
+         busy answered 409 with Retry-After, all of it counted on /metrics."
     );
 }

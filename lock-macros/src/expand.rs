@@ -40,7 +40,13 @@ pub(crate) fn expand(lock: Lock) -> TokenStream {
         Some(name) => quote!(::core::option::Option::Some(#name)),
         None => quote!(::core::option::Option::None),
     };
-    let options = options_chain(&private, &options);
+    let mut options = options_chain(&private, &options);
+    let template = keys
+        .iter()
+        .map(|key| key.template.as_str())
+        .collect::<Vec<_>>()
+        .join(" + ");
+    options.extend(quote!(.template(#template)));
 
     let locked = |body: TokenStream| {
         quote! {

@@ -617,8 +617,23 @@ mod tests {
                 }
             ),
         );
-        assert!(expanded.contains("my :: rt :: __private :: LockOptions :: new () ,"));
+        // The template is always given: it labels the lock's metrics.
+        assert!(expanded
+            .contains("my :: rt :: __private :: LockOptions :: new () . template (\"static\") ,"));
         assert!(!expanded.contains(":: lock_runtime"));
+    }
+
+    #[test]
+    fn the_key_templates_as_written_label_the_lock() {
+        let expanded = expand(
+            quote!(keys = ["account:<from>", "account:<to>"]),
+            quote!(
+                async fn f(from: u64, to: u64) -> Result<(), E> {
+                    Ok(())
+                }
+            ),
+        );
+        assert!(expanded.contains(". template (\"account:<from> + account:<to>\")"));
     }
 
     #[test]

@@ -39,6 +39,9 @@ pub(crate) struct Key {
     pub(crate) parts: Vec<KeyPart>,
     /// The key literal's span: type errors in an interpolation are reported there.
     pub(crate) span: Span,
+    /// The template as written (`deploy:<id>`): what metrics are labeled with, never the
+    /// rendered key.
+    pub(crate) template: String,
 }
 
 pub(crate) enum KeyPart {
@@ -415,7 +418,11 @@ fn resolve_key(lit: &LitStr, fn_name: &Ident, scope: &Scope, errors: &mut Errors
             .collect();
         parts.push(KeyPart::Value { root, fields });
     }
-    ok.then_some(Key { parts, span })
+    ok.then_some(Key {
+        parts,
+        span,
+        template: lit.value(),
+    })
 }
 
 /// A field name as an identifier, raw when it is a keyword (`<req.r#type>`).

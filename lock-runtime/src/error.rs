@@ -122,6 +122,22 @@ pub enum LostReason {
     Shutdown,
 }
 
+impl LostReason {
+    /// The reason in one word, as metrics label it: `expired`, `stolen`, `gone`, `max_hold`,
+    /// `not_renewed`, `shutdown`.
+    #[must_use]
+    pub const fn label(self) -> &'static str {
+        match self {
+            Self::Expired => "expired",
+            Self::Stolen => "stolen",
+            Self::Gone => "gone",
+            Self::MaxHold => "max_hold",
+            Self::NotRenewed => "not_renewed",
+            Self::Shutdown => "shutdown",
+        }
+    }
+}
+
 impl fmt::Display for LostReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {

@@ -8,6 +8,7 @@ use tokio::time::Instant;
 
 use crate::backend::{ttl_ms, Renewal};
 use crate::key::LockKey;
+use crate::metrics::Labels;
 use crate::{LockError, LockOptions, LostReason};
 
 #[derive(Clone, Copy, Debug)]
@@ -34,6 +35,8 @@ pub(crate) struct Lease {
     state: Mutex<LeaseState>,
     /// Woken on every change of `state`.
     changed: Notify,
+    /// Whom this lease's measurements are about.
+    pub labels: Labels,
 }
 
 impl Lease {
@@ -44,6 +47,7 @@ impl Lease {
         fence: Option<u64>,
         options: LockOptions,
         sent_at: Instant,
+        labels: Labels,
     ) -> Arc<Self> {
         let state = Mutex::new(LeaseState {
             deadline: sent_at + options.ttl - options.drift(),
@@ -58,6 +62,7 @@ impl Lease {
             confirmed_at: Instant::now(),
             state,
             changed: Notify::new(),
+            labels,
         })
     }
 
@@ -130,6 +135,8 @@ impl Lease {
                 return false;
             }
             s.lost = Some(reason);
+            // Counted before anyone waiting for the loss is woken.
+            self.labels.lost(reason);
             true
         });
         if newly {

@@ -177,6 +177,20 @@
 //! assert_eq!(refund(42).await.unwrap(), 42);
 //! # }
 //! ```
+//!
+//! # Metrics
+//!
+//! With the `metrics` feature, acquisitions by outcome, wait and hold times, handoffs,
+//! renewals, losses by reason and the locks held now are reported through the
+//! [`metrics`](https://docs.rs/metrics) facade to whatever recorder the process installed,
+//! labeled by registry ([`RegistryBuilder::name`]) and key template
+//! ([`LockOptions::template`]; the attribute sets it), never by the rendered key. The README's
+//! "Metrics" section lists them.
+//!
+//! # Cargo features
+//!
+//! - `tls`: `rediss://` URLs (single node, Cluster, Sentinel, Redlock), through rustls.
+//! - `metrics`: the metrics above.
 
 #![warn(missing_docs)]
 
@@ -190,6 +204,7 @@ mod keeper;
 mod key;
 mod lease;
 mod lock;
+mod metrics;
 mod options;
 pub mod protocol;
 mod registry;

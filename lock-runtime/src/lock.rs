@@ -11,6 +11,7 @@ use crate::backoff::Backoff;
 use crate::guard::LockGuard;
 use crate::key::LockKey;
 use crate::lease::Lease;
+use crate::metrics::{Labels, Refused};
 use crate::state::RegistryInner;
 use crate::{current, token, LockError, LockOptions, Mode, OnLost};
 
@@ -91,6 +92,12 @@ impl LockRequest {
     /// See [`LockOptions::permits`].
     pub fn permits(mut self, permits: u32) -> Self {
         self.options = self.options.permits(permits);
+        self
+    }
+
+    /// See [`LockOptions::template`].
+    pub fn template(mut self, template: &'static str) -> Self {
+        self.options = self.options.template(template);
         self
     }
 
@@ -249,7 +256,24 @@ async fn acquire_lease(
     keys: Vec<String>,
     options: LockOptions,
 ) -> Result<Arc<Lease>, LockError> {
-    let inner = &inner;
+    let labels = Labels::new(inner.name(), options.template);
+    let started = Instant::now();
+    let outcome = take_lease(&inner, keys, options, &labels).await;
+    match &outcome {
+        Ok(_) => labels.acquired(started.elapsed()),
+        Err(LockError::Busy { .. }) => labels.refused(Refused::Busy, started.elapsed()),
+        Err(_) => labels.refused(Refused::Error, started.elapsed()),
+    }
+    outcome
+}
+
+/// [`acquire_lease`] without its measurements.
+async fn take_lease(
+    inner: &Arc<RegistryInner>,
+    keys: Vec<String>,
+    options: LockOptions,
+    labels: &Labels,
+) -> Result<Arc<Lease>, LockError> {
     let shown = keys.join(" + ");
     options.validate(&shown)?;
     inner.ensure_open(&shown)?;
@@ -318,7 +342,7 @@ async fn acquire_lease(
                     hub.notify(key.channel());
                 }
                 return admitted(
-                    inner, key, token, fence, options, sent_at, attempts, started,
+                    inner, key, token, fence, options, sent_at, attempts, started, labels,
                 )
                 .await;
             }
@@ -390,8 +414,11 @@ async fn acquire_lease(
                 // handed the lock.
                 let sent_at = queued_at.unwrap_or(started);
                 let fence = options.fencing.then_some(fence);
-                return admitted(inner, key, token, fence, options, sent_at, attempts, started)
-                    .await;
+                labels.handed_over();
+                return admitted(
+                    inner, key, token, fence, options, sent_at, attempts, started, labels,
+                )
+                .await;
             }
             () = current.released() => {}
             () = tokio::time::sleep_until(wake_at) => {}
@@ -410,8 +437,17 @@ async fn admitted(
     sent_at: Instant,
     attempts: u32,
     started: Instant,
+    labels: &Labels,
 ) -> Result<Arc<Lease>, LockError> {
-    let lease = Lease::new(inner.next_lease_id(), key, token, fence, options, sent_at);
+    let lease = Lease::new(
+        inner.next_lease_id(),
+        key,
+        token,
+        fence,
+        options,
+        sent_at,
+        labels.clone(),
+    );
     inner.admit(&lease).await?;
     tracing::debug!(
         key = %crate::error::shown(&lease.key.key),

@@ -46,6 +46,7 @@ pub struct LockOptions {
     pub(crate) fencing: bool,
     pub(crate) permits: Option<u32>,
     pub(crate) mode: Mode,
+    pub(crate) template: Option<&'static str>,
 }
 
 impl Default for LockOptions {
@@ -75,6 +76,7 @@ impl LockOptions {
             fencing: false,
             permits: None,
             mode: Mode::Write,
+            template: None,
         }
     }
 
@@ -173,6 +175,16 @@ impl LockOptions {
     #[must_use]
     pub const fn mode(mut self, mode: Mode) -> Self {
         self.mode = mode;
+        self
+    }
+
+    /// Names the family of keys this lock belongs to, e.g. `"deploy:<id>"`: metrics (the
+    /// `metrics` feature) are labeled with it, never with the rendered key, whose values are
+    /// unbounded. `#[distributed_lock]` sets it to its key template (a multi-key lock's
+    /// templates joined by ` + `); a lock without one is labeled `untemplated`.
+    #[must_use]
+    pub const fn template(mut self, template: &'static str) -> Self {
+        self.template = Some(template);
         self
     }
 

@@ -2,7 +2,7 @@
 //! prefix, the lease keeper, and whether a shutdown began.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use crate::backend::{Backend, Store};
 use crate::io::Home;
@@ -17,6 +17,8 @@ pub(crate) struct RegistryInner {
     pub(crate) prefix: String,
     pub(crate) keeper: Arc<Keeper>,
     pub(crate) timeouts: Timeouts,
+    /// What metrics call this registry (see `RegistryBuilder::name`).
+    name: OnceLock<Arc<str>>,
     next_id: AtomicU64,
     shut_down: AtomicBool,
 }
@@ -33,9 +35,19 @@ impl std::fmt::Debug for RegistryInner {
 }
 
 impl RegistryInner {
-    pub(crate) fn new(backend: Backend, prefix: String, timeouts: Timeouts) -> Self {
+    pub(crate) fn new(
+        backend: Backend,
+        prefix: String,
+        timeouts: Timeouts,
+        name: Option<String>,
+    ) -> Self {
         let backend = Arc::new(backend);
+        let named = OnceLock::new();
+        if let Some(name) = name {
+            let _ = named.set(name.into());
+        }
         Self {
+            name: named,
             keeper: Arc::new(Keeper::new(backend.clone())),
             backend,
             prefix,
@@ -53,6 +65,17 @@ impl RegistryInner {
     /// One key, or a multi-key lock's keys (see [`LockKey::many`]).
     pub(crate) fn lock_keys(&self, keys: Vec<String>) -> Result<LockKey, LockError> {
         LockKey::many(&self.prefix, keys, self.backend.is_cluster())
+    }
+
+    /// The registry's name: the one it was built with, else the first it was installed under
+    /// before its first lock, else `default`.
+    pub(crate) fn name(&self) -> &Arc<str> {
+        self.name.get_or_init(|| "default".into())
+    }
+
+    /// Names an unnamed registry (installing it under `name`); a name it has stays.
+    pub(crate) fn name_if_unnamed(&self, name: &str) {
+        let _ = self.name.set(name.into());
     }
 
     pub(crate) fn next_lease_id(&self) -> u64 {

@@ -14,6 +14,7 @@ const LAYERS: &[&str] = &[
     "timeouts",
     "backoff",
     "io",
+    "metrics",
     "waiting",
     "backend::contract",
     "backend::redis::errors",

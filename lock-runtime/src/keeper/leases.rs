@@ -48,6 +48,7 @@ impl Leases {
             .options
             .renew
             .then(|| lease.confirmed_at + lease.options.ttl / 3);
+        lease.labels.holding();
         self.map().insert(
             lease.id,
             Entry {
@@ -73,8 +74,12 @@ impl Leases {
         }
     }
 
+    /// Forgets a lease: it is no longer held (released, or let go of after its loss).
     pub(super) fn remove(&self, id: u64) {
-        self.map().remove(&id);
+        let removed = self.map().remove(&id);
+        if let Some(entry) = removed {
+            entry.lease.labels.ended(entry.lease.confirmed_at.elapsed());
+        }
     }
 
     pub(super) fn snapshot(&self) -> Vec<Arc<Lease>> {

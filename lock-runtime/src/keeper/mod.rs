@@ -20,6 +20,7 @@ use tokio::time::Instant;
 use crate::backend::{Backend, Renewal, Renewed, Store};
 use crate::backoff::Backoff;
 use crate::lease::Lease;
+use crate::metrics::RenewalOutcome;
 use crate::LostReason;
 
 mod leases;
@@ -179,22 +180,28 @@ async fn renew(keeper: &Keeper, leases: &[Arc<Lease>], sent_at: Instant) {
             for (lease, outcome) in leases.iter().zip(outcomes.collect::<Vec<_>>()) {
                 match outcome {
                     Some(Renewed::Yes) => {
+                        lease.labels.renewal(RenewalOutcome::Renewed);
                         lease.confirm_renewal(sent_at);
                         keeper
                             .leases
                             .reschedule(lease.id, Some(sent_at + lease.options.ttl / 3));
                     }
                     Some(Renewed::Gone) => {
+                        lease.labels.renewal(RenewalOutcome::Refused);
                         lease.mark_lost(LostReason::Gone);
                         keeper.leases.reschedule(lease.id, None);
                     }
                     Some(Renewed::Taken) => {
+                        lease.labels.renewal(RenewalOutcome::Refused);
                         lease.mark_lost(LostReason::Stolen);
                         keeper.leases.reschedule(lease.id, None);
                     }
-                    None => keeper
-                        .leases
-                        .reschedule(lease.id, Some(now + retry_delay(lease))),
+                    None => {
+                        lease.labels.renewal(RenewalOutcome::Failed);
+                        keeper
+                            .leases
+                            .reschedule(lease.id, Some(now + retry_delay(lease)));
+                    }
                 }
             }
             tracing::trace!(
@@ -216,6 +223,7 @@ async fn renew(keeper: &Keeper, leases: &[Arc<Lease>], sent_at: Instant) {
             );
             let now = Instant::now();
             for lease in leases {
+                lease.labels.renewal(RenewalOutcome::Failed);
                 keeper
                     .leases
                     .reschedule(lease.id, Some(now + retry_delay(lease)));

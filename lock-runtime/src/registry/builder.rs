@@ -52,6 +52,7 @@ pub struct RegistryBuilder {
     mode: Mode,
     tls: Tls,
     prefix: Option<String>,
+    name: Option<String>,
     connect_timeout: Option<Duration>,
     command_timeout: Option<Duration>,
     confirm_replicas: u32,
@@ -184,6 +185,14 @@ impl RegistryBuilder {
         self
     }
 
+    /// What metrics (the `metrics` feature) call this registry: their `registry` label. Without
+    /// it, a registry is called by the name it was first installed under with
+    /// [`Registry::install_as`] before its first lock, else `default`.
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
     /// How long connecting to Redis may take before the operation fails (default 2 s).
     ///
     /// Zero is refused by [`build`](Self::build) (every connection would fail at once). Longer
@@ -310,7 +319,7 @@ impl RegistryBuilder {
             }
         };
         Ok(Registry {
-            inner: Arc::new(RegistryInner::new(backend, prefix, timeouts)),
+            inner: Arc::new(RegistryInner::new(backend, prefix, timeouts, self.name)),
         })
     }
 }

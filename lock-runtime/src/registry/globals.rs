@@ -15,6 +15,7 @@ impl Registry {
 
     /// Makes this the registry named `name` (`#[distributed_lock(registry = "name")]`).
     pub fn install_as(&self, name: &str) {
+        self.inner.name_if_unnamed(name);
         NAMED
             .write()
             .unwrap_or_else(PoisonError::into_inner)

@@ -1,0 +1,172 @@
+//! What the library measures, through the [`metrics`](https://docs.rs/metrics) facade (the
+//! `metrics` feature), so any exporter shows it. Without the feature every call here is empty.
+//!
+//! | metric | kind | labels | what |
+//! |---|---|---|---|
+//! | `distributed_lock_acquisitions_total` | counter | `outcome`: `acquired`, `busy`, `error` | lock requests, by how they ended (re-entries are not requests) |
+//! | `distributed_lock_wait_seconds` | histogram | `outcome` | from the request to its outcome |
+//! | `distributed_lock_handoffs_total` | counter | | acquisitions completed by a release handing the lock over |
+//! | `distributed_lock_hold_seconds` | histogram | | from acquisition until the lease is no longer held (released, or let go of after its loss) |
+//! | `distributed_lock_held` | gauge | | leases held now |
+//! | `distributed_lock_renewals_total` | counter | `outcome`: `renewed`, `refused`, `failed` | renewals per lease: confirmed, answered "not yours" (the lease is lost), or unanswered (retried) |
+//! | `distributed_lock_lost_total` | counter | `reason`: see [`LostReason`] | leases lost |
+//!
+//! Every metric is labeled `registry` (see `RegistryBuilder::name`) and `lock` (the key's
+//! template, see [`LockOptions::template`](crate::LockOptions::template)), never with the
+//! rendered key: its values are unbounded, and so would be the exporter's memory.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::LostReason;
+
+/// The `lock` label of a request without a template.
+#[cfg(feature = "metrics")]
+const UNTEMPLATED: &str = "untemplated";
+
+/// Whom a measurement is about: a registry and a template. Empty without the feature.
+#[derive(Clone, Debug)]
+pub(crate) struct Labels {
+    #[cfg(feature = "metrics")]
+    pairs: [(&'static str, ::metrics::SharedString); 2],
+}
+
+/// How a lock request ended, when it did not get the lock.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Refused {
+    Busy,
+    Error,
+}
+
+/// How one lease's renewal went.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum RenewalOutcome {
+    Renewed,
+    Refused,
+    Failed,
+}
+
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+impl Labels {
+    pub(crate) fn new(registry: &Arc<str>, template: Option<&'static str>) -> Self {
+        #[cfg(feature = "metrics")]
+        {
+            describe();
+            let lock = template.unwrap_or(UNTEMPLATED);
+            Self {
+                pairs: [
+                    ("registry", registry.clone().into()),
+                    ("lock", ::metrics::SharedString::const_str(lock)),
+                ],
+            }
+        }
+        #[cfg(not(feature = "metrics"))]
+        Self {}
+    }
+
+    /// A request got its lock after `waited`.
+    pub(crate) fn acquired(&self, waited: Duration) {
+        #[cfg(feature = "metrics")]
+        self.outcome("acquired", waited);
+    }
+
+    /// A release handed the lock to this request.
+    pub(crate) fn handed_over(&self) {
+        #[cfg(feature = "metrics")]
+        ::metrics::counter!("distributed_lock_handoffs_total", &self.pairs).increment(1);
+    }
+
+    /// A lease began.
+    pub(crate) fn holding(&self) {
+        #[cfg(feature = "metrics")]
+        ::metrics::gauge!("distributed_lock_held", &self.pairs).increment(1.0);
+    }
+
+    /// A request ended without the lock after `waited`.
+    pub(crate) fn refused(&self, refused: Refused, waited: Duration) {
+        #[cfg(feature = "metrics")]
+        self.outcome(
+            match refused {
+                Refused::Busy => "busy",
+                Refused::Error => "error",
+            },
+            waited,
+        );
+    }
+
+    #[cfg(feature = "metrics")]
+    fn outcome(&self, outcome: &'static str, waited: Duration) {
+        let [registry, lock] = self.pairs.clone();
+        let labels = [registry, lock, ("outcome", outcome.into())];
+        ::metrics::counter!("distributed_lock_acquisitions_total", &labels).increment(1);
+        ::metrics::histogram!("distributed_lock_wait_seconds", &labels).record(waited);
+    }
+
+    /// A lease is no longer held (released, or let go of after its loss), after `held`.
+    pub(crate) fn ended(&self, held: Duration) {
+        #[cfg(feature = "metrics")]
+        {
+            ::metrics::gauge!("distributed_lock_held", &self.pairs).decrement(1.0);
+            ::metrics::histogram!("distributed_lock_hold_seconds", &self.pairs).record(held);
+        }
+    }
+
+    /// One renewal of a lease.
+    pub(crate) fn renewal(&self, renewal: RenewalOutcome) {
+        #[cfg(feature = "metrics")]
+        {
+            let outcome = match renewal {
+                RenewalOutcome::Renewed => "renewed",
+                RenewalOutcome::Refused => "refused",
+                RenewalOutcome::Failed => "failed",
+            };
+            let [registry, lock] = self.pairs.clone();
+            let labels = [registry, lock, ("outcome", outcome.into())];
+            ::metrics::counter!("distributed_lock_renewals_total", &labels).increment(1);
+        }
+    }
+
+    /// A lease was lost.
+    pub(crate) fn lost(&self, reason: LostReason) {
+        #[cfg(feature = "metrics")]
+        {
+            let [registry, lock] = self.pairs.clone();
+            let labels = [registry, lock, ("reason", reason.label().into())];
+            ::metrics::counter!("distributed_lock_lost_total", &labels).increment(1);
+        }
+    }
+}
+
+/// Describes the metrics to the recorder installed at the first lock request (exporters show
+/// the descriptions as help text).
+#[cfg(feature = "metrics")]
+fn describe() {
+    use ::metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        describe_counter!(
+            "distributed_lock_acquisitions_total",
+            "Lock requests by outcome: acquired, busy (still taken when the wait ended), error"
+        );
+        describe_histogram!(
+            "distributed_lock_wait_seconds",
+            Unit::Seconds,
+            "From a lock request to its outcome"
+        );
+        describe_counter!(
+            "distributed_lock_handoffs_total",
+            "Acquisitions completed by a release handing the lock to its queued waiter"
+        );
+        describe_histogram!(
+            "distributed_lock_hold_seconds",
+            Unit::Seconds,
+            "From acquisition to the end of the lease (released or lost)"
+        );
+        describe_gauge!("distributed_lock_held", "Leases held now");
+        describe_counter!(
+            "distributed_lock_renewals_total",
+            "Lease renewals by outcome: renewed, refused (not the holder any more), failed (no answer; retried)"
+        );
+        describe_counter!("distributed_lock_lost_total", "Leases lost, by reason");
+    });
+}

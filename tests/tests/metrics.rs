@@ -1,0 +1,237 @@
+//! The `metrics` feature: what a lock does is counted under its registry's name and its key's
+//! template, read back here as an exporter shows it (Prometheus text).
+//!
+//! Its own test binary: a metrics recorder is process-wide, and each test here keeps to its own
+//! registry names, so the counts it reads are its own.
+
+use std::collections::BTreeMap;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use lock_runtime::{distributed_lock, LockError, LostReason, Registry};
+use lock_tests::{eventually, fast_registry, free_port, RedisServer};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use redis::AsyncCommands;
+
+const LIMIT: Duration = Duration::from_secs(10);
+
+/// The process's recorder, installed before any lock is taken.
+fn recorder() -> &'static PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE.get_or_init(|| {
+        PrometheusBuilder::new()
+            .install_recorder()
+            .expect("the only metrics recorder of this test binary")
+    })
+}
+
+/// The value of the sample `name` whose labels are exactly `labels`, in a Prometheus scrape.
+fn sample(scrape: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    let wanted: BTreeMap<&str, &str> = labels.iter().copied().collect();
+    scrape.lines().find_map(|line| {
+        let (series, value) = line.rsplit_once(' ')?;
+        let (metric, rest) = series.split_once('{').unwrap_or((series, "}"));
+        if metric != name {
+            return None;
+        }
+        let inner = rest.strip_suffix('}')?;
+        let found: BTreeMap<&str, &str> = inner
+            .split("\",")
+            .filter(|pair| !pair.is_empty())
+            .filter_map(|pair| {
+                let (key, value) = pair.split_once("=\"")?;
+                Some((key, value.trim_end_matches('"')))
+            })
+            .collect();
+        (found == wanted).then(|| value.parse().expect("a sample's value is a number"))
+    })
+}
+
+/// [`sample`], or a panic that shows the scrape.
+fn value(scrape: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    sample(scrape, name, labels)
+        .unwrap_or_else(|| panic!("no sample {name}{labels:?} in the scrape:\n{scrape}"))
+}
+
+#[distributed_lock(registry = "metrics-attr", key = "job:<id>", wait = "10s")]
+async fn job(id: u64) -> Result<u64, LockError> {
+    Ok(id)
+}
+
+/// The same template, waiting only briefly.
+#[distributed_lock(registry = "metrics-attr", key = "job:<id>", wait = "200ms")]
+async fn job_now(id: u64) -> Result<u64, LockError> {
+    Ok(id)
+}
+
+#[distributed_lock(registry = "metrics-down", key = "job:<id>")]
+async fn job_on_a_dead_server(id: u64) -> Result<u64, LockError> {
+    Ok(id)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_are_counted_by_outcome_under_their_registry_and_key_template() {
+    let metrics = recorder();
+    let server = RedisServer::start();
+    // Named by its installation; the holder (another replica, say) by its builder.
+    Registry::from_url(&server.url())
+        .unwrap()
+        .install_as("metrics-attr");
+    let holder = Registry::builder()
+        .url(server.url())
+        .name("metrics-holder")
+        .build()
+        .unwrap();
+    fast_registry(&format!("redis://127.0.0.1:{}/", free_port())).install_as("metrics-down");
+    let attr = [("registry", "metrics-attr"), ("lock", "job:<id>")];
+    let with = |extra: (&'static str, &'static str)| {
+        let mut labels = attr.to_vec();
+        labels.push(extra);
+        labels
+    };
+
+    // Two calls queue behind another replica's lock; its release hands it over.
+    let held = holder.lock("job:1").acquire().await.unwrap();
+    let scrape = metrics.render();
+    let holder_labels = [("registry", "metrics-holder"), ("lock", "untemplated")];
+    assert_eq!(value(&scrape, "distributed_lock_held", &holder_labels), 1.0);
+    let waiters: Vec<_> = (0..2).map(|_| tokio::spawn(job(1))).collect();
+    let con = server
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    eventually(LIMIT, "two calls queued for job:1", || {
+        let mut con = con.clone();
+        async move {
+            let queued: usize = con.zcard("queue:{lock:job:1}").await.unwrap();
+            queued == 2
+        }
+    })
+    .await;
+    held.release().await.unwrap();
+    for waiter in waiters {
+        assert_eq!(waiter.await.unwrap().unwrap(), 1);
+    }
+
+    // A call that gives up, and one whose Redis is down.
+    let held = holder.lock("job:2").renew(false).acquire().await.unwrap();
+    assert!(matches!(job_now(2).await, Err(LockError::Busy { .. })));
+    held.release().await.unwrap();
+    assert!(matches!(
+        job_on_a_dead_server(3).await,
+        Err(LockError::Backend { .. })
+    ));
+
+    let scrape = metrics.render();
+    let acquisitions = "distributed_lock_acquisitions_total";
+    assert_eq!(
+        value(&scrape, acquisitions, &with(("outcome", "acquired"))),
+        2.0
+    );
+    assert_eq!(
+        value(&scrape, acquisitions, &with(("outcome", "busy"))),
+        1.0
+    );
+    let down = [
+        ("registry", "metrics-down"),
+        ("lock", "job:<id>"),
+        ("outcome", "error"),
+    ];
+    assert_eq!(value(&scrape, acquisitions, &down), 1.0);
+    let mut holder_acquired = holder_labels.to_vec();
+    holder_acquired.push(("outcome", "acquired"));
+    assert_eq!(value(&scrape, acquisitions, &holder_acquired), 2.0);
+
+    // The second waiter was certainly queued long before its turn; the first almost always.
+    let handoffs = value(&scrape, "distributed_lock_handoffs_total", &attr);
+    assert!((1.0..=2.0).contains(&handoffs), "handoffs: {handoffs}");
+    let waited_busy = with(("outcome", "busy"));
+    assert_eq!(
+        value(&scrape, "distributed_lock_wait_seconds_count", &waited_busy),
+        1.0
+    );
+    let busy_wait = value(&scrape, "distributed_lock_wait_seconds_sum", &waited_busy);
+    assert!(
+        busy_wait >= 0.2,
+        "a busy call waited its 200 ms: {busy_wait}"
+    );
+    assert_eq!(
+        value(&scrape, "distributed_lock_hold_seconds_count", &attr),
+        2.0
+    );
+    assert_eq!(value(&scrape, "distributed_lock_held", &attr), 0.0);
+    assert_eq!(value(&scrape, "distributed_lock_held", &holder_labels), 0.0);
+    assert!(
+        !scrape.contains("job:1") && !scrape.contains("job:2"),
+        "a rendered key is never a label:\n{scrape}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewals_and_a_lost_lease_are_counted_and_the_lease_stops_counting_as_held() {
+    let metrics = recorder();
+    let server = RedisServer::start();
+    let registry = Registry::builder()
+        .url(server.url())
+        .name("metrics-lease")
+        .build()
+        .unwrap();
+    let labels = [("registry", "metrics-lease"), ("lock", "lease:<n>")];
+    let with = |extra: (&'static str, &'static str)| {
+        let mut all = labels.to_vec();
+        all.push(extra);
+        all
+    };
+    let guard = registry
+        .lock("lease:7")
+        .template("lease:<n>")
+        .ttl(Duration::from_millis(300))
+        .acquire()
+        .await
+        .unwrap();
+    let renewed = with(("outcome", "renewed"));
+    eventually(LIMIT, "two renewals counted", || async {
+        sample(
+            &metrics.render(),
+            "distributed_lock_renewals_total",
+            &renewed,
+        )
+        .is_some_and(|n| n >= 2.0)
+    })
+    .await;
+    let mut con = server
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let deleted: u32 = con.del("lock:lease:7").await.unwrap();
+    assert_eq!(deleted, 1);
+    assert!(matches!(
+        guard.lost().await,
+        LockError::Lost {
+            reason: LostReason::Gone,
+            ..
+        }
+    ));
+
+    let scrape = metrics.render();
+    let lost = with(("reason", "gone"));
+    assert_eq!(value(&scrape, "distributed_lock_lost_total", &lost), 1.0);
+    let refused = with(("outcome", "refused"));
+    assert_eq!(
+        value(&scrape, "distributed_lock_renewals_total", &refused),
+        1.0
+    );
+    assert_eq!(value(&scrape, "distributed_lock_held", &labels), 1.0);
+    assert!(matches!(
+        guard.release().await,
+        Err(LockError::NotOwner { .. })
+    ));
+    let scrape = metrics.render();
+    assert_eq!(value(&scrape, "distributed_lock_held", &labels), 0.0);
+    assert_eq!(
+        value(&scrape, "distributed_lock_hold_seconds_count", &labels),
+        1.0
+    );
+}
