@@ -1,0 +1,95 @@
+//! The README's quickstart, as a user meets it: a project of its own, outside this workspace,
+//! with the README's `[dependencies]` and `src/main.rs` verbatim, built and run against a
+//! throwaway redis-server.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use lock_tests::RedisServer;
+
+/// The fenced block after `<!-- quickstart:{name} -->` in the README.
+fn quickstart_block(readme: &str, name: &str) -> String {
+    let marker = format!("<!-- quickstart:{name} -->");
+    let after = readme
+        .split(&marker)
+        .nth(1)
+        .unwrap_or_else(|| panic!("the README marks its quickstart's {name} block with {marker}"));
+    let body = after
+        .split_once("```")
+        .and_then(|(_, rest)| rest.split_once('\n'))
+        .map(|(_, rest)| rest)
+        .expect("a fenced block after the marker");
+    body.split("```").next().expect("the block ends").to_owned()
+}
+
+/// `[dependencies]` with the README's path to lock-runtime pointed at this checkout.
+fn dependencies(block: &str, lock_runtime: &Path) -> String {
+    block
+        .lines()
+        .map(|line| match line.strip_prefix("lock-runtime = ") {
+            Some(_) => format!("lock-runtime = {{ path = {:?} }}", lock_runtime.display()),
+            None => line.to_owned(),
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn the_readme_quickstart_builds_and_runs_in_a_project_outside_the_workspace() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let root = root.canonicalize().expect("the workspace root");
+    let readme = std::fs::read_to_string(root.join("README.md")).expect("README.md");
+    let cargo_block = quickstart_block(&readme, "cargo");
+    assert!(
+        cargo_block.contains("lock-runtime = "),
+        "the quickstart depends on lock-runtime:\n{cargo_block}"
+    );
+    let main_rs = quickstart_block(&readme, "main");
+
+    let scratch = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let project = scratch.join("quickstart");
+    let _ = std::fs::remove_dir_all(&project);
+    std::fs::create_dir_all(project.join("src")).unwrap();
+    // An empty `[workspace]`: the project is its own workspace even when the scratch directory
+    // lies inside this one (`target/` under the checkout).
+    let manifest = format!(
+        "[package]\nname = \"quickstart\"\nversion = \"0.0.0\"\nedition = \"2021\"\n\
+         publish = false\n\n[workspace]\n\n{}\n",
+        dependencies(&cargo_block, &root.join("lock-runtime"))
+    );
+    std::fs::write(project.join("Cargo.toml"), manifest).unwrap();
+    std::fs::write(project.join("src/main.rs"), &main_rs).unwrap();
+    // The workspace's versions, so the build needs nothing this checkout has not resolved.
+    std::fs::copy(root.join("Cargo.lock"), project.join("Cargo.lock")).unwrap();
+
+    let server = RedisServer::start();
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let output = Command::new(cargo)
+        .args(["run", "--quiet", "--manifest-path"])
+        .arg(project.join("Cargo.toml"))
+        // Its own target directory: this test's cargo holds the lock on the workspace's.
+        .arg("--target-dir")
+        .arg(scratch.join("quickstart-target"))
+        .env_remove("REDIS_URL")
+        .env_remove("RUSTFLAGS")
+        .env("LOCK_REDIS_URL", server.url())
+        .output()
+        .expect("run cargo");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "the quickstart failed ({}):\n{stdout}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(stdout, "deployed 42\n");
+    let mut con = server.connection();
+    let left: bool = redis::cmd("EXISTS")
+        .arg("lock:deploy:42")
+        .query(&mut con)
+        .unwrap();
+    assert!(
+        !left,
+        "the quickstart's lock was released when deploy returned"
+    );
+}
