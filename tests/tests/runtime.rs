@@ -6,6 +6,7 @@ mod runtime {
     mod exclusion;
     mod failures;
     mod fencing;
+    mod fixture;
     mod handoff;
     mod leases;
     mod memory;
