@@ -64,3 +64,51 @@ pub async fn subscribers(url: &str, channel: &str) -> i64 {
         .expect("PUBSUB NUMSUB");
     n.first().map_or(0, |(_, n)| *n)
 }
+
+/// Whether the server has `SET .. IFEQ` (Valkey 8.1+): asked straight, on a key no test uses.
+///
+/// # Panics
+/// When the server does not answer, or answers something other than nil or an error.
+pub async fn has_set_ifeq(url: &str) -> bool {
+    let mut con = raw(url).await;
+    let reply: redis::RedisResult<Option<String>> = redis::cmd("SET")
+        .arg("lock-tests:ifeq-probe")
+        .arg("x")
+        .arg("IFEQ")
+        .arg("y")
+        .query_async(&mut con)
+        .await;
+    match reply {
+        Ok(None) => true,
+        Ok(Some(other)) => panic!("SET IFEQ on a missing key answered {other:?}"),
+        Err(e) => {
+            assert!(e.to_string().contains("syntax error"), "{e}");
+            false
+        }
+    }
+}
+
+/// `INFO commandstats` counters of one command: (calls, failed calls).
+///
+/// # Panics
+/// When the server does not answer.
+pub async fn command_counts(url: &str, command: &str) -> (u64, u64) {
+    let mut con = raw(url).await;
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut con)
+        .await
+        .expect("INFO commandstats");
+    let prefix = format!("cmdstat_{command}:");
+    let Some(stats) = info.lines().find_map(|line| line.strip_prefix(&prefix)) else {
+        return (0, 0);
+    };
+    let field = |name: &str| {
+        stats
+            .split(',')
+            .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
+    (field("calls"), field("failed_calls"))
+}

@@ -2,8 +2,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_runtime::{LockError, LostReason, OnLost};
-use lock_tests::RedisServer;
+use lock_runtime::{LockError, LostReason, Mode, OnLost};
+use lock_tests::{command_counts, has_set_ifeq, RedisServer};
 use redis::AsyncCommands;
 
 use super::support::{assert_lost, eventually, raw, registry, spawn_hung_body};
@@ -21,6 +21,115 @@ async fn renewal_keeps_a_lock_past_three_ttls() {
     let value: Option<String> = con.get("lock:long").await.unwrap();
     assert_eq!(value.as_deref(), Some(guard.token()));
     guard.release().await.expect("still ours");
+}
+
+/// Where the server has `SET .. IFEQ` (Valkey), an exclusive lock's renewals are that command and
+/// no script call; elsewhere (Redis 7) the first renewal's `SET .. IFEQ` is refused once and
+/// every renewal is the script. Either way the lock stays held and renewed.
+#[tokio::test]
+async fn exclusive_locks_renew_with_set_ifeq_where_the_server_has_it_else_with_the_script() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let ifeq = has_set_ifeq(&url).await;
+    let reg = registry(&server);
+    let guard = reg
+        .lock("renewed")
+        .ttl(Duration::from_millis(300))
+        .acquire()
+        .await
+        .unwrap();
+    let (set_before, set_failed_before) = command_counts(&url, "set").await;
+    let (evalsha_before, _) = command_counts(&url, "evalsha").await;
+    let (renewing, before) = if ifeq {
+        ("set", set_before)
+    } else {
+        ("evalsha", evalsha_before)
+    };
+    eventually(Duration::from_secs(10), "three renewals", || async {
+        command_counts(&url, renewing).await.0 >= before + 3
+    })
+    .await;
+    let (set, set_failed) = command_counts(&url, "set").await;
+    let (evalsha, _) = command_counts(&url, "evalsha").await;
+    if ifeq {
+        assert_eq!(
+            evalsha, evalsha_before,
+            "no script call renews a plain lock"
+        );
+        assert_eq!(set_failed, set_failed_before, "every SET IFEQ was taken");
+    } else {
+        assert_eq!(
+            set - set_before,
+            1,
+            "SET IFEQ is tried once, then never again"
+        );
+        assert_eq!(set_failed - set_failed_before, 1, "and refused");
+    }
+    assert!(!guard.is_lost());
+    let mut con = raw(&url).await;
+    let value: Option<String> = con.get("lock:renewed").await.unwrap();
+    assert_eq!(value.as_deref(), Some(guard.token()));
+    let pttl: i64 = con.pttl("lock:renewed").await.unwrap();
+    assert!(pttl > 0 && pttl <= 300, "{pttl}");
+    guard.release().await.expect("still ours");
+}
+
+/// A plain lock whose key now holds application data (a sorted set): lost as `Stolen`, the data
+/// untouched. With `SET .. IFEQ` the key answers `WRONGTYPE`, and the script decides, as before.
+#[tokio::test]
+async fn a_plain_lock_whose_key_became_a_foreign_sorted_set_is_stolen_and_the_set_untouched() {
+    let server = RedisServer::start();
+    let reg = registry(&server);
+    let guard = reg
+        .lock("became-data")
+        .ttl(Duration::from_millis(300))
+        .acquire()
+        .await
+        .unwrap();
+    let mut con = raw(&server.url()).await;
+    let _: () = redis::pipe()
+        .atomic()
+        .del("lock:became-data")
+        .zadd("lock:became-data", "payload", 1)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let err = guard.lost().await;
+    assert_lost(&err, LostReason::Stolen);
+    let members: Vec<(String, f64)> = con
+        .zrange_withscores("lock:became-data", 0, -1)
+        .await
+        .unwrap();
+    assert_eq!(members, vec![("payload".to_owned(), 1.0)]);
+    let pttl: i64 = con.pttl("lock:became-data").await.unwrap();
+    assert_eq!(pttl, -1, "no expiry was set on the data");
+}
+
+/// One renewal round with a plain lock (`SET .. IFEQ` where the server has it) and a read lock
+/// (always the script): both stay held past three ttls.
+#[tokio::test]
+async fn a_plain_lock_and_a_read_lock_renewed_in_one_round_both_stay_held() {
+    let server = RedisServer::start();
+    let reg = registry(&server);
+    let ttl = Duration::from_millis(300);
+    let plain = reg.lock("plain").ttl(ttl).acquire().await.unwrap();
+    let reader = reg
+        .lock("shared")
+        .mode(Mode::Read)
+        .ttl(ttl)
+        .acquire()
+        .await
+        .unwrap();
+    // Time passing is the point of this test: without renewal both keys would be gone.
+    tokio::time::sleep(ttl * 4).await;
+    assert!(!plain.is_lost() && !reader.is_lost());
+    let mut con = raw(&server.url()).await;
+    let value: Option<String> = con.get("lock:plain").await.unwrap();
+    assert_eq!(value.as_deref(), Some(plain.token()));
+    let deadline: Option<f64> = con.zscore("lock:shared", reader.token()).await.unwrap();
+    assert!(deadline.is_some(), "the reader's place is still there");
+    plain.release().await.expect("still ours");
+    reader.release().await.expect("still ours");
 }
 
 struct DropFlag(Arc<AtomicBool>);

@@ -34,7 +34,7 @@ use super::config::ClusterSeeds;
 use super::connection::OnIo;
 use super::errors::timed_out;
 use super::manager::{load_scripts, manager_config};
-use super::renewal::{renew_chunk, Round, RENEW_CHUNK};
+use super::renewal::{renew_chunk, IfEq, Round, RENEW_CHUNK};
 use crate::backend::contract::Renewal;
 use crate::io;
 use crate::key::hash_tag;
@@ -58,6 +58,8 @@ pub(crate) struct ClusterNodes {
     /// `None` when stale.
     map: Mutex<Option<Arc<SlotMap>>>,
     connections: Mutex<HashMap<Addr, OnIo<ConnectionManager>>>,
+    /// Per master: whether it renews exclusive locks with `SET .. IFEQ`.
+    ifeq: Mutex<HashMap<Addr, Arc<IfEq>>>,
     reading: tokio::sync::Mutex<()>,
 }
 
@@ -68,6 +70,7 @@ impl ClusterNodes {
             timeouts,
             map: Mutex::new(None),
             connections: Mutex::new(HashMap::new()),
+            ifeq: Mutex::new(HashMap::new()),
             reading: tokio::sync::Mutex::new(()),
         }
     }
@@ -99,6 +102,7 @@ impl ClusterNodes {
                 Err(_) => return Err(timed_out(budget)),
             };
             let deadline = Instant::now() + budget;
+            let ifeq = self.ifeq_of(master);
             let calls = groups
                 .values()
                 .flat_map(|members| members.chunks(RENEW_CHUNK))
@@ -108,6 +112,7 @@ impl ClusterNodes {
                         batch,
                         chunk,
                         deadline,
+                        &ifeq,
                     )
                 });
             Ok(join_all(calls).await)
@@ -130,20 +135,24 @@ impl ClusterNodes {
         Some(round)
     }
 
-    /// Renews `chunk` (one slot's keys) in one script call, or key by key when a migration has
-    /// split them between two nodes (`TRYAGAIN`), all by `deadline`.
+    /// Renews `chunk` (one slot's keys) in one round trip, or key by key when a migration has
+    /// split them between two nodes (`TRYAGAIN` to the script), all by `deadline`. A lock
+    /// renewed with `SET .. IFEQ` that a migration moved answers `ASK` or `MOVED` in the
+    /// pipeline, which does not follow it: the script, a single command, then renews it
+    /// where the redirect says.
     async fn renew_group<C>(
         &self,
         mut con: Following<'_, C>,
         batch: &[Renewal<'_>],
         chunk: &[usize],
         deadline: Instant,
+        ifeq: &IfEq,
     ) -> Vec<(Vec<usize>, redis::RedisResult<Vec<i64>>)>
     where
         C: ConnectionLike + Clone + Send,
     {
         let left = || deadline.saturating_duration_since(Instant::now());
-        let flags = renew_chunk(&mut con, batch, chunk, left()).await;
+        let flags = renew_chunk(&mut con, batch, chunk, left(), Some(ifeq)).await;
         let split = chunk.len() > 1
             && matches!(&flags, Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::TryAgain));
         if !split {
@@ -151,7 +160,10 @@ impl ClusterNodes {
         }
         let calls = chunk.iter().map(|&i| {
             let mut con = con.clone();
-            async move { (vec![i], renew_chunk(&mut con, batch, &[i], left()).await) }
+            async move {
+                let flags = renew_chunk(&mut con, batch, &[i], left(), Some(ifeq)).await;
+                (vec![i], flags)
+            }
         });
         join_all(calls).await
     }
@@ -290,6 +302,16 @@ impl ClusterNodes {
             .unwrap_or_else(PoisonError::into_inner)
             .insert(master.clone(), con.clone());
         Ok(con)
+    }
+
+    /// Whether `master` renews exclusive locks with `SET .. IFEQ`, as learned so far.
+    fn ifeq_of(&self, master: &Addr) -> Arc<IfEq> {
+        self.ifeq
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(master.clone())
+            .or_default()
+            .clone()
     }
 
     /// The first seed's settings (login, database, TLS) at another node's address.

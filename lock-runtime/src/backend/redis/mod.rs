@@ -43,7 +43,7 @@ use coalesce::{Coalescer, Op, Turn};
 use config::Topology;
 use confirm::{Confirmed, Confirmer, Route};
 use connection::{Connection, OnIo, SharedConnection};
-use renewal::{renew_chunk, Round, RENEW_CHUNK};
+use renewal::{renew_chunk, IfEq, Round, RENEW_CHUNK};
 use scripts::evalsha;
 use subscriber::Source;
 
@@ -62,6 +62,9 @@ pub(crate) struct RedisBackend {
     /// Concurrent acquisitions and releases, sent together (not in a cluster, where a script's
     /// keys must share one slot).
     coalescer: Option<Coalescer>,
+    /// Whether this server renews exclusive locks with `SET .. IFEQ` (not in a cluster, whose
+    /// masters each have their own: see `cluster_nodes`).
+    ifeq: IfEq,
 }
 
 impl RedisBackend {
@@ -123,6 +126,7 @@ impl RedisBackend {
             hub,
             hands_over: true,
             coalescer,
+            ifeq: IfEq::default(),
         }
     }
 
@@ -363,7 +367,9 @@ impl RedisBackend {
     }
 
     /// A renewal round on the confirming connection: one script call per chunk, each followed
-    /// by `WAIT`. A lock renewed but not acknowledged by enough replicas is neither renewed nor
+    /// by `WAIT`. Always the script, also where the server has `SET .. IFEQ`: the confirming
+    /// connection batches whole writes (at most 64 before each `WAIT`), so a chunk must stay
+    /// one command. A lock renewed but not acknowledged by enough replicas is neither renewed nor
     /// lost (`None`): the keeper retries, and the lease runs out at its deadline if no renewal
     /// is ever confirmed. Nothing is deleted.
     async fn renew_confirmed(
@@ -635,6 +641,9 @@ impl Store for RedisBackend {
             }
         }
         let con = self.con("renew", None).await?;
+        // Through the cluster client (no master answered `CLUSTER SLOTS`) renewals stay with
+        // the script: a pipeline there would not follow redirects.
+        let ifeq = (!self.is_cluster()).then_some(&self.ifeq);
         // Scripts touch one slot each in a cluster; a standalone server takes any batch.
         let mut groups: HashMap<&str, Vec<usize>> = HashMap::new();
         for (i, r) in batch.iter().enumerate() {
@@ -650,7 +659,12 @@ impl Store for RedisBackend {
             .flat_map(|members| members.chunks(RENEW_CHUNK))
             .map(|chunk| {
                 let mut con = con.clone();
-                async move { (chunk, renew_chunk(&mut con, batch, chunk, budget).await) }
+                async move {
+                    (
+                        chunk,
+                        renew_chunk(&mut con, batch, chunk, budget, ifeq).await,
+                    )
+                }
             });
         let mut round = Round::new(batch.len());
         for (chunk, flags) in join_all(calls).await {
