@@ -5,7 +5,11 @@
 //! cargo run --release -p lock-bench            # full run (~3.5 minutes): bench/results.md, bench/latency.svg
 //! cargo run --release -p lock-bench -- --quick # shorter windows, fewer samples; files go to a temp dir
 //! cargo run --release -p lock-bench -- --only 1,2,3
+//! LOCK_TEST_SERVER=$(scripts/ensure-redis --valkey) cargo run --release -p lock-bench -- --renew-ifeq
 //! ```
+//!
+//! `--renew-ifeq` prints, on its own, a renewal's cost as the script against `SET .. IFEQ` on
+//! a server that has both (see `ifeq`).
 //!
 //! Not part of the test suite: it prints figures, it does not pass or fail.
 
@@ -13,6 +17,7 @@ mod attribute;
 mod chart;
 mod contention;
 mod handoff;
+mod ifeq;
 mod libs;
 mod memory;
 mod procfs;
@@ -106,10 +111,11 @@ impl Plan {
 
 fn usage() -> ! {
     eprintln!(
-        "usage: lock-bench [--quick] [--only 1,2,...] [--out DIR]\n\
+        "usage: lock-bench [--quick] [--only 1,2,...] [--out DIR] | --renew-ifeq\n\
          \n  --quick   shorter windows and fewer samples (under a minute)\
          \n  --only    run only these items (1-9; 1 and 2 run together, so do 7 and 9)\
-         \n  --out     directory for results.md and latency.svg"
+         \n  --out     directory for results.md and latency.svg\
+         \n  --renew-ifeq  only: renewal by script against SET IFEQ, on a server with both (Valkey)"
     );
     std::process::exit(2);
 }
@@ -118,6 +124,10 @@ fn parse_args() -> Plan {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.first().map(String::as_str) == Some("--child-renewal") {
         renewal::child(&args[1..]);
+        std::process::exit(0);
+    }
+    if args.first().map(String::as_str) == Some("--renew-ifeq") {
+        ifeq::run();
         std::process::exit(0);
     }
     let mut plan = Plan::full();
