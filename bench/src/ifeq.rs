@@ -143,6 +143,8 @@ pub fn run() {
             "[lock-bench] this server ({version}) has no SET IFEQ: run it on Valkey 8.1+, \
              LOCK_TEST_SERVER=$(scripts/ensure-redis --valkey) cargo run --release -p lock-bench -- --renew-ifeq"
         );
+        // `exit` runs no destructors: stop the server first.
+        drop(server);
         std::process::exit(1);
     }
     let script = redis::Script::new(lock_runtime::protocol::RENEW_LUA);
