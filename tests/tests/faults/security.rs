@@ -94,12 +94,21 @@ async fn tokens_carry_128_unbiased_random_bits_that_owe_nothing_to_time_or_proce
     assert!((same_position - 64.0).abs() < 2.0, "{same_position}");
 }
 
-/// The library's own script calls for `key`, captured from MONITOR: (release, renew).
+/// The library's own release and renewal calls for `key`, captured from MONITOR: (release,
+/// renew). The renewal is the script, or `SET .. IFEQ` where the server has it (Valkey).
 fn captured_scripts(events: &[Event], redis_key: &str) -> (Entry, Entry) {
     let mut release = None;
     let mut renew = None;
     for (i, e) in events.iter().enumerate() {
         let Event::Command(call) = e else { continue };
+        if !call.lua
+            && call.name() == "SET"
+            && call.arg(1) == redis_key.as_bytes()
+            && call.arg_str(3).eq_ignore_ascii_case("IFEQ")
+        {
+            renew = Some(call.clone());
+            continue;
+        }
         if call.lua || call.name() != "EVALSHA" || call.arg(3) != redis_key.as_bytes() {
             continue;
         }
@@ -124,14 +133,14 @@ fn captured_scripts(events: &[Event], redis_key: &str) -> (Entry, Entry) {
     )
 }
 
-/// Replays a captured script call with `token` in place of the owner's.
+/// Replays a captured call with `token` in place of the owner's.
 async fn replay(
     con: &mut redis::aio::MultiplexedConnection,
     call: &Entry,
     owner: &str,
     token: &str,
 ) -> redis::Value {
-    let mut cmd = redis::cmd("EVALSHA");
+    let mut cmd = redis::cmd(&call.name());
     for arg in &call.args[1..] {
         if arg == owner.as_bytes() {
             cmd.arg(token);
@@ -139,7 +148,7 @@ async fn replay(
             cmd.arg(arg.as_slice());
         }
     }
-    cmd.query_async(con).await.expect("replayed script call")
+    cmd.query_async(con).await.expect("replayed call")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -180,12 +189,14 @@ async fn no_other_client_can_release_or_extend_a_lock_with_a_stale_or_forged_tok
         let released = replay(&mut con, &release, &old_token, forged).await;
         assert_eq!(released, redis::Value::Int(0), "release with {forged:?}");
         let renewed = replay(&mut con, &renew, &old_token, forged).await;
-        // -1: someone else's lock, left untouched.
-        assert_eq!(
-            renewed,
-            redis::Value::Array(vec![redis::Value::Int(-1)]),
-            "renew with {forged:?}"
-        );
+        // Someone else's lock, left untouched: the script's -1, or `SET .. IFEQ .. GET`
+        // answering with the value it found (and did not replace).
+        let someone_else = if renew.name() == "SET" {
+            redis::Value::BulkString(owner.clone().into_bytes())
+        } else {
+            redis::Value::Array(vec![redis::Value::Int(-1)])
+        };
+        assert_eq!(renewed, someone_else, "renew with {forged:?}");
         let (value, after): (String, i64) = redis::pipe()
             .get("lock:k")
             .pttl("lock:k")
@@ -362,7 +373,10 @@ fn acl_setuser(con: &mut redis::Connection, commands: &[&str]) {
     let _: () = cmd.query(con).expect("ACL SETUSER");
 }
 
-/// Denials recorded since the last reset, as `command (reason)`.
+/// Denials recorded since the last reset, as `command (reason)`, except `CLIENT SETINFO`: the
+/// client sends it on connecting and ignores a refusal, and servers that have it (Redis 7.2+,
+/// Valkey) log the refusal (see README, Security). Counting it would make every command of
+/// the minimal ACL look needed there.
 fn acl_denials(con: &mut redis::Connection) -> Vec<String> {
     let log: Vec<Vec<redis::Value>> = redis::cmd("ACL").arg("LOG").query(con).expect("ACL LOG");
     let mut out = Vec::new();
@@ -379,6 +393,9 @@ fn acl_denials(con: &mut redis::Connection) -> Vec<String> {
                 .cloned()
                 .unwrap_or_default()
         };
+        if get("object") == "client|setinfo" {
+            continue;
+        }
         out.push(format!(
             "{} ({} {})",
             get("object"),
@@ -426,7 +443,11 @@ async fn the_minimal_acl_for_a_lock_user_is_these_commands_on_the_lock_keys_and_
     let mut con = raw(&url).await;
     let denied: redis::RedisResult<()> = con.set("app:data", 1).await;
     let denied = denied.unwrap_err().to_string();
-    assert!(denied.contains("no permissions to access"), "{denied}");
+    // Redis: "no permissions to access a key"; Valkey: "No permissions to access a key".
+    assert!(
+        denied.to_lowercase().contains("no permissions to access"),
+        "{denied}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
