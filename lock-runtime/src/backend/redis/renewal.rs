@@ -5,20 +5,21 @@
 //! it (Valkey 8.1+), pipelined; the rest, and every lock on a server without it, go through
 //! the renewal script ([`scripts::RENEW_LUA`]), one call per chunk.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
 use redis::aio::ConnectionLike;
-use redis::{ServerErrorKind, Value};
+use redis::{ScriptInvocation, ServerErrorKind, Value};
 
 use super::errors::timed_out;
-use super::scripts;
+use super::scripts::{self, evalsha};
 use crate::backend::contract::{Renewal, Renewed, Share};
 
 /// Renewal scripts are split so no single script call keeps Redis busy for long.
 pub(crate) const RENEW_CHUNK: usize = 512;
 
-/// Whether one server (one connection's) renews exclusive locks with `SET .. IFEQ`.
+/// Whether one server renews exclusive locks with `SET .. IFEQ` (one per backend: per server,
+/// per Redlock node, per cluster master).
 ///
 /// `SET key token IFEQ token PX ttl GET` is the renewal script's answer for a lock held as a
 /// plain string, in one command: it sets the expiry only when the key holds our token, never
@@ -26,44 +27,67 @@ pub(crate) const RENEW_CHUNK: usize = 512;
 /// [`Renewed::Gone`]) or another value (left untouched: [`Renewed::Taken`]). Redis runs it
 /// without Lua, which costs it less than a script call (see the benchmark's renewal item).
 ///
-/// There is no probe of its own: the first renewal is the probe. A server without `IFEQ`
-/// (Redis 7.x answers `ERR syntax error`; any `ERR`), or an ACL that refuses the command
-/// (`NOPERM`), turns it off for good on this connection, and those locks are renewed by the
-/// script in the same round, so a lease never depends on the answer. Every other error
-/// reply for a lock (`WRONGTYPE` for a key that is now a sorted set, `OOM`, `MOVED`/`ASK`
-/// in a cluster, which a pipeline does not follow) sends that lock to the script as well,
-/// which answers exactly as before. A connection that moves to another server (a Sentinel
-/// failover) keeps what it learned; a new server without `IFEQ` turns it off at its first
-/// answer.
+/// Until a server has answered one, renewals go through the script, with one `SET .. IFEQ`
+/// of the round's first exclusive lock pipelined before it as the probe: the round costs one
+/// round trip whatever the answer, and the script's answer is the one that counts. A reply
+/// to the probe turns `SET .. IFEQ` on; `ERR` (Redis 7.x: a syntax error) or `NOPERM` (an
+/// ACL without it) turns it off for the life of the registry. Once on, every other error
+/// reply for a lock (`WRONGTYPE` for a key that is now a sorted set, `OOM`, `MOVED`/`ASK` in
+/// a cluster, which a pipeline does not follow) sends that lock to the script, which answers
+/// exactly as before; an `ERR` or `NOPERM` then (a failover to a server without it) turns it
+/// off and those locks go to the script in the same round.
 #[derive(Debug, Default)]
 pub(crate) struct IfEq {
-    refused: AtomicBool,
+    /// [`UNKNOWN`], [`ON`] or [`OFF`].
+    state: AtomicU8,
 }
 
+const UNKNOWN: u8 = 0;
+const ON: u8 = 1;
+const OFF: u8 = 2;
+
 impl IfEq {
-    /// Whether `SET .. IFEQ` is still worth sending (until a server refused it).
-    pub(crate) fn tried(&self) -> bool {
-        !self.refused.load(Ordering::Relaxed)
+    fn state(&self) -> u8 {
+        self.state.load(Ordering::Relaxed)
     }
 
-    /// Turns it off after `reply` when that says the server does not take the command.
-    fn learn(&self, reply: &redis::ServerError) {
-        if matches!(
-            reply.kind(),
-            Some(ServerErrorKind::ResponseError | ServerErrorKind::NoPerm)
-        ) {
-            tracing::debug!(
-                error = %reply,
-                "this server does not renew with SET IFEQ: renewals use the script"
-            );
-            self.refused.store(true, Ordering::Relaxed);
+    /// Whether renewals use `SET .. IFEQ` (after a server took it).
+    #[cfg(test)]
+    pub(crate) fn on(&self) -> bool {
+        self.state() == ON
+    }
+
+    /// Learns from one `SET .. IFEQ` reply: `Ok` means the server takes it; `ERR` or
+    /// `NOPERM` that it does not. Any other error says nothing.
+    fn learn(&self, reply: Result<(), &redis::ServerError>) {
+        match reply {
+            Ok(()) => {
+                if self.state() == UNKNOWN {
+                    self.state.store(ON, Ordering::Relaxed);
+                }
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    Some(ServerErrorKind::ResponseError | ServerErrorKind::NoPerm)
+                ) =>
+            {
+                if self.state() != OFF {
+                    tracing::debug!(
+                        error = %e,
+                        "this server does not renew with SET IFEQ: renewals use the script"
+                    );
+                }
+                self.state.store(OFF, Ordering::Relaxed);
+            }
+            Err(_) => {}
         }
     }
 }
 
 /// One renewal round trip for `chunk` of `batch`, bounded by `budget`: a flag per lock (see
 /// [`renewed`]). With `ifeq` (not where a pipeline cannot go: through the cluster client),
-/// exclusive locks are renewed with `SET .. IFEQ` while the server takes it (see [`IfEq`]).
+/// exclusive locks are renewed with `SET .. IFEQ` where the server takes it (see [`IfEq`]).
 pub(crate) async fn renew_chunk<C: ConnectionLike + Send>(
     con: &mut C,
     batch: &[Renewal<'_>],
@@ -76,45 +100,105 @@ pub(crate) async fn renew_chunk<C: ConnectionLike + Send>(
         .unwrap_or_else(|_| Err(timed_out(budget)))
 }
 
+/// `SET key token IFEQ token PX ttl GET` for one lock.
+fn set_ifeq(pipe: &mut redis::Pipeline, lock: &Renewal<'_>) {
+    pipe.cmd("SET")
+        .arg(lock.redis_key)
+        .arg(lock.token)
+        .arg("IFEQ")
+        .arg(lock.token)
+        .arg("PX")
+        .arg(lock.ttl_ms)
+        .arg("GET");
+}
+
+/// The renewal script for `locks` (positions in `chunk`).
+fn renew_script(
+    batch: &[Renewal<'_>],
+    chunk: &[usize],
+    locks: &[usize],
+) -> ScriptInvocation<'static> {
+    let mut call = scripts::RENEW.prepare_invoke();
+    for &at in locks {
+        let lock = &batch[chunk[at]];
+        call.key(lock.redis_key).arg(lock.token).arg(lock.ttl_ms);
+    }
+    call
+}
+
+/// One pipeline: `SET .. IFEQ` for the exclusive locks where the server takes it (else one
+/// as the probe, while that is unknown), then the script for the rest. Locks whose `SET` got
+/// an error reply go to the script in a second round trip, as does the script itself if the
+/// server lost it (`NOSCRIPT`: the invocation loads it).
 async fn renew_now<C: ConnectionLike + Send>(
     con: &mut C,
     batch: &[Renewal<'_>],
     chunk: &[usize],
     ifeq: Option<&IfEq>,
 ) -> redis::RedisResult<Vec<i64>> {
+    let exclusive = |at: &usize| batch[chunk[*at]].share == Share::Exclusive;
+    let state = ifeq.map_or(OFF, IfEq::state);
+    let by_set: Vec<usize> = match state {
+        ON => (0..chunk.len()).filter(exclusive).collect(),
+        _ => Vec::new(),
+    };
+    let probe = match state {
+        UNKNOWN => (0..chunk.len()).find(exclusive),
+        _ => None,
+    };
+    let by_script: Vec<usize> = (0..chunk.len()).filter(|at| !by_set.contains(at)).collect();
     let mut flags: Vec<Option<i64>> = vec![None; chunk.len()];
-    if let Some(ifeq) = ifeq.filter(|ifeq| ifeq.tried()) {
-        let plain: Vec<usize> = (0..chunk.len())
-            .filter(|&at| batch[chunk[at]].share == Share::Exclusive)
-            .collect();
-        if !plain.is_empty() {
-            let mut pipe = redis::pipe();
-            for &at in &plain {
-                let lock = &batch[chunk[at]];
-                pipe.cmd("SET")
-                    .arg(lock.redis_key)
-                    .arg(lock.token)
-                    .arg("IFEQ")
-                    .arg(lock.token)
-                    .arg("PX")
-                    .arg(lock.ttl_ms)
-                    .arg("GET");
-            }
-            let replies = con.req_packed_commands(&pipe, 0, plain.len()).await?;
-            for (&at, reply) in plain.iter().zip(replies) {
-                flags[at] = ifeq_flag(ifeq, batch[chunk[at]].token, reply);
-            }
+    let mut pipe = redis::pipe();
+    for &at in by_set.iter().chain(&probe) {
+        set_ifeq(&mut pipe, &batch[chunk[at]]);
+    }
+    let sets = by_set.len() + usize::from(probe.is_some());
+    if !by_script.is_empty() {
+        let mut call = evalsha(&scripts::RENEW, by_script.len());
+        for &at in &by_script {
+            call.arg(batch[chunk[at]].redis_key);
+        }
+        for &at in &by_script {
+            let lock = &batch[chunk[at]];
+            call.arg(lock.token).arg(lock.ttl_ms);
+        }
+        pipe.add_command(call);
+    }
+    let count = sets + usize::from(!by_script.is_empty());
+    let mut replies = con.req_packed_commands(&pipe, 0, count).await?.into_iter();
+    for &at in &by_set {
+        let Some(reply) = replies.next() else { break };
+        flags[at] = ifeq_flag(ifeq, batch[chunk[at]].token, reply);
+    }
+    if probe.is_some() {
+        if let Some(reply) = replies.next() {
+            // Only learned from: the script's answer for that lock is the one that counts.
+            let _ = ifeq_flag(ifeq, "", reply);
         }
     }
-    let rest: Vec<usize> = (0..chunk.len()).filter(|&at| flags[at].is_none()).collect();
-    if !rest.is_empty() {
-        let mut call = scripts::RENEW.prepare_invoke();
-        for &at in &rest {
-            let lock = &batch[chunk[at]];
-            call.key(lock.redis_key).arg(lock.token).arg(lock.ttl_ms);
+    let mut retry: Vec<usize> = by_set
+        .iter()
+        .copied()
+        .filter(|&at| flags[at].is_none())
+        .collect();
+    if !by_script.is_empty() {
+        match replies.next() {
+            Some(Value::ServerError(e)) if e.kind() == Some(ServerErrorKind::NoScript) => {
+                retry.extend(&by_script);
+            }
+            Some(reply) => {
+                let answers: Vec<i64> = redis::from_redis_value(reply)?;
+                for (&at, flag) in by_script.iter().zip(answers) {
+                    flags[at] = Some(flag);
+                }
+            }
+            None => {}
         }
-        let answers: Vec<i64> = call.invoke_async(con).await?;
-        for (&at, flag) in rest.iter().zip(answers) {
+    }
+    if !retry.is_empty() {
+        retry.sort_unstable();
+        let answers: Vec<i64> = renew_script(batch, chunk, &retry).invoke_async(con).await?;
+        for (&at, flag) in retry.iter().zip(answers) {
             flags[at] = Some(flag);
         }
     }
@@ -123,16 +207,28 @@ async fn renew_now<C: ConnectionLike + Send>(
 }
 
 /// The script's flag for one `SET .. IFEQ .. GET` reply (1 renewed, 0 gone, -1 taken), or
-/// `None` for an error reply: the script renews that lock instead.
-fn ifeq_flag(ifeq: &IfEq, token: &str, reply: Value) -> Option<i64> {
+/// `None` for an error reply: the script renews that lock instead. Teaches `ifeq` whether
+/// the server takes the command.
+fn ifeq_flag(ifeq: Option<&IfEq>, token: &str, reply: Value) -> Option<i64> {
+    let learn = |outcome: Result<(), &redis::ServerError>| {
+        if let Some(ifeq) = ifeq {
+            ifeq.learn(outcome);
+        }
+    };
     match reply {
-        Value::Nil => Some(0),
+        Value::Nil => {
+            learn(Ok(()));
+            Some(0)
+        }
         Value::ServerError(e) => {
-            ifeq.learn(&e);
+            learn(Err(&e));
             None
         }
         value => match redis::from_redis_value::<Vec<u8>>(value) {
-            Ok(found) => Some(if found == token.as_bytes() { 1 } else { -1 }),
+            Ok(found) => {
+                learn(Ok(()));
+                Some(if found == token.as_bytes() { 1 } else { -1 })
+            }
             Err(_) => None,
         },
     }
@@ -222,16 +318,21 @@ mod tests {
     }
 
     #[test]
-    fn a_set_ifeq_reply_reads_as_the_scripts_flag() {
-        let ifeq = IfEq::default();
-        assert_eq!(ifeq_flag(&ifeq, "tok", reply("$3\r\ntok\r\n")), Some(1));
-        assert_eq!(ifeq_flag(&ifeq, "tok", reply("$-1\r\n")), Some(0), "gone");
-        assert_eq!(ifeq_flag(&ifeq, "tok", reply("$5\r\nother\r\n")), Some(-1));
-        assert!(ifeq.tried());
+    fn a_set_ifeq_reply_reads_as_the_scripts_flag_and_turns_it_on() {
+        for (resp, flag) in [
+            ("$3\r\ntok\r\n", 1),
+            ("$-1\r\n", 0),
+            ("$5\r\nother\r\n", -1),
+        ] {
+            let ifeq = IfEq::default();
+            assert!(!ifeq.on());
+            assert_eq!(ifeq_flag(Some(&ifeq), "tok", reply(resp)), Some(flag));
+            assert!(ifeq.on(), "{resp}");
+        }
     }
 
     #[test]
-    fn a_server_without_ifeq_or_an_acl_refusal_turns_it_off_other_errors_go_to_the_script() {
+    fn a_server_without_ifeq_or_an_acl_refusal_turns_it_off_other_errors_teach_nothing() {
         for other in [
             "-WRONGTYPE Operation against a key holding the wrong kind of value\r\n",
             "-OOM command not allowed when used memory > 'maxmemory'.\r\n",
@@ -239,16 +340,21 @@ mod tests {
             "-LOADING Redis is loading the dataset in memory\r\n",
         ] {
             let ifeq = IfEq::default();
-            assert_eq!(ifeq_flag(&ifeq, "tok", reply(other)), None, "{other}");
-            assert!(ifeq.tried(), "{other}");
+            assert_eq!(ifeq_flag(Some(&ifeq), "tok", reply(other)), None, "{other}");
+            assert_eq!(ifeq.state(), UNKNOWN, "{other}");
         }
         for refusal in [
             "-ERR syntax error\r\n",
             "-NOPERM User locker has no permissions to run the 'set' command\r\n",
         ] {
             let ifeq = IfEq::default();
-            assert_eq!(ifeq_flag(&ifeq, "tok", reply(refusal)), None, "{refusal}");
-            assert!(!ifeq.tried(), "{refusal}");
+            ifeq_flag(Some(&ifeq), "tok", reply("$3\r\ntok\r\n"));
+            assert_eq!(
+                ifeq_flag(Some(&ifeq), "tok", reply(refusal)),
+                None,
+                "{refusal}"
+            );
+            assert_eq!(ifeq.state(), OFF, "{refusal}: off, also after it was on");
         }
     }
 }
