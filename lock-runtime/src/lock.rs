@@ -197,7 +197,10 @@ impl LockRequest {
         // blocking call) can outrun the loss timer: under Cancel, a lease that is already past
         // its deadline means the work may have overlapped the next holder's, so say so.
         let outcome = match (on_lost, guard.lease.lost_reason()) {
-            (OnLost::Cancel, Some(reason)) if outcome.is_ok() => Err(reason),
+            (OnLost::Cancel, Some(reason)) if outcome.is_ok() => {
+                guard.lease.mark_lost(reason);
+                Err(reason)
+            }
             _ => outcome,
         };
         match outcome {
@@ -258,13 +261,27 @@ async fn acquire_lease(
 ) -> Result<Arc<Lease>, LockError> {
     let labels = Labels::new(inner.name(), options.template);
     let started = Instant::now();
+    // Counted as cancelled unless an outcome is reached: the caller may stop waiting.
+    let mut pending = Pending(Some((&labels, started)));
     let outcome = take_lease(&inner, keys, options, &labels).await;
+    pending.0 = None;
     match &outcome {
         Ok(_) => labels.acquired(started.elapsed()),
         Err(LockError::Busy { .. }) => labels.refused(Refused::Busy, started.elapsed()),
         Err(_) => labels.refused(Refused::Error, started.elapsed()),
     }
     outcome
+}
+
+/// A request in progress, counted as cancelled if dropped before its outcome.
+struct Pending<'a>(Option<(&'a Labels, Instant)>);
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        if let Some((labels, started)) = self.0.take() {
+            labels.refused(Refused::Cancelled, started.elapsed());
+        }
+    }
 }
 
 /// [`acquire_lease`] without its measurements.
@@ -414,11 +431,12 @@ async fn take_lease(
                 // handed the lock.
                 let sent_at = queued_at.unwrap_or(started);
                 let fence = options.fencing.then_some(fence);
-                labels.handed_over();
-                return admitted(
+                let lease = admitted(
                     inner, key, token, fence, options, sent_at, attempts, started, labels,
                 )
-                .await;
+                .await?;
+                labels.handed_over();
+                return Ok(lease);
             }
             () = current.released() => {}
             () = tokio::time::sleep_until(wake_at) => {}

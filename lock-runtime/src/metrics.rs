@@ -3,7 +3,7 @@
 //!
 //! | metric | kind | labels | what |
 //! |---|---|---|---|
-//! | `distributed_lock_acquisitions_total` | counter | `outcome`: `acquired`, `busy`, `error` | lock requests, by how they ended (re-entries are not requests) |
+//! | `distributed_lock_acquisitions_total` | counter | `outcome`: `acquired`, `busy`, `error`, `cancelled` | lock requests, by how they ended (re-entries are not requests) |
 //! | `distributed_lock_wait_seconds` | histogram | `outcome` | from the request to its outcome |
 //! | `distributed_lock_handoffs_total` | counter | | acquisitions completed by a release handing the lock over |
 //! | `distributed_lock_hold_seconds` | histogram | | from acquisition until the lease is no longer held (released, or let go of after its loss) |
@@ -36,6 +36,8 @@ pub(crate) struct Labels {
 pub(crate) enum Refused {
     Busy,
     Error,
+    /// Its caller stopped waiting (a timeout, a `select!`, a dropped request).
+    Cancelled,
 }
 
 /// How one lease's renewal went.
@@ -89,6 +91,7 @@ impl Labels {
             match refused {
                 Refused::Busy => "busy",
                 Refused::Error => "error",
+                Refused::Cancelled => "cancelled",
             },
             waited,
         );
@@ -146,7 +149,8 @@ fn describe() {
     ONCE.call_once(|| {
         describe_counter!(
             "distributed_lock_acquisitions_total",
-            "Lock requests by outcome: acquired, busy (still taken when the wait ended), error"
+            "Lock requests by outcome: acquired, busy (still taken when the wait ended), error, \
+             cancelled (the caller stopped waiting)"
         );
         describe_histogram!(
             "distributed_lock_wait_seconds",

@@ -120,15 +120,25 @@ impl RegistryInner {
             return Ok(());
         }
         self.keeper.begin_release(lease.id);
+        // Forgotten however this ends, also when the caller stops waiting for the release.
+        let _forget = Forget(&self.keeper, lease.id);
         // A failed release leaves the lock to its ttl, as a shutdown does.
         let _ = tokio::time::timeout(
             self.timeouts.round(),
             self.backend.release(&lease.key, &lease.token),
         )
         .await;
-        self.keeper.remove(lease.id);
         Err(LockError::ShutDown {
             key: lease.key.key.clone(),
         })
+    }
+}
+
+/// Takes a lease out of the keeper's table when dropped.
+struct Forget<'a>(&'a Keeper, u64);
+
+impl Drop for Forget<'_> {
+    fn drop(&mut self) {
+        self.0.remove(self.1);
     }
 }

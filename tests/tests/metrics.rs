@@ -9,7 +9,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use lock_runtime::{distributed_lock, LockError, LostReason, Registry};
-use lock_tests::{eventually, fast_registry, free_port, RedisServer};
+use lock_tests::{eventually, fast_registry, RedisServer, SilentServer};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use redis::AsyncCommands;
 
@@ -82,7 +82,9 @@ async fn requests_are_counted_by_outcome_under_their_registry_and_key_template()
         .name("metrics-holder")
         .build()
         .unwrap();
-    fast_registry(&format!("redis://127.0.0.1:{}/", free_port())).install_as("metrics-down");
+    // A server that never answers: the call fails within the registry's timeouts.
+    let silent = SilentServer::start();
+    fast_registry(&silent.url()).install_as("metrics-down");
     let attr = [("registry", "metrics-attr"), ("lock", "job:<id>")];
     let with = |extra: (&'static str, &'static str)| {
         let mut labels = attr.to_vec();
@@ -186,7 +188,9 @@ async fn renewals_and_a_lost_lease_are_counted_and_the_lease_stops_counting_as_h
     let guard = registry
         .lock("lease:7")
         .template("lease:<n>")
-        .ttl(Duration::from_millis(300))
+        // Long enough that the deletion below is found by a renewal (`gone`), never by a
+        // deadline passing on a loaded machine (`expired`).
+        .ttl(Duration::from_secs(2))
         .acquire()
         .await
         .unwrap();
@@ -234,4 +238,63 @@ async fn renewals_and_a_lost_lease_are_counted_and_the_lease_stops_counting_as_h
         value(&scrape, "distributed_lock_hold_seconds_count", &labels),
         1.0
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_that_stops_waiting_is_counted_cancelled_and_an_unwatched_lease_lost() {
+    let metrics = recorder();
+    let server = RedisServer::start();
+    let registry = Registry::builder()
+        .url(server.url())
+        .name("metrics-quiet")
+        .build()
+        .unwrap();
+    let labels = [("registry", "metrics-quiet"), ("lock", "quiet:<n>")];
+    let with = |extra: (&'static str, &'static str)| {
+        let mut all = labels.to_vec();
+        all.push(extra);
+        all
+    };
+    // Not renewed and never watched: the keeper reports it lost when its ttl runs out.
+    let guard = registry
+        .lock("quiet:1")
+        .template("quiet:<n>")
+        .ttl(Duration::from_millis(500))
+        .renew(false)
+        .acquire()
+        .await
+        .unwrap();
+    // A caller that gives up on its own while waiting for it.
+    let gave_up = tokio::time::timeout(
+        Duration::from_millis(100),
+        registry
+            .lock("quiet:1")
+            .template("quiet:<n>")
+            .wait(Duration::from_secs(10))
+            .acquire(),
+    )
+    .await;
+    assert!(gave_up.is_err(), "still waiting when the caller stopped");
+    let not_renewed = with(("reason", "not_renewed"));
+    eventually(LIMIT, "the unwatched lease counted lost", || async {
+        sample(
+            &metrics.render(),
+            "distributed_lock_lost_total",
+            &not_renewed,
+        ) == Some(1.0)
+    })
+    .await;
+    assert!(guard.is_lost());
+    let scrape = metrics.render();
+    let acquisitions = "distributed_lock_acquisitions_total";
+    assert_eq!(
+        value(&scrape, acquisitions, &with(("outcome", "cancelled"))),
+        1.0
+    );
+    assert_eq!(
+        value(&scrape, acquisitions, &with(("outcome", "acquired"))),
+        1.0
+    );
+    assert_eq!(value(&scrape, "distributed_lock_held", &labels), 1.0);
+    drop(guard);
 }

@@ -97,6 +97,13 @@ impl Leases {
             .collect()
     }
 
+    /// Whether the lease is still held and renewed: not gone, and its owner not releasing it.
+    pub(super) fn renewing(&self, id: u64) -> bool {
+        self.map()
+            .get(&id)
+            .is_some_and(|e| e.release == Release::No)
+    }
+
     pub(super) fn reschedule(&self, id: u64, next_renew: Option<Instant>) {
         if let Some(e) = self.map().get_mut(&id) {
             if e.release == Release::No {
@@ -120,8 +127,22 @@ impl Leases {
             if entry.release != Release::No {
                 continue;
             }
-            let Some(at) = entry.next_renew else { continue };
             let lease = &entry.lease;
+            let Some(at) = entry.next_renew else {
+                // Not renewed (renewal off, `max_hold` reached, or a renewal in flight): lost at
+                // its deadline unless a renewal moves it, so that a lease nobody watches is
+                // reported (and counted) lost too.
+                let state = lease.state();
+                if state.lost.is_none() {
+                    if let Some(reason) = lease.lost_reason() {
+                        lease.mark_lost(reason);
+                    } else {
+                        plan.next =
+                            Some(plan.next.map_or(state.deadline, |n| n.min(state.deadline)));
+                    }
+                }
+                continue;
+            };
             if let Some(reason) = lease.lost_reason() {
                 lease.mark_lost(reason);
                 entry.next_renew = None;

@@ -178,6 +178,11 @@ async fn renew(keeper: &Keeper, leases: &[Arc<Lease>], sent_at: Instant) {
                 Renewed::of_all(mine)
             });
             for (lease, outcome) in leases.iter().zip(outcomes.collect::<Vec<_>>()) {
+                if !keeper.leases.renewing(lease.id) {
+                    // Released meanwhile: a renewal that raced the release (and found the next
+                    // holder's token, or no key) says nothing about a lease that has ended.
+                    continue;
+                }
                 match outcome {
                     Some(Renewed::Yes) => {
                         lease.labels.renewal(RenewalOutcome::Renewed);
