@@ -128,8 +128,8 @@ fn renew_script(
 
 /// One pipeline: `SET .. IFEQ` for the exclusive locks where the server takes it (else one
 /// as the probe, while that is unknown), then the script for the rest. Locks whose `SET` got
-/// an error reply go to the script in a second round trip, as does the script itself if the
-/// server lost it (`NOSCRIPT`: the invocation loads it).
+/// an error reply go to the script in a second round trip, as does the script itself when its
+/// pipelined call got one.
 async fn renew_now<C: ConnectionLike + Send>(
     con: &mut C,
     batch: &[Renewal<'_>],
@@ -183,9 +183,10 @@ async fn renew_now<C: ConnectionLike + Send>(
         .collect();
     if !by_script.is_empty() {
         match replies.next() {
-            Some(Value::ServerError(e)) if e.kind() == Some(ServerErrorKind::NoScript) => {
-                retry.extend(&by_script);
-            }
+            // NOSCRIPT (the invocation loads it), or an answer a pipeline does not act on
+            // (MOVED/ASK in a migration, which the single command follows; TRYAGAIN, which it
+            // returns to the caller to split): the script again, alone.
+            Some(Value::ServerError(_)) => retry.extend(&by_script),
             Some(reply) => {
                 let answers: Vec<i64> = redis::from_redis_value(reply)?;
                 for (&at, flag) in by_script.iter().zip(answers) {
