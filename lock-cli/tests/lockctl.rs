@@ -65,6 +65,23 @@ async fn hold(registry: &Registry, key: &str, fencing: bool) -> LockGuard {
         .expect("take the lock")
 }
 
+/// A holder whose lock lockctl deleted learns it at its next renewal.
+async fn notices_it_is_gone(guard: LockGuard) {
+    let lost = tokio::time::timeout(PATIENCE, guard.lost())
+        .await
+        .expect("the holder notices at its next renewal");
+    assert!(
+        matches!(
+            lost,
+            LockError::Lost {
+                reason: LostReason::Gone,
+                ..
+            }
+        ),
+        "{lost}"
+    );
+}
+
 /// The output line about `key` in a `list` table.
 fn row<'a>(listing: &'a str, key: &str) -> &'a str {
     listing
@@ -202,19 +219,7 @@ async fn unlock_with_yes_deletes_the_lock_and_its_holder_learns_it_was_stolen() 
         .unwrap();
     assert!(!exists);
 
-    let lost = tokio::time::timeout(PATIENCE, guard.lost())
-        .await
-        .expect("the holder notices at its next renewal");
-    assert!(
-        matches!(
-            lost,
-            LockError::Lost {
-                reason: LostReason::Gone,
-                ..
-            }
-        ),
-        "{lost}"
-    );
+    notices_it_is_gone(guard).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -590,19 +595,7 @@ async fn every_command_reaches_the_master_that_tls_sentinels_name() {
         .unwrap();
     assert!(!exists, "deleted on the master");
     let _ = std::fs::remove_file(&ca);
-    let lost = tokio::time::timeout(PATIENCE, guard.lost())
-        .await
-        .expect("the holder notices at its next renewal");
-    assert!(
-        matches!(
-            lost,
-            LockError::Lost {
-                reason: LostReason::Gone,
-                ..
-            }
-        ),
-        "{lost}"
-    );
+    notices_it_is_gone(guard).await;
 }
 
 /// With the library's Sentinel variables set, lockctl follows the sentinels, never the

@@ -30,6 +30,24 @@ fn confirming(deployment: &RedisSentinels, replicas: u32) -> Registry {
     )
 }
 
+/// Waits for `key` on `registry` (up to 20 s), releases it at once and returns its fence.
+fn fenced_waiter(
+    registry: Registry,
+    key: &'static str,
+) -> tokio::task::JoinHandle<Result<Option<u64>, LockError>> {
+    tokio::spawn(async move {
+        let guard = registry
+            .lock(key)
+            .fencing(true)
+            .wait(Duration::from_secs(20))
+            .acquire()
+            .await?;
+        let fence = guard.fence();
+        guard.release().await?;
+        Ok(fence)
+    })
+}
+
 fn value(server: &RedisServer, key: &str) -> Option<String> {
     redis::cmd("GET")
         .arg(key)
@@ -63,17 +81,7 @@ async fn locks_are_taken_fenced_and_handed_over_on_the_master_the_sentinels_name
     );
     // A waiter on the other registry is woken by the release's notification (its wait is
     // shorter than the holder's lease, so expiry cannot hand the lock over).
-    let waiter = tokio::spawn(async move {
-        let guard = b
-            .lock("deploy:7")
-            .fencing(true)
-            .wait(Duration::from_secs(20))
-            .acquire()
-            .await?;
-        let fence = guard.fence();
-        guard.release().await?;
-        Ok::<_, LockError>(fence)
-    });
+    let waiter = fenced_waiter(b, "deploy:7");
     // The waiter subscribes on the master too: wait until it does, then release.
     let master = deployment.master.url();
     eventually(Duration::from_secs(10), "the waiter subscribed", || async {
@@ -490,17 +498,7 @@ async fn a_lock_is_taken_renewed_and_handed_over_through_tls_sentinels_on_a_tls_
     .await;
     assert!(!guard.is_lost());
     // Handed over on release: the waiter's subscription is on the TLS master too.
-    let waiter = tokio::spawn(async move {
-        let next = b
-            .lock("tls:7")
-            .fencing(true)
-            .wait(Duration::from_secs(20))
-            .acquire()
-            .await?;
-        let fence = next.fence();
-        next.release().await?;
-        Ok::<_, LockError>(fence)
-    });
+    let waiter = fenced_waiter(b, "tls:7");
     eventually(Duration::from_secs(10), "the waiter subscribed", || {
         let subscribed = subscribers_on(&deployment.master, "lock:tls:7") > 0;
         async move { subscribed }
