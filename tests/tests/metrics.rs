@@ -53,6 +53,24 @@ fn value(scrape: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
         .unwrap_or_else(|| panic!("no sample {name}{labels:?} in the scrape:\n{scrape}"))
 }
 
+/// A registry on `server` whose metrics carry `name`.
+fn named(server: &RedisServer, name: &str) -> Registry {
+    Registry::builder()
+        .url(server.url())
+        .name(name)
+        .build()
+        .unwrap()
+}
+
+type Label = (&'static str, &'static str);
+
+/// `labels` and one more.
+fn and(labels: &[Label], extra: Label) -> Vec<Label> {
+    let mut all = labels.to_vec();
+    all.push(extra);
+    all
+}
+
 #[distributed_lock(registry = "metrics-attr", key = "job:<id>", wait = "10s")]
 async fn job(id: u64) -> Result<u64, LockError> {
     Ok(id)
@@ -77,20 +95,12 @@ async fn requests_are_counted_by_outcome_under_their_registry_and_key_template()
     Registry::from_url(&server.url())
         .unwrap()
         .install_as("metrics-attr");
-    let holder = Registry::builder()
-        .url(server.url())
-        .name("metrics-holder")
-        .build()
-        .unwrap();
+    let holder = named(&server, "metrics-holder");
     // A server that never answers: the call fails within the registry's timeouts.
     let silent = SilentServer::start();
     fast_registry(&silent.url()).install_as("metrics-down");
     let attr = [("registry", "metrics-attr"), ("lock", "job:<id>")];
-    let with = |extra: (&'static str, &'static str)| {
-        let mut labels = attr.to_vec();
-        labels.push(extra);
-        labels
-    };
+    let with = |extra| and(&attr, extra);
 
     // Two calls queue behind another replica's lock; its release hands it over.
     let held = holder.lock("job:1").acquire().await.unwrap();
@@ -174,17 +184,9 @@ async fn requests_are_counted_by_outcome_under_their_registry_and_key_template()
 async fn renewals_and_a_lost_lease_are_counted_and_the_lease_stops_counting_as_held() {
     let metrics = recorder();
     let server = RedisServer::start();
-    let registry = Registry::builder()
-        .url(server.url())
-        .name("metrics-lease")
-        .build()
-        .unwrap();
+    let registry = named(&server, "metrics-lease");
     let labels = [("registry", "metrics-lease"), ("lock", "lease:<n>")];
-    let with = |extra: (&'static str, &'static str)| {
-        let mut all = labels.to_vec();
-        all.push(extra);
-        all
-    };
+    let with = |extra| and(&labels, extra);
     let guard = registry
         .lock("lease:7")
         .template("lease:<n>")
@@ -244,17 +246,9 @@ async fn renewals_and_a_lost_lease_are_counted_and_the_lease_stops_counting_as_h
 async fn a_caller_that_stops_waiting_is_counted_cancelled_and_an_unwatched_lease_lost() {
     let metrics = recorder();
     let server = RedisServer::start();
-    let registry = Registry::builder()
-        .url(server.url())
-        .name("metrics-quiet")
-        .build()
-        .unwrap();
+    let registry = named(&server, "metrics-quiet");
     let labels = [("registry", "metrics-quiet"), ("lock", "quiet:<n>")];
-    let with = |extra: (&'static str, &'static str)| {
-        let mut all = labels.to_vec();
-        all.push(extra);
-        all
-    };
+    let with = |extra| and(&labels, extra);
     // Not renewed and never watched: the keeper reports it lost when its ttl runs out.
     let guard = registry
         .lock("quiet:1")
