@@ -533,11 +533,15 @@ async fn a_plain_client_of_tls_only_sentinels_fails_fast_naming_them() {
 async fn tls_sentinels_without_the_deployment_ca_are_refused_naming_them() {
     let deployment = RedisSentinels::start_tls();
     let message = refusal(&deployment, deployment.urls()).await;
+    assert!(
+        message.contains("tls_root_cert"),
+        "says what to do: {message}"
+    );
     assert_eq!(value(&deployment.master, "lock:k"), None);
 }
 
 /// The error of a client that reaches the TLS deployment's sentinels through `urls` with no
-/// CA: it must come fast, name the first sentinel, and leave no lock behind.
+/// CA: it must come fast and name the first sentinel.
 async fn refusal(deployment: &RedisSentinels, urls: Vec<String>) -> String {
     let reg = Registry::builder()
         .sentinel(SERVICE, urls)

@@ -9,7 +9,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 
 use super::config::Topology;
-use super::errors::{plain_to_tls_hint, timed_out};
+use super::errors::{connect_hint, timed_out};
 use super::manager::manager;
 use super::sentinel::SentinelConnection;
 use super::stall::Stall;
@@ -156,7 +156,7 @@ impl SharedConnection {
         match tokio::time::timeout(self.timeouts.connect, attempt).await {
             Ok(Ok(con)) => Ok(OnIo(con)),
             Ok(Err(e)) => {
-                let hint = plain_to_tls_hint(&e, !self.topology.tls());
+                let hint = connect_hint(&e, self.topology.tls());
                 Err(failure(format!("could not connect: {e}{hint}"), Some(e)))
             }
             Err(_) => Err(failure(

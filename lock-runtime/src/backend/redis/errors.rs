@@ -11,11 +11,17 @@ pub(crate) fn unanswered(e: &redis::RedisError) -> bool {
     e.is_timeout() || e.is_io_error() || e.is_connection_dropped()
 }
 
-/// What to add to a failed connect of a plain-TCP client: a server (or sentinel) that listens
-/// only for TLS drops a plain connection as soon as its first bytes fail the handshake, which
-/// reads as a mere reset.
-pub(crate) fn plain_to_tls_hint(e: &redis::RedisError, plain: bool) -> &'static str {
-    if plain && e.is_connection_dropped() && !e.is_connection_refusal() && !e.is_timeout() {
+/// What to add to a failed connect, for the one mistake its error would hide: a server (or
+/// sentinel) that listens only for TLS drops a plain connection as soon as its first bytes fail
+/// the handshake, which reads as a mere reset; and a TLS client that does not trust the server's
+/// CA (a private one, as a rule) gets rustls' bare "invalid peer certificate".
+pub(crate) fn connect_hint(e: &redis::RedisError, tls: bool) -> &'static str {
+    // Either side of a Sentinel deployment may be the TLS one: the certificate's error is
+    // looked for whatever the first hop speaks.
+    if e.to_string().contains("invalid peer certificate") {
+        " (the server's certificate did not verify: if a private CA signed it, give that CA \
+         with RegistryBuilder::tls_root_cert, or point SSL_CERT_FILE at its PEM)"
+    } else if !tls && e.is_connection_dropped() && !e.is_connection_refusal() && !e.is_timeout() {
         " (a server that listens only for TLS drops plain connections like this: if it does, \
          use rediss:// URLs)"
     } else {
@@ -57,5 +63,24 @@ pub(crate) fn redis_error(e: &LockError) -> redis::RedisError {
             ..
         } => (**source).clone(),
         other => (redis::ErrorKind::Client, "lock-runtime", other.to_string()).into(),
+    }
+}
+
+#[cfg(all(test, feature = "tls"))]
+mod tests {
+    use super::*;
+
+    /// The hint keys on rustls' wording: this fails if a rustls upgrade changes it.
+    #[test]
+    fn an_unverified_certificate_gets_the_ca_hint_on_either_first_hop() {
+        let untrusted = || -> redis::RedisError {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer),
+            )
+            .into()
+        };
+        assert!(connect_hint(&untrusted(), true).contains("tls_root_cert"));
+        assert!(connect_hint(&untrusted(), false).contains("SSL_CERT_FILE"));
     }
 }
