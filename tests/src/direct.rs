@@ -71,13 +71,33 @@ pub async fn subscribers(url: &str, channel: &str) -> i64 {
 /// When the server does not answer, or answers something other than nil or an error.
 pub async fn has_set_ifeq(url: &str) -> bool {
     let mut con = raw(url).await;
-    let reply: redis::RedisResult<Option<String>> = redis::cmd("SET")
-        .arg("lock-tests:ifeq-probe")
+    takes_set_ifeq(ifeq_probe().query_async(&mut con).await)
+}
+
+/// Whether the servers the fixtures start ([`crate::server_binary`]) have `SET .. IFEQ`:
+/// asked once per process, of a server started for the question.
+///
+/// # Panics
+/// When that server does not start or answers something other than nil or an error.
+#[must_use]
+pub fn fixture_has_set_ifeq() -> bool {
+    static ANSWER: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ANSWER.get_or_init(|| {
+        let server = crate::RedisServer::start();
+        takes_set_ifeq(ifeq_probe().query(&mut server.connection()))
+    })
+}
+
+fn ifeq_probe() -> redis::Cmd {
+    let mut cmd = redis::cmd("SET");
+    cmd.arg("lock-tests:ifeq-probe")
         .arg("x")
         .arg("IFEQ")
-        .arg("y")
-        .query_async(&mut con)
-        .await;
+        .arg("y");
+    cmd
+}
+
+fn takes_set_ifeq(reply: redis::RedisResult<Option<String>>) -> bool {
     match reply {
         Ok(None) => true,
         Ok(Some(other)) => panic!("SET IFEQ on a missing key answered {other:?}"),

@@ -23,7 +23,9 @@ pub mod registry;
 pub mod sentinel;
 pub mod server;
 
-pub use direct::{command_calls, command_counts, connection, has_set_ifeq, raw, subscribers};
+pub use direct::{
+    command_calls, command_counts, connection, fixture_has_set_ifeq, has_set_ifeq, raw, subscribers,
+};
 pub use locks::{
     assert_lost, most_inside, multi_key_round, read_write_round, semaphore_round, spawn_hung_body,
     spawn_hung_body_holding, start_holder, warm_up,

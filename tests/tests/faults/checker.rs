@@ -962,7 +962,7 @@ fn the_checks_catch_overlaps_lost_increments_slow_hand_overs_late_cancels_blocki
         r#"+12.000010 [0 lua] "SET" "lock:register" "h:2:c" "NX" "PX" "1000""#,
         r#"+12.000020 [0 lua] "INCR" "fence:{lock:register}""#,
     ]);
-    let histories = [model::rebuild(&[events], "lock:")];
+    let histories = [model::rebuild(&[events], "lock:", false)];
     let faults = [FaultRecord {
         kind: "client-kill-9".into(),
         start_us: 20_000_000,
@@ -1012,7 +1012,11 @@ fn a_section_is_trusted_while_a_quorum_holds_it_even_if_the_nodes_change_midway(
         "end w=1.1 seq=1 token=h:1:a fence=0 start=10001000 end=11500000 outcome=ok lost_seen=0 read=ok write=acc",
     )];
     let node = |events: &[&[String]]| -> History {
-        model::rebuild(&[monitored(events.iter().copied().flatten())], "lock:")
+        model::rebuild(
+            &[monitored(events.iter().copied().flatten())],
+            "lock:",
+            false,
+        )
     };
     let grant = |at: &str| {
         [
@@ -1061,7 +1065,7 @@ fn a_section_is_trusted_while_a_quorum_holds_it_even_if_the_nodes_change_midway(
 
 #[test]
 fn the_checks_report_the_models_findings_and_lock_keys_left_without_a_ttl() {
-    let mut history = model::rebuild(&[], "lock:");
+    let mut history = model::rebuild(&[], "lock:", false);
     history.violations = vec![
         "(d) PEXPIRE 5000 of live lock lock:register at 1".to_owned(),
         "(model) DEL of lock:register by h:2:b at 2 while h:1:a held it until 3 ms".to_owned(),
@@ -1133,7 +1137,7 @@ fn fences_follow_the_servers_order_of_tenures_also_when_a_token_was_granted_twic
         .iter()
         .flatten(),
     );
-    let histories = [model::rebuild(&[events], "lock:")];
+    let histories = [model::rebuild(&[events], "lock:", false)];
     let line = |worker: u32, text: &str| Line {
         worker,
         text: text.to_owned(),

@@ -92,6 +92,9 @@ struct Live {
 
 struct Builder<'a> {
     prefix: &'a [u8],
+    /// Whether the servers carry `SET .. IFEQ` out; a server without it refuses it as a syntax
+    /// error, which MONITOR still shows.
+    ifeq: bool,
     history: History,
     live: HashMap<Vec<u8>, Live>,
 }
@@ -208,13 +211,13 @@ impl Builder<'_> {
                 self.expire(&key, e.at_us);
                 if let Some(at) = opts.iter().position(|o| o == "IFEQ") {
                     // A renewal, `SET key token IFEQ token PX ms GET`: it changes the key only
-                    // while the key holds that token. A server without IFEQ (Redis 7) refuses
-                    // the keeper's one probe, but the renewal script runs right after it in the
-                    // same pipeline, so taking it as the renewal it is on Valkey is off by the
-                    // microseconds between the two there; it counts as a renewal too, one
-                    // more per probe than Redis 7 ran.
+                    // while the key holds that token, on a server that has IFEQ. Elsewhere
+                    // (Redis 7) it is the keeper's probe, refused: nothing happened.
                     let expected = e.arg_str(3 + at + 1);
-                    if e.arg_str(2) == expected && self.owner(&key) == Some(expected.as_str()) {
+                    if self.ifeq
+                        && e.arg_str(2) == expected
+                        && self.owner(&key) == Some(expected.as_str())
+                    {
                         self.renewed(&key, e.at_us, px);
                         self.history.renewals += 1;
                     }
@@ -441,10 +444,12 @@ fn units(events: &[Event]) -> Vec<Unit<'_>> {
 
 /// Rebuilds the tenures of every key starting with `prefix` from the events of the servers
 /// that held one copy of the data (a server; a master and the replicas that took over from
-/// it), merged in time order.
-pub fn rebuild(streams: &[Vec<Event>], prefix: &str) -> History {
+/// it), merged in time order. `ifeq`: whether those servers have `SET .. IFEQ`
+/// (`lock_tests::fixture_has_set_ifeq` for the fixture's servers).
+pub fn rebuild(streams: &[Vec<Event>], prefix: &str, ifeq: bool) -> History {
     let mut b = Builder {
         prefix: prefix.as_bytes(),
+        ifeq,
         history: History::default(),
         live: HashMap::new(),
     };
@@ -497,6 +502,7 @@ mod tests {
                 r#"10.400000 [0 127.0.0.1:2] "SET" "lock:k" "B" "IFEQ" "B" "PX" "5000" "GET""#,
             ])],
             "lock:",
+            true,
         );
         assert!(history.violations.is_empty(), "{:?}", history.violations);
         assert_eq!(history.tenures.len(), 1, "{:?}", history.tenures);
@@ -507,6 +513,26 @@ mod tests {
             history.renewals, 1,
             "the owner's renewal counts, the other one not"
         );
+    }
+
+    /// On Redis 7 a `SET .. IFEQ` is the keeper's probe, refused: the lock expires when it
+    /// would have, and another client taking it then is no violation.
+    #[test]
+    fn a_set_ifeq_on_a_server_without_it_renews_nothing() {
+        let history = rebuild(
+            &[events(&[
+                r#"10.000000 [0 127.0.0.1:1] "SET" "lock:k" "A" "NX" "PX" "1000""#,
+                r#"10.300000 [0 127.0.0.1:1] "SET" "lock:k" "A" "IFEQ" "A" "PX" "1000" "GET""#,
+                r#"11.100000 [0 127.0.0.1:2] "SET" "lock:k" "B" "NX" "PX" "1000""#,
+            ])],
+            "lock:",
+            false,
+        );
+        assert!(history.violations.is_empty(), "{:?}", history.violations);
+        assert_eq!(history.renewals, 0);
+        let a = &history.tenures[0];
+        assert_eq!(a.expires_at(10_350_000), (10_000 + 1000 + 1) * 1000);
+        assert_eq!(history.tenures[1].token, "B");
     }
 
     #[test]
@@ -536,6 +562,7 @@ mod tests {
                 r#"11.000000 [0 127.0.0.1:3] "SET" "lock:j" "C" "NX""#,
             ])],
             "lock:",
+            false,
         );
         assert_eq!(history.tenures.len(), 1, "{:?}", history.tenures);
         let a = &history.tenures[0];
@@ -575,7 +602,7 @@ mod tests {
             r#"10.400000 [0 127.0.0.1:2] "evalsha" "s" "2" "lock:j" "fence:{lock:j}" "D" "1000" "0""#,
             r#"10.400010 [0 lua] "SET" "lock:j" "D" "NX" "PX" "1000""#,
         ]);
-        let history = rebuild(&[first, second], "lock:");
+        let history = rebuild(&[first, second], "lock:", false);
         assert!(history.violations.is_empty(), "{:?}", history.violations);
         let by_token = history.by_token();
         assert!(
@@ -606,7 +633,7 @@ mod tests {
         // A script without B's token sets B's lock to C: an acquisition while B holds it.
         lines.extend(release(200, "A", "C"));
         let lines: Vec<&str> = lines.iter().map(String::as_str).collect();
-        let history = rebuild(&[events(&lines)], "lock:");
+        let history = rebuild(&[events(&lines)], "lock:", false);
         let by_token = history.by_token();
         let a = by_token["A"][0];
         assert_eq!((a.ended_us, a.ended_by), (Some(10_100_030), "handed over"));

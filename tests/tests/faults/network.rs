@@ -185,7 +185,11 @@ async fn spawn_stamped_body(
 /// server's own history.
 fn margin(monitor: &Monitor, token: &str, stopped_us: i64) -> i64 {
     monitor.sync();
-    let history = model::rebuild(&[monitor.events()], "lock:");
+    let history = model::rebuild(
+        &[monitor.events()],
+        "lock:",
+        lock_tests::fixture_has_set_ifeq(),
+    );
     assert!(history.violations.is_empty(), "{:?}", history.violations);
     let tenure = history
         .tenures

@@ -472,11 +472,12 @@ fn run_and_check(
             .filter(|e| !matches!(e, Event::Command(c) if c.peer_port.is_some_and(|p| links.contains(&p))))
             .collect()
     };
+    let ifeq = lock_tests::fixture_has_set_ifeq();
     let histories: Vec<History> = monitors
         .iter()
         .map(|g| {
             let streams: Vec<Vec<Event>> = g.iter().map(|m| from_clients(m.events())).collect();
-            model::rebuild(&streams, "lock:")
+            model::rebuild(&streams, "lock:", ifeq)
         })
         .collect();
     let killed: HashMap<u32, i64> = run
