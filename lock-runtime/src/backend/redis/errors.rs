@@ -11,7 +11,7 @@ pub(crate) fn unanswered(e: &redis::RedisError) -> bool {
     e.is_timeout() || e.is_io_error() || e.is_connection_dropped()
 }
 
-/// What to add to a failed connect, for the one mistake its error would hide: a server (or
+/// What to add to a failed connect, for two mistakes its error would hide: a server (or
 /// sentinel) that listens only for TLS drops a plain connection as soon as its first bytes fail
 /// the handshake, which reads as a mere reset; and a TLS client that does not trust the server's
 /// CA (a private one, as a rule) gets rustls' bare "invalid peer certificate".
