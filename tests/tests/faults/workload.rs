@@ -192,8 +192,8 @@ fn cluster_schedule() -> Vec<Scheduled> {
 
 /// Sentinel (no fault proxy: the sentinels name the servers' own ports): short pauses of the
 /// master, client faults, and the master's death with the replica's promotion, the old master
-/// coming back as a replica. Three pauses, not two: each long body that rides one out is ~5
-/// renewals, and two alone left the run's renewal count a hair above its minimum.
+/// coming back as a replica. Three pauses: the long bodies that ride them out are most of the
+/// run's renewals, which must clear the minimum with room to spare.
 fn sentinel_schedule() -> Vec<Scheduled> {
     let mut steps = vec![
         (Step::Node(ONE, NodeFault::PauseServer, ms(150)), Some(0)),

@@ -137,9 +137,9 @@ impl ClusterNodes {
 
     /// Renews `chunk` (one slot's keys) in one round trip, or key by key when a migration has
     /// split them between two nodes (`TRYAGAIN` to the script), all by `deadline`. A lock
-    /// renewed with `SET .. IFEQ` that a migration moved answers `ASK` or `MOVED` in the
-    /// pipeline, which does not follow it: the script, a single command, then renews it
-    /// where the redirect says.
+    /// that a migration moved answers `ASK` or `MOVED` in the pipeline (to its `SET .. IFEQ`
+    /// or to the pipelined script), which does not follow it: the script, sent again as a
+    /// single command, then renews it where the redirect says.
     async fn renew_group<C>(
         &self,
         mut con: Following<'_, C>,
