@@ -370,6 +370,19 @@ impl RedisServer {
 }
 
 impl RedisServer {
+    /// From its next restart on, the server starts as a replica of the server on
+    /// `master_port`: never, not even for a moment, a master of its own.
+    pub fn follow_on_restart(&mut self, master_port: u16) {
+        if let Some(at) = self.extra.iter().position(|a| a == "--replicaof") {
+            self.extra.drain(at..at + 3);
+        }
+        self.extra.extend([
+            "--replicaof".to_owned(),
+            "127.0.0.1".to_owned(),
+            master_port.to_string(),
+        ]);
+    }
+
     /// Starts the server again on the same port with none of its data (a restart without
     /// persistence, or after losing its disk); cluster membership (`nodes.conf`) is kept.
     ///
@@ -501,10 +514,12 @@ impl Drop for Certificates {
     }
 }
 
-/// Sends `SIG<sig>` to `pid` (`STOP`, `CONT`, `KILL`, ...).
+/// Sends `SIG<sig>` to `pid` (`STOP`, `CONT`, `KILL`, ...). A `STOP` returns once every thread
+/// of the process has stopped: the signal is delivered to each thread when it next runs, and
+/// until then the process may still act (read a reply, send a command).
 ///
 /// # Panics
-/// When `kill` fails.
+/// When `kill` fails, or the process does not stop within 5 s.
 pub fn signal(pid: u32, sig: &str) {
     let status = Command::new("kill")
         .arg(format!("-{sig}"))
@@ -512,6 +527,31 @@ pub fn signal(pid: u32, sig: &str) {
         .status()
         .expect("run kill");
     assert!(status.success(), "kill -{sig} {pid} failed");
+    if sig == "STOP" {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while !stopped(pid) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "process {pid} did not stop within 5 s of SIGSTOP"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+/// Whether every thread of `pid` is stopped (or the process is gone), from `/proc`.
+fn stopped(pid: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return true;
+    };
+    tasks.flatten().all(|task| {
+        let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+        // `pid (comm) state ...`: the command name may hold spaces and parentheses.
+        let state = stat
+            .rfind(')')
+            .and_then(|end| stat[end + 1..].trim_start().chars().next());
+        matches!(state, None | Some('T' | 't' | 'Z' | 'X'))
+    })
 }
 
 /// A free loopback port (free when asked; callers retry if it is taken meanwhile).
