@@ -181,6 +181,27 @@ impl LockError {
         matches!(self, Self::Lost { .. })
     }
 
+    /// Whether trying again later may succeed: a busy or lost lock, and backend failures that
+    /// pass (an unreachable or slow node, a failover, a server loading its data, memory that
+    /// may be freed). `false` for what no retry changes: bad keys and options, a key holding
+    /// application data, a refusal by the server's ACL or password, a command the server does
+    /// not know, a registry that was shut down or never configured. Waiting (`wait`) retries
+    /// only transient failures; any other is returned at once.
+    #[must_use]
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::Busy { .. } | Self::Lost { .. } => true,
+            Self::Backend {
+                command, source, ..
+            } => *command != "configure" && source.as_deref().is_none_or(transient_redis_error),
+            Self::NotOwner { .. }
+            | Self::NotConfigured { .. }
+            | Self::InvalidKey { .. }
+            | Self::ShutDown { .. }
+            | Self::InvalidOptions { .. } => false,
+        }
+    }
+
     /// A configuration that names no usable node.
     pub(crate) fn configure(message: String) -> Self {
         Self::Backend {
@@ -191,6 +212,38 @@ impl LockError {
             source: None,
         }
     }
+}
+
+/// Whether the server or the connection may answer otherwise next time: everything but a
+/// refusal that stands (permissions, credentials, the type under a key, a command or syntax
+/// the server does not have, a client set up wrongly).
+fn transient_redis_error(e: &redis::RedisError) -> bool {
+    use redis::{ErrorKind, ServerErrorKind};
+    let lasting_code = matches!(
+        e.code(),
+        Some("NOPERM" | "WRONGPASS" | "NOAUTH" | "WRONGTYPE" | "CROSSSLOT")
+    );
+    let lasting_answer = e.kind() == ErrorKind::Server(ServerErrorKind::ResponseError)
+        && e.detail().is_some_and(|detail| {
+            let detail = detail.to_ascii_lowercase();
+            [
+                "unknown command",
+                "unknown subcommand",
+                "wrong number of arguments",
+                "syntax error",
+                // An ACL refusal of a command a script runs.
+                "the user executing the script can't run",
+            ]
+            .iter()
+            .any(|cause| detail.starts_with(cause))
+        });
+    let lasting_kind = matches!(
+        e.kind(),
+        ErrorKind::AuthenticationFailed
+            | ErrorKind::InvalidClientConfig
+            | ErrorKind::Server(ServerErrorKind::NoPerm | ServerErrorKind::CrossSlot)
+    );
+    !(lasting_code || lasting_answer || lasting_kind)
 }
 
 /// Keys can be megabytes long and hold control bytes: messages show them shortened and escaped.

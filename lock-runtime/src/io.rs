@@ -93,7 +93,13 @@ impl Home {
     {
         match self {
             Self::Io => drop(spawn(task)),
-            Self::Caller => drop(tokio::spawn(task.with_current_subscriber())),
+            Self::Caller => match Handle::try_current() {
+                Ok(runtime) => drop(runtime.spawn(task.with_current_subscriber())),
+                // Dropped outside every runtime (a request or guard that outlived the runtime
+                // it ran on): the in-memory store's work finishes without waiting, so it runs
+                // here, once; anything that would have to wait is dropped.
+                Err(_) => drop(futures_util::FutureExt::now_or_never(task)),
+            },
         }
     }
 }

@@ -8,6 +8,10 @@ use crate::LockError;
 /// renewal and release; a key this long is a bug in the caller.
 pub const MAX_KEY_BYTES: usize = 4096;
 
+/// The most keys one lock takes together ([`Registry::lock_all`](crate::Registry::lock_all)):
+/// one script takes them all in one step, and the server serves nobody else meanwhile.
+pub const MAX_KEYS_PER_LOCK: usize = 64;
+
 /// The Redis names that belong to one lock key.
 #[derive(Debug)]
 pub(crate) struct LockKey {
@@ -82,6 +86,17 @@ impl LockKey {
         if all.len() == 1 {
             return Ok(all.remove(0));
         }
+        if all.len() > MAX_KEYS_PER_LOCK {
+            return Err(LockError::InvalidKey {
+                key: format!("{} + … ({} keys)", all[0].key, all.len()),
+                reason: format!(
+                    "a lock over {} keys: one lock takes at most {MAX_KEYS_PER_LOCK} keys, in one \
+                     script that holds up the server while it runs; lock a coarser key (the \
+                     batch, the account group) instead",
+                    all.len()
+                ),
+            });
+        }
         let tags: Vec<Option<&str>> = all.iter().map(|k| hash_tag(&k.redis_key)).collect();
         if cluster && (tags[0].is_none() || tags.iter().any(|t| *t != tags[0])) {
             return Err(LockError::InvalidKey {
@@ -154,9 +169,11 @@ fn companion(namespace: &str, redis_key: &str) -> String {
 }
 
 pub(crate) fn validate_prefix(prefix: &str) -> Result<(), LockError> {
+    // A lock key (the prefix, then any key) must never be a name in those namespaces, of this
+    // registry or of one with another prefix.
     let collides = NAMESPACES
         .iter()
-        .any(|namespace| format!("{namespace}{prefix}").starts_with(prefix));
+        .any(|namespace| prefix.starts_with(namespace) || namespace.starts_with(prefix));
     if prefix.is_empty() || collides {
         return Err(LockError::InvalidKey {
             key: prefix.to_owned(),
@@ -303,6 +320,11 @@ mod tests {
         assert!(validate_prefix("fence:").is_err());
         assert!(validate_prefix("f").is_err());
         assert!(validate_prefix("queue").is_err());
+        // Inside a namespace, a lock key could be another registry's counter or queue:
+        // `fence:{` + `lock:a}` is the counter of `lock:a`.
+        assert!(validate_prefix("fence:{").is_err());
+        assert!(validate_prefix("queued:x").is_err());
+        assert!(validate_prefix("fencing:").is_ok());
         assert_eq!(k.queue_key, "queue:{lock:deploy:1}");
         assert_eq!(k.queued_key, "queued:{lock:deploy:1}");
     }

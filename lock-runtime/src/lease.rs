@@ -29,6 +29,9 @@ pub(crate) struct Lease {
     /// When the acquisition reply arrived: the latest the server can have started the lease,
     /// so holds measured from here (`min_hold`) are never short.
     pub confirmed_at: Instant,
+    /// When the attempt that took the lock was sent: the lease runs from here (for a handed
+    /// over lock, from the attempt that kept the waiter's place, maybe long before the reply).
+    pub started_at: Instant,
     /// A plain lock and one `Notify` rather than a `watch` channel: every acquisition makes a
     /// lease and every release drops one, and a watch channel (eight notifiers) cost about 4 %
     /// of a lock cycle's client CPU to make and drop.
@@ -60,6 +63,7 @@ impl Lease {
             fence,
             options,
             confirmed_at: Instant::now(),
+            started_at: sent_at,
             state,
             changed: Notify::new(),
             labels,

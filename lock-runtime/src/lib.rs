@@ -220,7 +220,7 @@ pub use backend::{LockInfo, MemoryStore, Permits};
 pub use current::{current, CurrentLock};
 pub use error::{LockError, LostReason};
 pub use guard::LockGuard;
-pub use key::{KeyBuilder, MAX_KEY_BYTES};
+pub use key::{KeyBuilder, MAX_KEYS_PER_LOCK, MAX_KEY_BYTES};
 pub use lock::LockRequest;
 pub use lock_macros::distributed_lock;
 pub use options::{LockOptions, Mode, OnLost};

@@ -185,10 +185,12 @@ impl LockRequest {
         let outcome = match on_lost {
             OnLost::Cancel => {
                 let mut body = std::pin::pin!(body);
+                // The loss first: a body is never polled, not even once, with a lease that is
+                // already lost (a process paused between the acquisition and this poll).
                 tokio::select! {
                     biased;
-                    outcome = &mut body => Ok(outcome),
                     reason = guard.lease.wait_lost() => Err(reason),
+                    outcome = &mut body => Ok(outcome),
                 }
             }
             OnLost::Continue => Ok(body.await),
@@ -327,8 +329,7 @@ async fn take_lease(
     // attempt whose reply was lost or whose caller was cancelled while it was on its way. Unless
     // the lock is acquired, it is let go of on the way out.
     let mut let_go = LetGo(None);
-    // When the last attempt that found this waiter queued was sent.
-    let mut queued_at = None;
+    let mut places = Places::default();
     loop {
         attempts += 1;
         if attempts > 1 && inner.backend.undoes_failed_attempts() {
@@ -337,6 +338,9 @@ async fn take_lease(
         // Armed while the attempt is on its way: cancelled there, it may still take the lock.
         let_go.arm(inner, &key, &token);
         let sent_at = Instant::now();
+        if queue {
+            places.sent(attempts, sent_at);
+        }
         let attempt = inner
             .backend
             .acquire(&Acquire {
@@ -344,7 +348,7 @@ async fn take_lease(
                 token: &token,
                 ttl: options.ttl,
                 fencing: options.fencing,
-                first: attempts == 1,
+                attempt: attempts,
                 queue,
                 share,
             })
@@ -352,6 +356,24 @@ async fn take_lease(
         let now = Instant::now();
         let wake_at = match attempt {
             Ok(Attempt::Acquired { fence }) => {
+                if let Some(late) = late_lease(
+                    inner.backend.node(),
+                    &key,
+                    &options,
+                    sent_at,
+                    now,
+                    give_up_at,
+                ) {
+                    // Held on the server, but not for long enough to be trusted here: let go
+                    // of it (on the way out), or try again at once, which finds this token
+                    // and renews its lease (Redlock's next attempt has a token of its own, so
+                    // this one is let go of now).
+                    late?;
+                    if inner.backend.undoes_failed_attempts() {
+                        let_go.release_now();
+                    }
+                    continue;
+                }
                 let_go.disarm();
                 if share.is_shared() && interest.take().is_some() {
                     // A release wakes one waiter per process, but may have freed more than one
@@ -376,7 +398,7 @@ async fn take_lease(
                 }
                 waiting_on = at;
                 if queue {
-                    queued_at = Some(sent_at);
+                    places.busy(attempts);
                 } else {
                     // Refused and not queued: the token is nowhere in the store.
                     let_go.disarm();
@@ -403,7 +425,7 @@ async fn take_lease(
                     Some(left) => sent_at + left + Duration::from_millis(1),
                     None => now + Duration::from_secs(1),
                 };
-                if !current.notified_by_server {
+                if !current.notified_by_server() {
                     at = at.min(now + backoff.next_pause());
                 }
                 if queue {
@@ -413,6 +435,15 @@ async fn take_lease(
                 at.min(give_up_at)
             }
             Err(error) => {
+                // Waiting is for a busy lock; an error that no wait changes is final. Such an
+                // error is a refusal that wrote nothing: after a first attempt there is nothing
+                // to let go (later, the token may be queued from before).
+                if !error.is_transient() {
+                    if attempts == 1 {
+                        let_go.disarm();
+                    }
+                    return Err(error);
+                }
                 if now >= give_up_at {
                     return Err(error);
                 }
@@ -425,12 +456,20 @@ async fn take_lease(
             continue;
         };
         tokio::select! {
-            fence = current.handed_over() => {
+            grant = current.handed_over() => {
+                // Only a place that no later attempt found taken: an attempt after it that
+                // was refused saw the handed key gone (it would have found its own token), so
+                // the grant is stale, and the lock is another's now.
+                let Some(sent_at) = places.of(grant.place) else {
+                    continue;
+                };
+                let now = Instant::now();
+                if let Some(late) = late_lease(inner.backend.node(), &key, &options, sent_at, now, give_up_at) {
+                    late?;
+                    continue;
+                }
                 let_go.disarm();
-                // Set on every busy attempt of a queued waiter, and only such a waiter can be
-                // handed the lock.
-                let sent_at = queued_at.unwrap_or(started);
-                let fence = options.fencing.then_some(fence);
+                let fence = options.fencing.then_some(grant.fence);
                 let lease = admitted(
                     inner, key, token, fence, options, sent_at, attempts, started, labels,
                 )
@@ -442,6 +481,65 @@ async fn take_lease(
             () = tokio::time::sleep_until(wake_at) => {}
         }
     }
+}
+
+/// The attempts of a queued waiter that may hold its place in the queue, with when each was
+/// sent: the last one found busy, and those after it (whose answers were lost). A handoff
+/// names the attempt whose place it went to; the key expires a ttl after that attempt ran.
+#[derive(Default)]
+struct Places(Vec<(u32, Instant)>);
+
+impl Places {
+    fn sent(&mut self, attempt: u32, at: Instant) {
+        self.0.push((attempt, at));
+    }
+
+    /// `attempt` found the lock taken and queued the waiter: the places before it are gone.
+    fn busy(&mut self, attempt: u32) {
+        self.0.retain(|(a, _)| *a >= attempt);
+    }
+
+    /// When the attempt that took `place` was sent, unless a later attempt was refused since.
+    /// A releaser that names no place is taken to mean the newest.
+    fn of(&self, place: Option<u32>) -> Option<Instant> {
+        match place {
+            Some(place) => self.0.iter().find(|(a, _)| *a == place).map(|(_, at)| *at),
+            None => self.0.last().map(|(_, at)| *at),
+        }
+    }
+}
+
+/// `Some` when a lock taken by an attempt sent at `sent_at` (on `node`) can no longer be trusted by `now`
+/// (its lease, ttl - drift from the sending, is over: a slow reply, or this process paused):
+/// `Ok` to try again, or the error to give up with once `wait` is over.
+fn late_lease(
+    node: &str,
+    key: &LockKey,
+    options: &LockOptions,
+    sent_at: Instant,
+    now: Instant,
+    give_up_at: Instant,
+) -> Option<Result<(), LockError>> {
+    if now < sent_at + options.ttl - options.drift() {
+        return None;
+    }
+    tracing::debug!(key = %crate::error::shown(&key.key), "a lock taken after its lease ran out");
+    if now < give_up_at {
+        return Some(Ok(()));
+    }
+    Some(Err(LockError::Backend {
+        node: node.to_owned(),
+        command: "acquire",
+        key: Some(key.key.clone()),
+        message: format!(
+            "the lock was taken, but only {:?} after the attempt was sent, when its {:?} lease \
+             could no longer be trusted (a slow network or server, or this process paused), so \
+             it was let go of; use a ttl of several round trips",
+            now - sent_at,
+            options.ttl
+        ),
+        source: None,
+    }))
 }
 
 /// The lease of an acquired lock, admitted by the registry.
@@ -497,6 +595,11 @@ impl LetGo {
 
     fn disarm(&mut self) {
         self.0 = None;
+    }
+
+    /// Lets go of the armed token now, in the background.
+    fn release_now(&mut self) {
+        drop(std::mem::replace(self, LetGo(None)));
     }
 }
 

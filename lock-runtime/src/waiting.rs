@@ -1,8 +1,8 @@
 //! Waiting for a busy lock by notification instead of polling: who waits for which key, and
 //! how a release notification reaches one of them. Where notifications come from is not this
 //! module's business: the in-memory store calls [`WaitHub::notify`] itself, and a Redis
-//! deployment runs one feed per node (its pub/sub subscriber) that this hub tells which
-//! channels to follow.
+//! deployment runs one feed per node (its pub/sub subscriber) that follows the channels this
+//! hub's waiters wait on ([`Waiters::channels`]), told whenever that set changes.
 //!
 //! A channel is followed while at least one local task waits for that key, and given up when
 //! the last one leaves. A notification wakes one local waiter per release (tokio's
@@ -12,8 +12,10 @@
 //! published by every node that held the lock, and still costs one retry per process.
 //!
 //! Where the store hands a released lock straight to the oldest waiter (see `RELEASE_LUA`), the
-//! notification names the new holder's tenure and fencing token: it wakes that waiter alone,
-//! which holds the lock on arrival, and nobody else (the lock is not free).
+//! notification names the new holder's tenure, its fencing token and the attempt whose queue
+//! place it went to ([`Grant`]): it wakes that waiter alone, which holds the lock on arrival
+//! unless an attempt of its own has since found the lock taken, and nobody else (the lock is
+//! not free).
 //!
 //! A waiter registers its interest *before* its next attempt, so a release between a failed
 //! attempt and the subscription is never missed. Every wait is also bounded by the holder's
@@ -22,11 +24,12 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::time::Duration;
 
 use futures_util::future::BoxFuture;
-use futures_util::stream::{FuturesUnordered, StreamExt};
-use tokio::sync::{mpsc, oneshot, Notify};
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 /// The waiting side of a registry (or of an in-memory store).
@@ -34,6 +37,8 @@ pub(crate) struct WaitHub {
     shared: Arc<Slots>,
     /// One per node (several for Redlock); none for the in-memory store.
     feeds: Vec<Feed>,
+    /// How long a new waiter waits for a feed to follow its channel.
+    follow_within: Duration,
 }
 
 #[derive(Default)]
@@ -48,8 +53,10 @@ struct SlotEntry {
 
 struct Slot {
     notify: Notify,
-    /// Whether a feed confirmed following the channel; set once by the first waiter.
-    followed: tokio::sync::OnceCell<bool>,
+    /// Whether a feed confirmed following the channel (set by the feed, never cleared while
+    /// the slot lives), and the signal that it did.
+    followed: AtomicBool,
+    now_followed: Notify,
     /// The tenures whose release woke a waiter here, newest last: one release arrives once
     /// per node that held it, within moments of each other.
     released: Mutex<VecDeque<String>>,
@@ -60,9 +67,20 @@ struct Slot {
 /// A handed-over lock on its way to the waiter it went to.
 #[derive(Default)]
 struct Handoff {
-    /// The fencing token that came with it (0 without fencing).
-    fence: std::sync::OnceLock<u64>,
+    /// The newest grant that arrived and was not yet taken by the waiter.
+    grant: Mutex<Option<Grant>>,
     arrived: Notify,
+}
+
+/// What a release that handed the lock to a waiter tells it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Grant {
+    /// The new holder's fencing token (0 without fencing).
+    pub fence: u64,
+    /// Which of the waiter's attempts took the queue place the lock went to (see
+    /// `Acquire::attempt`): the key expires with that place, one ttl after that attempt ran.
+    /// `None` from a releaser that does not say.
+    pub place: Option<u32>,
 }
 
 /// A release notification, read.
@@ -70,22 +88,29 @@ struct Handoff {
 enum Message<'a> {
     /// The lock is free; with the released tenure where the message names it.
     Freed { released: Option<&'a str> },
-    /// The lock went to the waiter whose tenure is `next`, with fencing token `fence`.
-    HandedOver { next: &'a str, fence: u64 },
+    /// The lock went to the waiter whose tenure is `next`.
+    HandedOver { next: &'a str, grant: Grant },
 }
 
 impl<'a> Message<'a> {
     fn read(message: &'a str) -> Self {
-        let mut parts = message.split(':');
-        if let (Some(released), Some(next), Some(fence), None) =
-            (parts.next(), parts.next(), parts.next(), parts.next())
-        {
-            if let (true, true, Ok(fence)) = (
+        let parts: Vec<&str> = message.splitn(5, ':').collect();
+        if let [released, next, fence, place @ ..] = parts.as_slice() {
+            let place = match place {
+                [] => Some(None),
+                [place] => place.parse().ok().map(Some),
+                _ => None,
+            };
+            if let (true, true, Ok(fence), Some(place)) = (
                 released.is_empty() || names_a_tenure(released),
                 names_a_tenure(next),
                 fence.parse(),
+                place,
             ) {
-                return Self::HandedOver { next, fence };
+                return Self::HandedOver {
+                    next,
+                    grant: Grant { fence, place },
+                };
             }
         }
         Self::Freed {
@@ -110,9 +135,9 @@ impl Slot {
     fn deliver(&self, message: &Message<'_>) {
         match *message {
             Message::Freed { released } => self.wake_one(released),
-            Message::HandedOver { next, fence } => {
+            Message::HandedOver { next, grant } => {
                 if let Some(handoff) = self.handoffs().get(next) {
-                    let _ = handoff.fence.set(fence);
+                    *handoff.grant.lock().unwrap_or_else(PoisonError::into_inner) = Some(grant);
                     handoff.arrived.notify_one();
                 }
             }
@@ -174,17 +199,13 @@ impl Slots {
     }
 }
 
-/// What a hub asks of a feed, in the order the waiters' interest changed.
-pub(crate) enum FeedCommand {
-    /// Start delivering this channel's notifications; answer whether the server confirmed.
-    Follow(String, oneshot::Sender<bool>),
-    /// Nobody here waits for this channel any more.
-    Unfollow(String),
-}
-
 /// A feed's hold on the waiters it serves; it does not keep them alive.
 #[derive(Clone)]
-pub(crate) struct Waiters(Weak<Slots>);
+pub(crate) struct Waiters {
+    slots: Weak<Slots>,
+    /// Poked whenever the set of channels someone waits on changed.
+    changed: Arc<Notify>,
+}
 
 impl Waiters {
     /// Delivers a release notification carrying `message` on `channel`: to the waiter the lock
@@ -192,7 +213,7 @@ impl Waiters {
     /// may stop.
     pub(crate) fn deliver(&self, channel: &str, message: &str) -> bool {
         let message = Message::read(message);
-        self.0
+        self.slots
             .upgrade()
             .map(|s| s.deliver(channel, &message))
             .is_some()
@@ -200,19 +221,39 @@ impl Waiters {
 
     /// Wakes one waiter of every channel, for notifications that may have been missed.
     pub(crate) fn wake_every_key(&self) -> bool {
-        self.0.upgrade().map(|s| s.wake_every_key()).is_some()
+        self.slots.upgrade().map(|s| s.wake_every_key()).is_some()
     }
 
     /// The channels someone waits on now; `None` once the hub is gone.
     pub(crate) fn channels(&self) -> Option<Vec<String>> {
-        self.0.upgrade().map(|s| s.lock().keys().cloned().collect())
+        self.slots
+            .upgrade()
+            .map(|s| s.lock().keys().cloned().collect())
+    }
+
+    /// Resolves when the channels someone waits on may have changed since the last call.
+    pub(crate) async fn changed(&self) {
+        self.changed.notified().await;
+    }
+
+    /// The feed follows `channel` now: its waiters may rely on notifications.
+    pub(crate) fn followed(&self, channel: &str) {
+        let Some(slots) = self.slots.upgrade() else {
+            return;
+        };
+        let slot = slots.lock().get(channel).map(|entry| entry.slot.clone());
+        if let Some(slot) = slot {
+            slot.followed.store(true, Ordering::Release);
+            slot.now_followed.notify_waiters();
+        }
     }
 }
 
-/// One source of notifications: a task started on first use (on the I/O runtime), and the
-/// queue that tells it what to follow.
+/// One source of notifications: a task started on first use (on the I/O runtime), which
+/// follows the channels the hub's waiters wait on. It reads that set itself whenever told it
+/// changed, so nothing queues up while it cannot keep up (or is stuck reconnecting).
 struct Feed {
-    commands: mpsc::UnboundedSender<FeedCommand>,
+    changed: Arc<Notify>,
     start: Mutex<Option<BoxFuture<'static, ()>>>,
 }
 
@@ -234,14 +275,20 @@ pub(crate) struct Interest<'a> {
     hub: &'a WaitHub,
     channel: String,
     slot: Arc<Slot>,
-    /// `false` when no notification can arrive (no feed could follow the channel): the waiter
-    /// backs off.
-    pub notified_by_server: bool,
+    /// Whether notifications come from the store itself (the in-memory backend).
+    local: bool,
     /// The tenure this waiter may be handed the lock for, once it said so.
     handoff: Option<(String, Arc<Handoff>)>,
 }
 
 impl Interest<'_> {
+    /// Whether a release notification can arrive: the store sends them itself, or a feed
+    /// follows the channel. Without, the waiter backs off; a feed that recovers later makes it
+    /// `true` from then on.
+    pub(crate) fn notified_by_server(&self) -> bool {
+        self.local || self.slot.followed.load(Ordering::Acquire)
+    }
+
     /// Resolves on the next release notification for this key that leaves it free.
     pub(crate) async fn released(&self) {
         self.slot.notify.notified().await;
@@ -256,17 +303,23 @@ impl Interest<'_> {
     }
 
     /// Resolves when a release handed the lock to this waiter's token (see
-    /// [`expect_handoff`](Self::expect_handoff); never without it), with the fencing token that
-    /// came with it (0 without fencing).
-    pub(crate) async fn handed_over(&self) -> u64 {
+    /// [`expect_handoff`](Self::expect_handoff); never without it), with what came with it. The
+    /// grant is taken: a stale one (an attempt since found the lock taken) is not seen again.
+    pub(crate) async fn handed_over(&self) -> Grant {
         let Some((_, handoff)) = &self.handoff else {
             return std::future::pending().await;
         };
         loop {
-            if let Some(fence) = handoff.fence.get() {
-                return *fence;
+            let arrived = handoff.arrived.notified();
+            let taken = handoff
+                .grant
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take();
+            if let Some(grant) = taken {
+                return grant;
             }
-            handoff.arrived.notified().await;
+            arrived.await;
         }
     }
 }
@@ -283,12 +336,9 @@ impl Drop for Interest<'_> {
         entry.interest -= 1;
         if entry.interest == 0 {
             slots.remove(&self.channel);
-            // Sent under the map lock, so an unfollow can never overtake the follow of a
-            // waiter that arrives right after: each feed handles both in this order.
+            drop(slots);
             for feed in &self.hub.feeds {
-                let _ = feed
-                    .commands
-                    .send(FeedCommand::Unfollow(self.channel.clone()));
+                feed.changed.notify_one();
             }
         }
     }
@@ -300,31 +350,40 @@ impl WaitHub {
         Self {
             shared: Arc::default(),
             feeds: Vec::new(),
+            follow_within: Duration::ZERO,
         }
     }
 
     /// Notifications come from these feeds, all waking the same waiters (a release on any
-    /// Redlock node wakes them). Each is built from its hold on the waiters and its command
-    /// queue, and started on first use.
-    pub(crate) fn fed_by<I, M, F>(feeds: I) -> Self
+    /// Redlock node wakes them). Each is built from its hold on the waiters, and started on
+    /// first use. A waiter relies on them once one follows its channel, and waits for that at
+    /// most `follow_within` before it backs off instead.
+    pub(crate) fn fed_by<I, M, F>(feeds: I, follow_within: Duration) -> Self
     where
         I: IntoIterator<Item = M>,
-        M: FnOnce(Waiters, mpsc::UnboundedReceiver<FeedCommand>) -> F,
+        M: FnOnce(Waiters) -> F,
         F: Future<Output = ()> + Send + 'static,
     {
         let shared = Arc::<Slots>::default();
         let feeds = feeds
             .into_iter()
             .map(|make| {
-                let (commands, receiver) = mpsc::unbounded_channel();
-                let task = make(Waiters(Arc::downgrade(&shared)), receiver);
+                let changed = Arc::new(Notify::new());
+                let task = make(Waiters {
+                    slots: Arc::downgrade(&shared),
+                    changed: changed.clone(),
+                });
                 Feed {
-                    commands,
+                    changed,
                     start: Mutex::new(Some(Box::pin(task))),
                 }
             })
             .collect();
-        Self { shared, feeds }
+        Self {
+            shared,
+            feeds,
+            follow_within,
+        }
     }
 
     /// Wakes one waiter for `channel` (the in-memory backend calls this on release).
@@ -333,12 +392,12 @@ impl WaitHub {
             .deliver(channel, &Message::Freed { released: None });
     }
 
-    /// Tells the waiter holding `token` that a release handed it the lock, with fencing token
-    /// `fence` (the in-memory backend's handoff).
-    pub(crate) fn hand_over(&self, channel: &str, token: &str, fence: u64) {
+    /// Tells the waiter holding `token` that a release handed it the lock (the in-memory
+    /// backend's handoff).
+    pub(crate) fn hand_over(&self, channel: &str, token: &str, grant: Grant) {
         let next = tenure_name(token);
         self.shared
-            .deliver(channel, &Message::HandedOver { next: &next, fence });
+            .deliver(channel, &Message::HandedOver { next: &next, grant });
     }
 
     /// Whether a release notification for the tenure of `token` on `channel` has arrived
@@ -353,7 +412,9 @@ impl WaitHub {
     }
 
     /// Registers interest in `channel` and returns once notifications for it can arrive, or
-    /// at `give_up_at` (the caller's `wait`), whichever comes first.
+    /// at `give_up_at` (the caller's `wait`), or after the hub's `follow_within`, whichever
+    /// comes first: a feed that cannot follow (stuck reconnecting) costs a waiter that long
+    /// before it tries again, never its whole wait.
     ///
     /// The interest is counted by the returned guard from the start, so a caller cancelled while
     /// subscribing gives it back. One feed's confirmation is enough (any node's release wakes
@@ -366,7 +427,8 @@ impl WaitHub {
                 .or_insert_with(|| SlotEntry {
                     slot: Arc::new(Slot {
                         notify: Notify::new(),
-                        followed: tokio::sync::OnceCell::new(),
+                        followed: AtomicBool::new(false),
+                        now_followed: Notify::new(),
                         released: Mutex::default(),
                         handoffs: Mutex::default(),
                     }),
@@ -375,41 +437,32 @@ impl WaitHub {
             entry.interest += 1;
             (entry.slot.clone(), entry.interest == 1)
         };
-        let mut interest = Interest {
+        let interest = Interest {
             hub: self,
             channel: channel.to_owned(),
             slot: slot.clone(),
-            notified_by_server: true,
+            local: self.feeds.is_empty(),
             handoff: None,
         };
-        if self.feeds.is_empty() {
-            return interest;
-        }
-        let followed = slot.followed.get_or_init(|| async {
-            let mut confirmations = FuturesUnordered::new();
+        if first {
             for feed in &self.feeds {
-                if first {
-                    feed.ensure_started();
-                }
-                let (reply, confirmed) = oneshot::channel();
-                // Sent again by the next waiter if this one is cancelled before a confirmation
-                // (following twice is harmless); a slot's unfollow is only sent after the slot
-                // left the map.
-                let _ = feed
-                    .commands
-                    .send(FeedCommand::Follow(channel.to_owned(), reply));
-                confirmations.push(confirmed);
+                feed.ensure_started();
+                feed.changed.notify_one();
             }
-            while let Some(confirmed) = confirmations.next().await {
-                if confirmed.unwrap_or(false) {
-                    return true;
+        }
+        let until = give_up_at.min(Instant::now() + self.follow_within);
+        let followed = async {
+            loop {
+                let now_followed = slot.now_followed.notified();
+                let mut now_followed = std::pin::pin!(now_followed);
+                now_followed.as_mut().enable();
+                if interest.notified_by_server() {
+                    return;
                 }
+                now_followed.await;
             }
-            false
-        });
-        interest.notified_by_server = tokio::time::timeout_at(give_up_at, followed)
-            .await
-            .is_ok_and(|followed| *followed);
+        };
+        let _ = tokio::time::timeout_at(until, followed).await;
         interest
     }
 }
@@ -432,8 +485,14 @@ mod tests {
 
     #[tokio::test]
     async fn a_tenure_announced_by_several_nodes_wakes_one_waiter() {
-        let hub = WaitHub::fed_by(Vec::<fn(Waiters, _) -> std::future::Ready<()>>::new());
-        let waiters = Waiters(Arc::downgrade(&hub.shared));
+        let hub = WaitHub::fed_by(
+            Vec::<fn(Waiters) -> std::future::Ready<()>>::new(),
+            Duration::ZERO,
+        );
+        let waiters = Waiters {
+            slots: Arc::downgrade(&hub.shared),
+            changed: Arc::default(),
+        };
         let far = Instant::now() + std::time::Duration::from_secs(60);
         let (first, second) = (hub.interest("k", far).await, hub.interest("k", far).await);
         let tenure = tenure_name("holder-token");
@@ -455,23 +514,42 @@ mod tests {
 
     #[tokio::test]
     async fn a_handed_over_lock_reaches_its_waiter_alone() {
-        let hub = WaitHub::fed_by(Vec::<fn(Waiters, _) -> std::future::Ready<()>>::new());
-        let waiters = Waiters(Arc::downgrade(&hub.shared));
+        let hub = WaitHub::fed_by(
+            Vec::<fn(Waiters) -> std::future::Ready<()>>::new(),
+            Duration::ZERO,
+        );
+        let waiters = Waiters {
+            slots: Arc::downgrade(&hub.shared),
+            changed: Arc::default(),
+        };
         let far = Instant::now() + std::time::Duration::from_secs(60);
         let (mut chosen, mut other) = (hub.interest("k", far).await, hub.interest("k", far).await);
         chosen.expect_handoff("chosen-token");
         other.expect_handoff("other-token");
-        let message = format!("{}:{}:42", tenure_name("old"), tenure_name("chosen-token"));
+        let message = format!(
+            "{}:{}:42:7",
+            tenure_name("old"),
+            tenure_name("chosen-token")
+        );
+        let grant = Grant {
+            fence: 42,
+            place: Some(7),
+        };
         assert_eq!(
             Message::read(&message),
             Message::HandedOver {
                 next: &tenure_name("chosen-token"),
-                fence: 42
+                grant
             }
         );
         waiters.deliver("k", &message);
         use futures_util::FutureExt;
-        assert_eq!(chosen.handed_over().now_or_never(), Some(42));
+        assert_eq!(chosen.handed_over().now_or_never(), Some(grant));
+        assert_eq!(
+            chosen.handed_over().now_or_never(),
+            None,
+            "a grant is taken once"
+        );
         assert_eq!(
             other.handed_over().now_or_never(),
             None,
@@ -482,8 +560,13 @@ mod tests {
             "nor woken: the lock is not free"
         );
         // A lock handed over by an acquisition that found it free names no released tenure.
+        // An older releaser names no place.
         let message = format!(":{}:0", tenure_name("other-token"));
         waiters.deliver("k", &message);
-        assert_eq!(other.handed_over().now_or_never(), Some(0));
+        let grant = Grant {
+            fence: 0,
+            place: None,
+        };
+        assert_eq!(other.handed_over().now_or_never(), Some(grant));
     }
 }

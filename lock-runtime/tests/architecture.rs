@@ -57,6 +57,7 @@ const ROOT_ITEMS: &[(&str, &str)] = &[
     ("OnLost", "options"),
     ("KeyBuilder", "key"),
     ("MAX_KEY_BYTES", "key"),
+    ("MAX_KEYS_PER_LOCK", "key"),
     ("LockInfo", "backend::contract"),
     ("MemoryStore", "backend::memory"),
     ("CurrentLock", "current"),
@@ -73,7 +74,8 @@ const ROOT_ITEMS: &[(&str, &str)] = &[
 
 /// Files outside `backend/` that may name the `redis` crate, and why.
 const REDIS_OUTSIDE_BACKEND: &[&str] = &[
-    // `LockError::Backend` carries the client's error as its source.
+    // `LockError::Backend` carries the client's error as its source, and tells from it whether
+    // a retry may help.
     "error.rs",
 ];
 

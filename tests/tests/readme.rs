@@ -30,15 +30,22 @@ fn test_paths(section: &str) -> Vec<&str> {
 }
 
 /// The file that defines test `path` (`binary::module::name`), as this crate lays them out:
-/// `tests/<binary>.rs` for `binary::name`, `tests/<binary>/<module>.rs` for deeper paths.
+/// `tests/<binary>.rs` for `binary::name`, `tests/<binary>/<module>.rs` for deeper paths, where
+/// the last modules may be inline ones of the file (`faults::model::places::name` is in
+/// `tests/faults/model.rs`).
 fn file_of(tests: &Path, path: &str) -> PathBuf {
     let segments: Vec<&str> = path.split("::").collect();
     let modules = &segments[..segments.len() - 1];
-    match modules {
+    let file = |modules: &[&str]| match modules {
         [binary] => tests.join(format!("{binary}.rs")),
         [binary, rest @ ..] => tests.join(binary).join(format!("{}.rs", rest.join("/"))),
         [] => unreachable!("at least two segments"),
-    }
+    };
+    (1..=modules.len())
+        .rev()
+        .map(|len| file(&modules[..len]))
+        .find(|candidate| candidate.exists())
+        .unwrap_or_else(|| file(modules))
 }
 
 #[test]

@@ -70,9 +70,11 @@ pub(crate) struct Acquire<'a> {
     pub ttl: Duration,
     /// Take a fencing token with the lock.
     pub fencing: bool,
-    /// The first attempt of an acquisition, which usually finds the lock free; later attempts
-    /// (while waiting) go straight to the script that also reports the holder's lease.
-    pub first: bool,
+    /// Which attempt of its acquisition this is, from 1. The first usually finds the lock free;
+    /// later ones (while waiting) go straight to the script that also reports the holder's
+    /// lease. A queued waiter's place is named by the attempt that took or last kept it, and a
+    /// release that hands the lock over names that place back (see `waiting::Grant`).
+    pub attempt: u32,
     /// Queue up when busy, where the store hands locks over (see `RELEASE_LUA`): set while the
     /// caller is prepared to wait.
     pub queue: bool,
@@ -84,7 +86,7 @@ impl Acquire<'_> {
     /// Whether the attempt starts with a plain `SET NX PX`: an exclusive lock's first attempt
     /// without fencing, which usually finds the lock free.
     pub(crate) fn plain_set_first(&self) -> bool {
-        self.first && !self.fencing && self.share == Share::Exclusive
+        self.attempt == 1 && !self.fencing && self.share == Share::Exclusive
     }
 }
 

@@ -10,7 +10,7 @@ use super::contract::{
     Acquire, Attempt, LockInfo, Permits, Renewal, Renewed, Share, Store, FENCE_EXPIRY_MS,
 };
 use crate::key::LockKey;
-use crate::waiting::WaitHub;
+use crate::waiting::{Grant, WaitHub};
 use crate::LockError;
 
 /// Locks kept in this process's memory.
@@ -83,17 +83,19 @@ struct Fence {
 
 struct Waiter {
     token: String,
-    ttl: Duration,
     fencing: bool,
     /// Its place is dropped after this, unless an attempt renewed it.
     deadline: Instant,
+    /// The attempt that took or last kept the place.
+    place: u32,
 }
 
 /// Who the lock went to in a handoff, for the notification sent once the data is unlocked.
 struct HandedOver {
     token: String,
-    ttl: Duration,
-    fence: u64,
+    /// When the handed lock expires: with the waiter's place.
+    deadline: Instant,
+    grant: Grant,
 }
 
 struct Entry {
@@ -248,7 +250,7 @@ impl Data {
             None => {
                 if let Some(to) = self.hand_over(key, now) {
                     let busy = Attempt::Busy {
-                        retry_after: Some(to.ttl),
+                        retry_after: Some(to.deadline - now),
                         holder: Some(to.token.clone()),
                         at: 0,
                     };
@@ -289,17 +291,22 @@ impl Data {
             .or_default();
         let deadline = now + attempt.ttl;
         match queue.iter_mut().find(|w| w.token == attempt.token) {
-            Some(waiter) => waiter.deadline = deadline,
+            Some(waiter) => {
+                waiter.deadline = deadline;
+                waiter.place = attempt.attempt;
+            }
             None => queue.push_back(Waiter {
                 token: attempt.token.to_owned(),
-                ttl: attempt.ttl,
                 fencing: attempt.fencing,
                 deadline,
+                place: attempt.attempt,
             }),
         }
     }
 
     /// Gives the free lock `key` to its oldest live waiter, dropping the stale ones before it.
+    /// The lock expires with the waiter's place: a waiter that died in the queue keeps it no
+    /// longer than its place had left.
     fn hand_over(&mut self, key: &LockKey, now: Instant) -> Option<HandedOver> {
         let queue = self.queues.get_mut(&key.redis_key)?;
         let waiter = std::iter::from_fn(|| queue.pop_front()).find(|w| w.deadline > now);
@@ -311,7 +318,7 @@ impl Data {
             key.redis_key.clone(),
             Entry {
                 token: waiter.token.clone(),
-                expires_at: Some(now + waiter.ttl),
+                expires_at: Some(waiter.deadline),
             },
         );
         let fence = if waiter.fencing {
@@ -321,8 +328,11 @@ impl Data {
         };
         Some(HandedOver {
             token: waiter.token,
-            ttl: waiter.ttl,
-            fence,
+            deadline: waiter.deadline,
+            grant: Grant {
+                fence,
+                place: Some(waiter.place),
+            },
         })
     }
 
@@ -394,7 +404,7 @@ impl MemoryStore {
     /// Tells the waiters a release happened: the lock went to `handed`, or it is free.
     fn announce(&self, key: &LockKey, handed: Option<HandedOver>) {
         match handed {
-            Some(to) => self.inner.hub.hand_over(key.channel(), &to.token, to.fence),
+            Some(to) => self.inner.hub.hand_over(key.channel(), &to.token, to.grant),
             None => self.inner.hub.notify(key.channel()),
         }
     }
@@ -438,7 +448,7 @@ impl Store for MemoryStore {
             let (outcome, handed) = data.take_place(attempt, now)?;
             drop(data);
             if let Some(to) = handed {
-                self.inner.hub.hand_over(key.channel(), &to.token, to.fence);
+                self.inner.hub.hand_over(key.channel(), &to.token, to.grant);
             }
             return Ok(outcome);
         }
@@ -491,7 +501,7 @@ impl Store for MemoryStore {
         };
         drop(data);
         if let Some(to) = handed {
-            self.inner.hub.hand_over(key.channel(), &to.token, to.fence);
+            self.inner.hub.hand_over(key.channel(), &to.token, to.grant);
         }
         Ok(outcome)
     }

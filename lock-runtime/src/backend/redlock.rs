@@ -15,12 +15,15 @@
 //! locking"). Asking for fencing on Redlock is an error rather than a token that only looks
 //! monotonic.
 
+use std::collections::HashMap;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use futures_util::future::{join_all, BoxFuture};
+use futures_util::future::join_all;
 use futures_util::stream::{FuturesUnordered, StreamExt};
+use tokio::sync::{watch, Notify};
 use tokio::time::{timeout, Instant};
 
 use super::contract::{Acquire, Attempt, LockInfo, Renewal, Renewed, Share, Store};
@@ -36,10 +39,84 @@ pub(crate) struct Redlock {
     name: String,
     timeouts: Timeouts,
     hub: WaitHub,
+    on_the_way: Arc<OnTheWay>,
+}
+
+/// The attempts still on their way to their nodes, by token: a release of that token waits,
+/// on each node, for the attempt there to come back, so it can never reach the node first and
+/// leave the attempt's lock behind.
+#[derive(Default)]
+struct OnTheWay(Mutex<HashMap<String, Arc<Attempts>>>);
+
+/// One token's attempt on each node.
+struct Attempts {
+    landed: Vec<(AtomicBool, Notify)>,
+    /// Nodes whose attempt has not come back yet; the last one takes the entry out.
+    left: AtomicUsize,
+}
+
+impl OnTheWay {
+    fn map(&self) -> MutexGuard<'_, HashMap<String, Arc<Attempts>>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn sent(&self, token: &str, nodes: usize) {
+        let attempts = Attempts {
+            landed: (0..nodes)
+                .map(|_| (AtomicBool::new(false), Notify::new()))
+                .collect(),
+            left: AtomicUsize::new(nodes),
+        };
+        self.map().insert(token.to_owned(), Arc::new(attempts));
+    }
+
+    /// The attempt with `token` on node `i` came back (with any outcome).
+    fn landed(&self, token: &str, i: usize) {
+        let attempts = self.map().get(token).cloned();
+        if let Some(attempts) = attempts {
+            let (landed, notify) = &attempts.landed[i];
+            landed.store(true, Ordering::Release);
+            notify.notify_waiters();
+            if attempts.left.fetch_sub(1, Ordering::AcqRel) == 1 {
+                self.map().remove(token);
+            }
+        }
+    }
+
+    /// Returns once the attempt with `token` on node `i` came back, if one is on its way.
+    async fn arrived(&self, token: &str, i: usize) {
+        let Some(attempts) = self.map().get(token).cloned() else {
+            return;
+        };
+        let (landed, notify) = &attempts.landed[i];
+        loop {
+            let notified = notify.notified();
+            let mut notified = std::pin::pin!(notified);
+            notified.as_mut().enable();
+            if landed.load(Ordering::Acquire) {
+                return;
+            }
+            notified.await;
+        }
+    }
 }
 
 /// One node's reply, or why there was none.
 type Reply<T> = Result<T, LockError>;
+
+/// What an acquisition decided, for the task that sent its attempt to each node.
+#[derive(Clone, Debug)]
+enum Verdict {
+    Pending,
+    /// The lock is held: every node keeps its grant, also one that came too late to be counted
+    /// (renewals and the release reach every node).
+    Keep,
+    /// Nothing is held: every node takes its grant back, waking waiters if `announce` (the
+    /// attempt held a quorum, too late: someone may have waited for it).
+    Undo {
+        announce: bool,
+    },
+}
 
 impl Redlock {
     pub(crate) fn new(clients: Vec<redis::Client>, timeouts: Timeouts) -> Self {
@@ -59,6 +136,7 @@ impl Redlock {
             name,
             timeouts,
             hub,
+            on_the_way: Arc::default(),
         }
     }
 
@@ -81,14 +159,15 @@ impl Redlock {
     ) -> FuturesUnordered<impl Future<Output = Reply<T>>>
     where
         T: Send + 'static,
-        F: Fn(Arc<RedisBackend>) -> Fut,
+        F: Fn(usize, Arc<RedisBackend>) -> Fut,
         Fut: Future<Output = Result<T, LockError>> + Send + 'static,
     {
         self.nodes
             .iter()
-            .map(|node| {
+            .enumerate()
+            .map(|(i, node)| {
                 let name = node.node().to_owned();
-                let task = io::spawn(op(node.clone()));
+                let task = io::spawn(op(i, node.clone()));
                 async move {
                     let silent = |message: String| LockError::Backend {
                         node: name.clone(),
@@ -138,11 +217,49 @@ impl Redlock {
         }
     }
 
-    /// Takes a failed attempt back on every node, waking waiters only if `announce`;
-    /// `fan_out` has started each node's task already, so dropping the replies leaves them to
-    /// finish on the I/O runtime.
-    fn undo_in_background(&self, key: &LockKey, token: &str, announce: bool) {
-        drop(self.fan_out(self.timeouts.command, delete_on(key, token, announce)));
+    /// Sends `attempt` to every node at once, each as a task on the I/O runtime, and yields each
+    /// node's reply (or why there was none within `per_node`) as it arrives. Each task then
+    /// waits for the [`Verdict`] and takes its node's grant back unless the acquisition kept
+    /// it: after its own attempt came back, so the undo can never reach the node ahead of the
+    /// attempt (queued behind other commands there) and leave a lock nobody owns. A task whose
+    /// acquisition is dropped undecided undoes too. A release waits likewise (see
+    /// [`OnTheWay`]).
+    fn attempt_on_every_node(
+        &self,
+        attempt: &Acquire<'_>,
+        per_node: Duration,
+    ) -> (
+        FuturesUnordered<impl Future<Output = Reply<Attempt>>>,
+        watch::Sender<Verdict>,
+    ) {
+        let (verdict, decided) = watch::channel(Verdict::Pending);
+        let (ttl, share, number) = (attempt.ttl, attempt.share, attempt.attempt);
+        self.on_the_way.sent(attempt.token, self.nodes.len());
+        let (key, token) = (attempt.key.clone_names(), attempt.token.to_owned());
+        let on_the_way = self.on_the_way.clone();
+        let replies = self.fan_out(per_node, move |i, node| {
+            let (key, token) = (key.clone_names(), token.clone());
+            let (decided, on_the_way) = (decided.clone(), on_the_way.clone());
+            async move {
+                let attempt = Acquire {
+                    key: &key,
+                    token: &token,
+                    ttl,
+                    fencing: false,
+                    attempt: number,
+                    queue: false,
+                    share,
+                };
+                let outcome = node.acquire(&attempt).await;
+                on_the_way.landed(&token, i);
+                // Refused: nothing was written. An error may have landed all the same.
+                if !matches!(outcome, Ok(Attempt::Busy { .. })) {
+                    drop(io::spawn(settle(node, key, token, decided)));
+                }
+                outcome
+            }
+        });
+        (replies, verdict)
     }
 
     /// How many nodes must grant (and keep renewing) a lock, a reader's place or one of
@@ -188,7 +305,7 @@ impl Store for Redlock {
     }
 
     async fn acquire(&self, attempt: &Acquire<'_>) -> Result<Attempt, LockError> {
-        let (key, token, ttl) = (attempt.key, attempt.token, attempt.ttl);
+        let (key, ttl) = (attempt.key, attempt.ttl);
         if attempt.fencing {
             return Err(LockError::InvalidOptions {
                 key: key.key.clone(),
@@ -202,26 +319,7 @@ impl Store for Redlock {
         let quorum = self.quorum_for(attempt.share);
         let per_node = self.node_timeout(ttl);
         let started = Instant::now();
-        // Each node gets its attempt as one script call (never the plain `SET NX` first):
-        // the undo below goes out at once, and as a single command the attempt is always ahead
-        // of it on the node's connection, where a second command could fall behind it and take
-        // the lock after the undo.
-        let share = attempt.share;
-        let mut replies = self.fan_out(per_node, |node| {
-            let (key, token) = (key.clone_names(), token.to_owned());
-            async move {
-                let attempt = Acquire {
-                    key: &key,
-                    token: &token,
-                    ttl,
-                    fencing: false,
-                    first: false,
-                    queue: false,
-                    share,
-                };
-                node.acquire(&attempt).await
-            }
-        });
+        let (mut replies, verdict) = self.attempt_on_every_node(attempt, per_node);
         let n = self.nodes.len();
         let (mut won, mut busy, mut errors, mut refused) =
             (0, Vec::new(), Vec::<String>::new(), None);
@@ -263,12 +361,15 @@ impl Store for Redlock {
             .checked_sub(elapsed + drift)
             .is_some_and(|v| !v.is_zero());
         if won >= quorum && valid && refused.is_none() {
+            let _ = verdict.send(Verdict::Keep);
             return Ok(Attempt::Acquired { fence: None });
         }
-        // Undo everywhere, also where no answer came: the SET may have landed anyway. In the
-        // background: a silent node must not hold up the answer. Only an attempt that held a
-        // quorum can have made someone wait for it, so only its undo wakes waiters.
-        self.undo_in_background(key, token, won >= quorum);
+        // Undone on every node, also where no answer came: the attempt may have landed anyway.
+        // Only an attempt that held a quorum can have made someone wait for it, so only its undo
+        // wakes waiters.
+        let _ = verdict.send(Verdict::Undo {
+            announce: won >= quorum,
+        });
         if let Some(e) = refused {
             return Err(e);
         }
@@ -302,7 +403,14 @@ impl Store for Redlock {
     /// `Ok` once a quorum answered (whether any of them still held our token); an error when
     /// fewer did, so the caller retries: the lock may still stand on a majority.
     async fn release(&self, key: &LockKey, token: &str) -> Result<bool, LockError> {
-        let mut replies = self.fan_out(self.timeouts.command, delete_on(key, token, true));
+        let mut replies = self.fan_out(self.timeouts.command, |i, node| {
+            let (key, token) = (key.clone_names(), token.to_owned());
+            let on_the_way = self.on_the_way.clone();
+            async move {
+                on_the_way.arrived(&token, i).await;
+                node.release(&key, &token).await
+            }
+        });
         let (mut answered, mut released, mut errors) = (0, false, Vec::new());
         while answered < self.quorum {
             match replies.next().await {
@@ -340,7 +448,7 @@ impl Store for Redlock {
                 .collect(),
         );
         let quorums: Vec<usize> = batch.iter().map(|r| self.quorum_for(r.share)).collect();
-        let mut replies = self.fan_out(budget, |node| {
+        let mut replies = self.fan_out(budget, |_, node| {
             let owned = owned.clone();
             async move {
                 let batch: Vec<Renewal<'_>> = owned
@@ -469,27 +577,26 @@ impl Store for Redlock {
     }
 }
 
+/// Keeps or takes back one node's grant (or the attempt that may have landed), as the
+/// acquisition decides; undecided when it is dropped means taken back.
+async fn settle(
+    node: Arc<RedisBackend>,
+    key: LockKey,
+    token: String,
+    mut decided: watch::Receiver<Verdict>,
+) {
+    let verdict = decided
+        .wait_for(|v| !matches!(v, Verdict::Pending))
+        .await
+        .map_or(Verdict::Undo { announce: false }, |v| v.clone());
+    let _ = match verdict {
+        Verdict::Pending | Verdict::Keep => return,
+        Verdict::Undo { announce: true } => node.release(&key, &token).await,
+        Verdict::Undo { announce: false } => node.undo(&key, &token).await,
+    };
+}
+
 /// The channel of the key a busy attempt found taken (a multi-key lock's `at`-th).
 fn taken_channel(key: &LockKey, at: Option<usize>) -> &str {
     key.keys().get(at.unwrap_or(0)).unwrap_or(key).channel()
-}
-
-/// One node's owner-checked delete of `key`, for [`Redlock::fan_out`]: a release that wakes
-/// waiters if `announce`, else a silent undo.
-fn delete_on(
-    key: &LockKey,
-    token: &str,
-    announce: bool,
-) -> impl Fn(Arc<RedisBackend>) -> BoxFuture<'static, Result<bool, LockError>> {
-    let (key, token) = (key.clone_names(), token.to_owned());
-    move |node| {
-        let (key, token) = (key.clone_names(), token.clone());
-        Box::pin(async move {
-            if announce {
-                node.release(&key, &token).await
-            } else {
-                node.undo(&key, &token).await
-            }
-        })
-    }
 }

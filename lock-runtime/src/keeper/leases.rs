@@ -42,12 +42,13 @@ impl Leases {
         self.map.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Adds a lease; returns when it is first due for renewal (`None`: never).
+    /// Adds a lease; returns when it is first due for renewal (`None`: never): a third into
+    /// the lease, which may be at once for a lock handed over late in its waiter's place.
     pub(super) fn insert(&self, lease: Arc<Lease>) -> Option<Instant> {
         let next_renew = lease
             .options
             .renew
-            .then(|| lease.confirmed_at + lease.options.ttl / 3);
+            .then(|| lease.started_at + lease.options.ttl / 3);
         lease.labels.holding();
         self.map().insert(
             lease.id,

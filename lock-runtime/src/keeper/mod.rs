@@ -10,6 +10,7 @@
 //! turned into a delete); a lease whose deadline passes without a confirmed renewal, or whose
 //! token Redis no longer holds, is marked lost.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
@@ -130,10 +131,10 @@ async fn keep(keeper: Weak<Keeper>, wake: Arc<Notify>, _running: Running) {
             for lease in plan.releases {
                 home.spawn(release_dropped(keeper.clone(), lease));
             }
-            if !plan.renewals.is_empty() {
+            for leases in by_budget(plan.renewals) {
                 let batch = keeper.clone();
                 home.spawn(async move {
-                    renew(&batch, &plan.renewals, now).await;
+                    renew(&batch, &leases, now).await;
                     batch.wake.notify_one();
                 });
             }
@@ -148,6 +149,18 @@ async fn keep(keeper: Weak<Keeper>, wake: Arc<Notify>, _running: Running) {
             () = wake.notified() => {}
         }
     }
+}
+
+/// Leases due together, in batches whose budget (the shortest ttl/3 in the batch) is at least
+/// half of each lease's own: ttls within a power of two of each other share a batch, so a
+/// long lease is never given a short lease's budget.
+fn by_budget(leases: Vec<Arc<Lease>>) -> impl Iterator<Item = Vec<Arc<Lease>>> {
+    let mut batches: BTreeMap<u32, Vec<Arc<Lease>>> = BTreeMap::new();
+    for lease in leases {
+        let bucket = crate::backend::ttl_ms(lease.options.ttl).ilog2();
+        batches.entry(bucket).or_default().push(lease);
+    }
+    batches.into_values()
 }
 
 async fn renew(keeper: &Keeper, leases: &[Arc<Lease>], sent_at: Instant) {

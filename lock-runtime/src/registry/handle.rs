@@ -73,7 +73,9 @@ impl Registry {
     /// In Redis Cluster the keys must share a hash tag (`{accounts}:7`, `{accounts}:9`), else
     /// the request fails with [`LockError::InvalidKey`] naming that fix; on Redlock every key
     /// is taken on a quorum. A multi-key acquisition does not queue: it waits for a release
-    /// notification of the key it found taken, and is not served first come, first served.
+    /// notification of the key it found taken, and is not served first come, first served. At
+    /// most [`MAX_KEYS_PER_LOCK`](crate::MAX_KEYS_PER_LOCK) keys: one script takes them all
+    /// while the server waits.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lock_runtime::LockError> {
@@ -182,6 +184,13 @@ impl Registry {
         for lease in &leases {
             lease.mark_lost(LostReason::Shutdown);
         }
+        // A caller that stops waiting leaves the releases to the keeper, which lists each
+        // lease until its release is done.
+        let mut unfinished = Unfinished {
+            keeper: &self.inner.keeper,
+            leases: &leases,
+            armed: true,
+        };
         let released = AtomicUsize::new(0);
         let releases = leases.iter().map(|lease| async {
             // `Ok(false)`: not ours any more, which is what shutdown wants too.
@@ -207,9 +216,28 @@ impl Registry {
                 "shutdown gave up waiting for releases after {bound:?}; the rest expire by their ttl"
             );
         }
+        unfinished.armed = false;
         for lease in &leases {
             self.inner.keeper.remove(lease.id);
         }
         released.into_inner()
+    }
+}
+
+/// A shutdown's leases, handed to the keeper to release in the background if the shutdown is
+/// dropped before it finished.
+struct Unfinished<'a> {
+    keeper: &'a crate::keeper::Keeper,
+    leases: &'a [Arc<crate::lease::Lease>],
+    armed: bool,
+}
+
+impl Drop for Unfinished<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            for lease in self.leases {
+                self.keeper.release_in_background(lease.id);
+            }
+        }
     }
 }

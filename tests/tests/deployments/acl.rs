@@ -58,3 +58,107 @@ async fn an_acl_user_limited_to_the_lock_keys_can_lock_wait_and_fence() {
         "{err}"
     );
 }
+
+/// The lock user's ACL in a Redis Cluster, as README's Security section gives it: the single
+/// server's commands with the sharded notifications (`spublish`, `ssubscribe`, `sunsubscribe`)
+/// in place of the plain ones, plus the slot map (`cluster|slots`: the cluster client and the
+/// lease keeper read it), `asking` (commands that follow a migrating slot's keys) and `ping`
+/// (the cluster client checks its connections with it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_a_cluster_a_lock_user_needs_the_sharded_and_cluster_commands_of_the_readme() {
+    let cluster = lock_tests::cluster::RedisCluster::start(3, 0);
+    let rules = [
+        "SETUSER",
+        "locker",
+        "reset",
+        "on",
+        ">s3cret-pw",
+        "~lock:*",
+        "~fence:lock:*",
+        "~fence:{lock:*",
+        "~queue:lock:*",
+        "~queue:{lock:*",
+        "~queued:lock:*",
+        "~queued:{lock:*",
+        "&lock:*",
+        "-@all",
+        "+set",
+        "+evalsha",
+        "+script|load",
+        "+get",
+        "+del",
+        "+pexpire",
+        "+pttl",
+        "+type",
+        "+incr",
+        "+time",
+        "+exists",
+        "+zadd",
+        "+zrange",
+        "+zrem",
+        "+zscore",
+        "+zrangebyscore",
+        "+zremrangebyscore",
+        "+zcard",
+        "+zcount",
+        "+hset",
+        "+hget",
+        "+hdel",
+        "+spublish",
+        "+ssubscribe",
+        "+sunsubscribe",
+        "+cluster|slots",
+        "+asking",
+        "+ping",
+    ];
+    for node in &cluster.nodes {
+        let mut con = node.connection();
+        let _: () = redis::cmd("ACL").arg(&rules).query(&mut con).unwrap();
+        let _: () = redis::cmd("ACL")
+            .arg("LOG")
+            .arg("RESET")
+            .query(&mut con)
+            .unwrap();
+    }
+    let seeds: Vec<String> = cluster
+        .nodes
+        .iter()
+        .map(|n| format!("redis://locker:s3cret-pw@127.0.0.1:{}/", n.port()))
+        .collect();
+    let registry = || {
+        lock_tests::with_timeouts(
+            Registry::builder().cluster(seeds.clone()),
+            Duration::from_secs(1),
+        )
+    };
+    let (a, b) = (registry(), registry());
+    // A short lease: renewed several times before the release.
+    let held = a
+        .lock("job")
+        .ttl(Duration::from_millis(300))
+        .fencing(true)
+        .acquire()
+        .await
+        .unwrap();
+    let waiter = tokio::spawn(async move {
+        b.lock("job")
+            .fencing(true)
+            .wait(Duration::from_secs(10))
+            .acquire()
+            .await
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(held.lost_reason(), None, "renewed all along");
+    let first = held.fence().unwrap();
+    held.release().await.unwrap();
+    let next = waiter.await.unwrap().expect("handed over, notified");
+    assert!(next.fence().unwrap() > first);
+    next.release().await.unwrap();
+    for node in &cluster.nodes {
+        let log: Vec<redis::Value> = redis::cmd("ACL")
+            .arg("LOG")
+            .query(&mut node.connection())
+            .unwrap();
+        assert!(log.is_empty(), "no command refused: {log:?}");
+    }
+}

@@ -530,7 +530,12 @@ async fn every_attempt_of_a_redlock_acquisition_has_a_token_of_its_own() {
             .next()
             .await
             .expect("MONITOR ends only with the server");
+        // The acquire script's `SET NX`: one per attempt (a first attempt tries a plain one
+        // before the script).
         let args: Vec<&str> = line.split('"').skip(1).step_by(2).collect();
+        if !line.contains("[0 lua]") {
+            continue;
+        }
         if let ["SET", "lock:retries", token, "NX", ..] = args.as_slice() {
             if *token != held.token() {
                 tokens.push((*token).to_owned());
@@ -588,4 +593,62 @@ async fn several_keys_are_taken_together_on_a_quorum() {
     let nodes = nodes(3);
     let (a, b) = (registry(&nodes), registry(&nodes));
     lock_tests::multi_key_round(&a, &b, "account:1", "account:2").await;
+}
+
+/// An attempt that won no quorum is taken back on every node after it reached that node, also
+/// when it waited there behind other commands: a majority paused with many attempts on their
+/// way leaves no lock behind once it resumes (each would otherwise hold its key for 10 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attempts_that_won_no_quorum_leave_no_lock_behind_on_any_node() {
+    let nodes = nodes(3);
+    // Each node's share of the 10 s ttl (1 s) is shorter than the connection's command timeout
+    // (2 s): an attempt is given up before its own command is.
+    let registry = with_timeouts(
+        Registry::builder().redlock(nodes.iter().map(RedisServer::url)),
+        Duration::from_secs(2),
+    );
+    lock_tests::warm_up(&registry).await;
+    nodes[1].pause();
+    nodes[2].pause();
+    let attempt = |i: usize| {
+        registry
+            .lock(format!("ghost:{i}"))
+            .ttl(Duration::from_secs(10))
+            .wait(Duration::from_millis(1500))
+            .acquire()
+    };
+    // A first wave takes every place in flight on the paused nodes' connections; the second,
+    // a moment later, queues behind it there until the first times out (2 s), long after the
+    // first attempt of each acquisition in the second wave gave up on its node (1 s) and was
+    // taken back (its acquisition tries again with another token, let go of on its way out).
+    let first: Vec<_> = (0..8).map(|i| tokio::spawn(attempt(i))).collect();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let second = futures_util::future::join_all((8..32).map(attempt)).await;
+    for outcome in second {
+        let err = outcome.unwrap_err();
+        assert!(err.to_string().contains("a quorum is 2"), "{err}");
+    }
+    for task in first {
+        let err = task.await.unwrap().unwrap_err();
+        assert!(err.to_string().contains("a quorum is 2"), "{err}");
+    }
+    // Past the connection's command timeout, so every command queued for the paused nodes has
+    // been written to them by now.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    nodes[1].resume();
+    nodes[2].resume();
+    lock_tests::eventually(
+        Duration::from_secs(3),
+        "no lock left on any node",
+        || async {
+            nodes.iter().all(|node| {
+                let keys: Vec<String> = redis::cmd("KEYS")
+                    .arg("lock:ghost:*")
+                    .query(&mut node.connection())
+                    .unwrap();
+                keys.is_empty()
+            })
+        },
+    )
+    .await;
 }

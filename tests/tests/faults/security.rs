@@ -120,8 +120,9 @@ fn captured_scripts(events: &[Event], redis_key: &str) -> (Entry, Entry) {
             })
             .collect();
         let names: Vec<String> = body.iter().map(|c| c.name()).collect();
-        // The release: the owner check, a look for queued waiters (none), the delete.
-        if names == ["GET", "EXISTS", "DEL", "PUBLISH"] {
+        // The release: the owner check, a look for queued waiters (none), the notification,
+        // the delete.
+        if names == ["GET", "EXISTS", "PUBLISH", "DEL"] {
             release = Some(call.clone());
         } else if names == ["GET", "PEXPIRE"] && call.arg_str(2) == "1" {
             renew = Some(call.clone());

@@ -134,3 +134,140 @@ async fn a_paused_server_loses_the_lease_and_cancels_the_body_before_the_key_exp
     // while we reconnected); otherwise it must not have expired before the body was stopped.
     assert!(pttl == -2 || pttl > 0, "{pttl}");
 }
+
+/// A caller's `wait` is for a busy lock; an answer that no wait can change comes back at once,
+/// after one attempt: here the script's calls are counted while the condition would change if
+/// the caller kept trying (the semaphore drains, the data goes away).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errors_that_waiting_cannot_change_are_returned_after_one_attempt() {
+    let server = RedisServer::start();
+    let (holder, caller) = (registry(&server), registry(&server));
+    let mut counts = server.connection();
+    let mut con = raw(&server.url()).await;
+    let scripts = |counts: &mut redis::Connection| {
+        lock_tests::command_calls(counts)
+            .get("evalsha")
+            .copied()
+            .unwrap_or(0)
+    };
+
+    // Another size of semaphore: the set drains meanwhile, which a retry would take as free.
+    let held = holder.lock("pool").permits(3).acquire().await.unwrap();
+    let before = scripts(&mut counts);
+    let other_size = tokio::spawn({
+        let caller = caller.clone();
+        async move {
+            caller
+                .lock("pool")
+                .permits(2)
+                .wait(Duration::from_secs(10))
+                .acquire()
+                .await
+        }
+    });
+    lock_tests::eventually(
+        Duration::from_secs(10),
+        "the caller's first attempt",
+        || {
+            let mut counts = server.connection();
+            async move { scripts(&mut counts) > before }
+        },
+    )
+    .await;
+    held.release().await.unwrap();
+    let err = other_size.await.unwrap().unwrap_err();
+    assert!(matches!(err, LockError::InvalidOptions { .. }), "{err:?}");
+    // One attempt by the caller and one release by the holder.
+    assert_eq!(scripts(&mut counts) - before, 2, "{err}");
+
+    // Application data under the key: a retry after it is deleted would take the lock.
+    let _: () = con.rpush("lock:data", "job").await.unwrap();
+    let before = scripts(&mut counts);
+    let data = tokio::spawn({
+        let caller = caller.clone();
+        async move {
+            caller
+                .lock("data")
+                .wait(Duration::from_secs(10))
+                .acquire()
+                .await
+        }
+    });
+    lock_tests::eventually(
+        Duration::from_secs(10),
+        "the caller's first attempt",
+        || {
+            let mut counts = server.connection();
+            async move { scripts(&mut counts) > before }
+        },
+    )
+    .await;
+    let _: () = con.del("lock:data").await.unwrap();
+    let err = data.await.unwrap().unwrap_err();
+    assert!(matches!(err, LockError::InvalidKey { .. }), "{err:?}");
+    assert_eq!(scripts(&mut counts) - before, 1, "{err}");
+}
+
+/// An ACL that refuses the lock's commands does not change within a `wait`: the refusal comes
+/// back after one attempt, naming the command.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acl_refusal_is_returned_after_one_attempt() {
+    let server = RedisServer::start();
+    let mut admin = server.connection();
+    let _: () = redis::cmd("ACL")
+        .arg(&[
+            "SETUSER", "nolock", "on", ">pw", "~*", "&*", "+@all", "-evalsha", "-set",
+        ])
+        .query(&mut admin)
+        .unwrap();
+    let url = format!("redis://nolock:pw@127.0.0.1:{}/", server.port());
+    let refused = lock_tests::with_timeouts(Registry::builder().url(url), Duration::from_secs(1));
+    let _: () = redis::cmd("ACL")
+        .arg(&["LOG", "RESET"])
+        .query(&mut admin)
+        .unwrap();
+    let err = refused
+        .lock("k")
+        .wait(Duration::from_secs(10))
+        .acquire()
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("no permissions"), "{err}");
+    // Each refusal is counted in the ACL log.
+    let log: Vec<redis::Value> = redis::cmd("ACL").arg("LOG").query(&mut admin).unwrap();
+    let refusals: i64 = log
+        .iter()
+        .map(|entry| {
+            let fields: std::collections::HashMap<String, redis::Value> =
+                redis::from_redis_value_ref(entry).unwrap();
+            redis::from_redis_value_ref::<i64>(&fields["count"]).unwrap()
+        })
+        .sum();
+    assert_eq!(refusals, 1, "one attempt, refused once: {err}");
+}
+
+/// A user whose ACL lacks the publish command is refused by the release script before it
+/// changes the lock: the error says so, and the lock is as it was (held, until its ttl), never
+/// deleted with an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_refused_its_notification_leaves_the_lock_as_it_was() {
+    let server = RedisServer::start();
+    let mut admin = server.connection();
+    let _: () = redis::cmd("ACL")
+        .arg(&[
+            "SETUSER", "nopub", "on", ">pw", "~*", "&*", "+@all", "-publish",
+        ])
+        .query(&mut admin)
+        .unwrap();
+    let url = format!("redis://nopub:pw@127.0.0.1:{}/", server.port());
+    let reg = lock_tests::with_timeouts(Registry::builder().url(url), Duration::from_secs(1));
+    let guard = reg.lock("k").acquire().await.unwrap();
+    let token = guard.token().to_owned();
+    let err = guard.release_now().await.unwrap_err();
+    // Redis 7 names the refusal, not the command, inside a script.
+    assert!(err.to_string().contains("can't run this command"), "{err}");
+    assert!(!err.is_transient(), "an ACL refusal does not pass: {err}");
+    let mut con = raw(&server.url()).await;
+    let on_server: Option<String> = con.get("lock:k").await.unwrap();
+    assert_eq!(on_server.as_deref(), Some(token.as_str()), "untouched");
+}

@@ -258,3 +258,102 @@ async fn the_in_memory_store_hands_over_first_come_first_served_too() {
         last_fence = fence;
     }
 }
+
+/// The next line `waiter` prints, if one comes within `within`.
+async fn next_line(
+    waiter: &mut tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+    within: Duration,
+) -> Option<String> {
+    tokio::time::timeout(within, waiter.next_line())
+        .await
+        .ok()
+        .map(|line| {
+            line.expect("read lock-waiter")
+                .expect("lock-waiter ended early")
+        })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_stopped_across_a_handoff_never_takes_the_lock_while_another_holds_it() {
+    use tokio::io::AsyncBufReadExt;
+    let server = RedisServer::start();
+    let (first, other) = (registry(&server), registry(&server));
+    let mut con = raw(&server.url()).await;
+    for round in 0..20 {
+        let key: &'static str = Box::leak(format!("stalled:{round}").into_boxed_str());
+        let held = first.lock(key).acquire().await.unwrap();
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_lock-waiter"))
+            .args([&server.url(), key, "400", "20000"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start lock-waiter");
+        let pid = child.id().expect("running");
+        let mut lines = tokio::io::BufReader::new(child.stdout.take().expect("piped")).lines();
+        until_queued(&server.url(), key, 1).await;
+        // Stopped in the queue: the release hands it the lock, which it cannot hear of, and the
+        // handed key runs out unrenewed while it sleeps.
+        lock_tests::signal(pid, "STOP");
+        held.release().await.unwrap();
+        eventually(LIMIT, "the handed-over key to run out", || {
+            let mut con = con.clone();
+            async move { !con.exists::<_, bool>(format!("lock:{key}")).await.unwrap() }
+        })
+        .await;
+        let theirs = other
+            .lock(key)
+            .ttl(Duration::from_secs(10))
+            .acquire()
+            .await
+            .expect("free once the handed-over key ran out");
+        lock_tests::signal(pid, "CONT");
+        // Resumed with the stale handoff in hand and its retry timer overdue: it must go on
+        // waiting while the other registry holds the lock.
+        let early = next_line(&mut lines, Duration::from_millis(500)).await;
+        assert_eq!(
+            early, None,
+            "round {round}: the resumed waiter returned while another registry held the lock"
+        );
+        theirs.release().await.unwrap();
+        let line = next_line(&mut lines, LIMIT)
+            .await
+            .expect("the waiter gets the lock once the other registry released it");
+        let token = line
+            .strip_prefix("held ")
+            .unwrap_or_else(|| panic!("{line}"));
+        let on_server: Option<String> = con.get(format!("lock:{key}")).await.unwrap();
+        assert_eq!(on_server.as_deref(), Some(token), "round {round}");
+        drop(child.stdin.take());
+        child.wait().await.unwrap();
+    }
+}
+
+/// A waiter that died in the queue is handed the lock for no longer than its place had left: the
+/// lock sits idle no longer than after a dead holder (one ttl), not the ttl its place had plus
+/// a whole new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_handed_to_a_dead_waiter_expires_with_that_waiters_place() {
+    let server = RedisServer::start();
+    let holder = registry(&server);
+    let held = holder.lock("dead-waiter").acquire().await.unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_lock-waiter"))
+        .args([&server.url(), "dead-waiter", "3000", "60000"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("start lock-waiter");
+    until_queued(&server.url(), "dead-waiter", 1).await;
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // Its place was last kept at most a third of the ttl (1 s) before the kill, and lasts 3 s
+    // from there: 1.5 s after the kill it has between 0.5 and 1.5 s left.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    held.release().await.unwrap();
+    let mut con = raw(&server.url()).await;
+    let left: i64 = con.pttl("lock:dead-waiter").await.unwrap();
+    assert!(
+        (1..=1550).contains(&left),
+        "the handed-over key expires in {left} ms, beyond the dead waiter's place"
+    );
+}

@@ -381,3 +381,115 @@ async fn a_release_cancelled_in_flight_is_finished_in_the_background() {
         "released on the server, long before its 60 s ttl"
     );
 }
+
+/// A lock whose acquisition reply arrives after its lease could still be trusted is never handed
+/// to the caller: neither `acquire` nor `run` returns with it (the body never starts), and the
+/// error says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_whose_reply_outlasts_its_lease_is_never_returned_held() {
+    let server = RedisServer::start();
+    let proxy = lock_tests::proxy::Proxy::start(server.port());
+    let reg = super::support::patient_registry(&proxy.url());
+    lock_tests::warm_up(&reg).await;
+    let ttl = Duration::from_millis(100);
+    // A round trip of 160 ms: every reply comes after the 100 ms lease began.
+    proxy.set_latency(Duration::from_millis(80));
+    let outcome = reg.lock("late").ttl(ttl).acquire().await;
+    match outcome {
+        Ok(guard) => panic!(
+            "a guard whose lease ran out before it was returned (lost: {:?})",
+            guard.lost_reason()
+        ),
+        Err(err) => assert!(err.to_string().contains("ttl"), "{err}"),
+    }
+    let ran = Arc::new(AtomicBool::new(false));
+    let body = {
+        let ran = ran.clone();
+        async move {
+            ran.store(true, Ordering::SeqCst);
+            Ok::<_, LockError>(())
+        }
+    };
+    let err = reg.lock("late-run").ttl(ttl).run(body).await.unwrap_err();
+    assert!(!ran.load(Ordering::SeqCst), "the body ran: {err}");
+}
+
+/// Regression: a shutdown whose caller stopped waiting left its leases listed (and unreleased)
+/// for good: the releases it had started are now the keeper's to finish.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_dropped_midway_leaves_its_releases_to_the_keeper() {
+    let server = RedisServer::start();
+    let proxy = lock_tests::proxy::Proxy::start(server.port());
+    let reg = super::support::patient_registry(&proxy.url());
+    let guard = reg.lock("k").acquire().await.unwrap();
+    proxy.blackhole();
+    let gave_up = tokio::time::timeout(Duration::from_millis(300), reg.shutdown()).await;
+    assert!(gave_up.is_err(), "the releases hang in the black hole");
+    proxy.heal();
+    let con = raw(&server.url()).await;
+    eventually(
+        Duration::from_secs(10),
+        "the lock released and forgotten",
+        || {
+            let (reg, mut con) = (reg.clone(), con.clone());
+            async move {
+                let on_server: Option<String> = con.get("lock:k").await.unwrap();
+                reg.held().is_empty() && on_server.is_none()
+            }
+        },
+    )
+    .await;
+    drop(guard);
+}
+
+/// The keeper renews a batch within its shortest lease's ttl/3: a long lease due beside short
+/// ones gets a batch (and a budget) of its own, so a round trip the short ones cannot afford
+/// does not cost the long one its lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_lease_is_renewed_apart_from_short_ones_that_cannot_be() {
+    let server = RedisServer::start();
+    let proxy = lock_tests::proxy::Proxy::start(server.port());
+    let reg = super::support::patient_registry(&proxy.url());
+    lock_tests::warm_up(&reg).await;
+    let long = reg
+        .lock("long")
+        .ttl(Duration::from_secs(3))
+        .acquire()
+        .await
+        .unwrap();
+    // A round trip of 200 ms: more than a 300 ms lease's budget (100 ms), well within the long
+    // one's (1 s).
+    proxy.set_latency(Duration::from_millis(100));
+    // Short leases, one after another in four tasks, each kept until it is lost: there is
+    // always one due for renewal beside the long one.
+    let churn: Vec<_> = (0..4)
+        .map(|task| {
+            let reg = reg.clone();
+            tokio::spawn(async move {
+                for i in 0.. {
+                    let key = format!("short:{task}:{i}");
+                    if let Ok(short) = reg
+                        .lock(key)
+                        .ttl(Duration::from_millis(300))
+                        .acquire()
+                        .await
+                    {
+                        let _ = short.lost().await;
+                    }
+                }
+            })
+        })
+        .collect();
+    // Past the long lease's first deadline had no renewal been confirmed.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    for task in churn {
+        task.abort();
+    }
+    assert_eq!(
+        long.lost_reason(),
+        None,
+        "the long lease was renewed all along"
+    );
+    proxy.heal();
+    long.release().await.unwrap();
+}

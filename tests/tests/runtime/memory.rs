@@ -109,3 +109,37 @@ async fn an_unused_fencing_counter_expires_after_a_day_and_tokens_still_increase
         .unwrap();
     assert!(next.fence().unwrap() > token);
 }
+
+/// Regression: a waiter's acquisition, dropped after its runtime was gone, let go of its queue
+/// place with `tokio::spawn`, which panics outside a runtime.
+#[test]
+fn an_in_memory_waiter_dropped_outside_any_runtime_leaves_the_queue_without_panicking() {
+    use futures_util::FutureExt;
+    let (_, regs) = replicas(2);
+    let runtime = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let first = runtime();
+    let (held, waiting) = first.block_on(async {
+        let held = regs[0].lock("job").acquire().await.unwrap();
+        let mut waiting = Box::pin(regs[1].lock("job").wait(Duration::from_secs(60)).acquire());
+        assert!(
+            (&mut waiting).now_or_never().is_none(),
+            "queued behind the holder"
+        );
+        (held, waiting)
+    });
+    drop(first);
+    drop(waiting);
+    runtime().block_on(async {
+        held.release().await.unwrap();
+        let info = regs[1].inspect("job").await.unwrap();
+        assert_eq!(
+            info.owner, None,
+            "the waiter that was dropped left the queue: the lock was not handed to it"
+        );
+    });
+}

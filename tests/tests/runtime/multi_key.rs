@@ -205,3 +205,22 @@ async fn a_multi_key_waiter_that_cannot_use_a_wake_passes_it_on() {
     free.await.unwrap().unwrap().release().await.unwrap();
     stuck.abort();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_over_more_keys_than_one_script_should_take_is_refused_naming_the_limit() {
+    on_redis_and_memory(|a, _| async move {
+        let keys = (0..=lock_runtime::MAX_KEYS_PER_LOCK).map(|i| format!("item:{i}"));
+        let err = a.lock_all(keys).acquire().await.unwrap_err();
+        assert!(matches!(err, LockError::InvalidKey { .. }), "{err:?}");
+        assert!(err.to_string().contains("at most 64 keys"), "{err}");
+        let keys = (0..lock_runtime::MAX_KEYS_PER_LOCK).map(|i| format!("item:{i}"));
+        a.lock_all(keys)
+            .acquire()
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+    })
+    .await;
+}

@@ -34,7 +34,7 @@ use super::config::ClusterSeeds;
 use super::connection::OnIo;
 use super::errors::timed_out;
 use super::manager::{load_scripts, manager_config};
-use super::renewal::{renew_chunk, IfEq, Round, RENEW_CHUNK};
+use super::renewal::{renew_chunk, Answers, IfEq, Round, RENEW_CHUNK};
 use crate::backend::contract::Renewal;
 use crate::io;
 use crate::key::hash_tag;
@@ -147,14 +147,14 @@ impl ClusterNodes {
         chunk: &[usize],
         deadline: Instant,
         ifeq: &IfEq,
-    ) -> Vec<(Vec<usize>, redis::RedisResult<Vec<i64>>)>
+    ) -> Vec<(Vec<usize>, Answers)>
     where
         C: ConnectionLike + Clone + Send,
     {
         let left = || deadline.saturating_duration_since(Instant::now());
         let flags = renew_chunk(&mut con, batch, chunk, left(), Some(ifeq)).await;
-        let split = chunk.len() > 1
-            && matches!(&flags, Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::TryAgain));
+        let split =
+            chunk.len() > 1 && flags.failed_with(ErrorKind::Server(ServerErrorKind::TryAgain));
         if !split {
             return vec![(chunk.to_vec(), flags)];
         }

@@ -62,8 +62,9 @@ impl Confirmed {
 
 struct Job {
     command: Cmd,
-    /// How long this write's caller can wait for replicas.
-    wait: Duration,
+    /// How long this write's caller can wait for replicas; `None`: it needs no confirmation
+    /// (a release, sent here only to stay behind the acquisitions on this connection).
+    wait: Option<Duration>,
     reply: oneshot::Sender<Result<Confirmed, LockError>>,
 }
 
@@ -117,11 +118,11 @@ impl Confirmer {
 
     /// Sends `command` on the confirming connection, then `WAIT` for the replicas at most
     /// `wait` (1 ms to half the command timeout, so the reply arrives before the command
-    /// timeout fires).
+    /// timeout fires); with no `wait`, no `WAIT` on its account.
     pub(crate) async fn send(
         &self,
         command: Cmd,
-        wait: Duration,
+        wait: Option<Duration>,
         what: &'static str,
         key: Option<&str>,
     ) -> Result<Confirmed, LockError> {
@@ -237,38 +238,41 @@ impl Batches {
         }
     }
 
-    /// One pipeline: the writes in order, then `WAIT`. Its reply to `WAIT` is what the replicas
-    /// acknowledged of everything before it on this connection.
+    /// One pipeline: the writes in order, then `WAIT` (unless none of them asks for it). Its
+    /// reply to `WAIT` is what the replicas acknowledged of everything before it on this
+    /// connection. The shortest wait asked for is the batch's: a write with a longer one that
+    /// goes unconfirmed is retried by its caller, never counted.
     async fn send(&self, jobs: &[Job]) -> Result<Sent, LockError> {
-        let wait = jobs
-            .iter()
-            .map(|job| job.wait)
-            .min()
-            .unwrap_or(self.longest_wait)
-            .min(self.longest_wait)
-            .max(Duration::from_millis(1));
-        // WAIT counts whole milliseconds.
-        let wait = Duration::from_millis(u64::try_from(wait.as_millis()).unwrap_or(u64::MAX));
+        let wait = jobs.iter().filter_map(|job| job.wait).min().map(|wait| {
+            let wait = wait.min(self.longest_wait).max(Duration::from_millis(1));
+            // WAIT counts whole milliseconds.
+            Duration::from_millis(u64::try_from(wait.as_millis()).unwrap_or(u64::MAX))
+        });
         let mut pipe = redis::pipe();
         for job in jobs {
             pipe.add_command(job.command.clone());
         }
-        pipe.cmd("WAIT")
-            .arg(self.replicas)
-            .arg(u64::try_from(wait.as_millis()).unwrap_or(u64::MAX));
+        if let Some(wait) = wait {
+            pipe.cmd("WAIT")
+                .arg(self.replicas)
+                .arg(u64::try_from(wait.as_millis()).unwrap_or(u64::MAX));
+        }
+        let count = jobs.len() + usize::from(wait.is_some());
         let mut con = self.route.get("confirm").await?;
         let mut replies = con
-            .req_packed_commands(&pipe, 0, jobs.len() + 1)
+            .req_packed_commands(&pipe, 0, count)
             .await
             .map_err(|e| super::errors::lock_error(&self.node, "confirm", None, e))?;
-        let acked = match replies.pop() {
-            Some(Value::Int(n)) => Ok(u32::try_from(n).unwrap_or(0)),
-            Some(other) => Err(match other.extract_error() {
+        let acked = match wait.map(|_| replies.pop()) {
+            None => Err("no confirmation was asked for".into()),
+            Some(Some(Value::Int(n))) => Ok(u32::try_from(n).unwrap_or(0)),
+            Some(Some(other)) => Err(match other.extract_error() {
                 Err(e) => e.to_string(),
                 Ok(value) => format!("unexpected reply {value:?}"),
             }),
-            None => Err("no reply".into()),
+            Some(None) => Err("no reply".into()),
         };
+        let wait = wait.unwrap_or_default();
         Ok(Sent {
             replies,
             acked,

@@ -186,6 +186,7 @@ impl RedisBackend {
             .arg(u8::from(attempt.queue))
             .arg(self.publish_command())
             .arg(attempt.share.wire())
+            .arg(attempt.attempt)
             .invoke_async(con)
             .await
     }
@@ -204,7 +205,8 @@ impl RedisBackend {
             .arg(u8::from(attempt.fencing))
             .arg(u8::from(attempt.queue))
             .arg(self.publish_command())
-            .arg(attempt.share.wire());
+            .arg(attempt.share.wire())
+            .arg(attempt.attempt);
         if attempt.plain_set_first() {
             let mut set = redis::cmd("SET");
             set.arg(&key.redis_key)
@@ -322,7 +324,7 @@ impl RedisBackend {
         // Small against the ttl: the lease's deadline runs from before the acquisition was sent.
         let wait = attempt.ttl / 20;
         let confirmed = confirm
-            .send(cmd, wait, "acquire", Some(&attempt.key.key))
+            .send(cmd, Some(wait), "acquire", Some(&attempt.key.key))
             .await?;
         let reply = confirmed
             .reply
@@ -337,6 +339,27 @@ impl RedisBackend {
                 .await);
         }
         Ok(outcome)
+    }
+
+    /// A release on the confirming connection, with no `WAIT` of its own: behind every
+    /// acquisition sent there before it, so a release that lets go of a cancelled acquisition
+    /// can never reach the server ahead of the acquisition itself.
+    async fn release_confirmed(
+        &self,
+        confirm: &Confirmer,
+        key: &LockKey,
+        token: &str,
+    ) -> Result<bool, LockError> {
+        let keys = script_keys(key, false, false);
+        let mut cmd = evalsha(&scripts::RELEASE, keys.len());
+        cmd.arg(keys).arg(token).arg(self.publish_command());
+        let confirmed = confirm.send(cmd, None, "release", Some(&key.key)).await?;
+        let released = confirmed
+            .reply
+            .extract_error()
+            .and_then(|v| Ok(redis::from_redis_value::<i64>(v)?))
+            .map_err(|e| self.error("release", Some(&key.key), e))?;
+        Ok(released > 0)
     }
 
     /// Releases a lock that enough replicas did not acknowledge, and says so.
@@ -391,7 +414,8 @@ impl RedisBackend {
             for &i in chunk {
                 cmd.arg(batch[i].token).arg(batch[i].ttl_ms);
             }
-            let sent = tokio::time::timeout(budget, confirm.send(cmd, budget / 2, "renew", None));
+            let sent =
+                tokio::time::timeout(budget, confirm.send(cmd, Some(budget / 2), "renew", None));
             (chunk, sent.await)
         });
         let mut round = Round::new(batch.len());
@@ -413,7 +437,7 @@ impl RedisBackend {
                 .extract_error()
                 .and_then(|v| Ok(redis::from_redis_value::<Vec<i64>>(v)?));
             if confirmed.by(confirm.replicas()) {
-                round.record(chunk, flags);
+                round.record(chunk, flags.into());
             } else {
                 let why = format!(
                     "renewed on {}, but {} (`confirm_replicas`), so not counted: the leases run \
@@ -536,6 +560,9 @@ impl RedisBackend {
 
     /// Releases one lock (a multi-key lock's keys one by one).
     async fn release_key(&self, key: &LockKey, token: &str) -> Result<bool, LockError> {
+        if let Some(confirm) = &self.confirm {
+            return self.release_confirmed(confirm, key, token).await;
+        }
         let Some(coalescer) = &self.coalescer else {
             return self.release_alone(key, token).await;
         };

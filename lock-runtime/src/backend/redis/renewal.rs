@@ -85,19 +85,57 @@ impl IfEq {
     }
 }
 
-/// One renewal round trip for `chunk` of `batch`, bounded by `budget`: a flag per lock (see
-/// [`renewed`]). With `ifeq` (not where a pipeline cannot go: through the cluster client),
-/// exclusive locks are renewed with `SET .. IFEQ` where the server takes it (see [`IfEq`]).
+/// What a renewal call learned: a flag per lock of its chunk (see [`renewed`]; `None`: no
+/// answer for that lock), and the failure that left some without one.
+pub(crate) struct Answers {
+    pub flags: Vec<Option<i64>>,
+    pub error: Option<redis::RedisError>,
+}
+
+impl Answers {
+    /// No answer for any of `locks` locks.
+    fn failed(locks: usize, error: redis::RedisError) -> Self {
+        Self {
+            flags: vec![None; locks],
+            error: Some(error),
+        }
+    }
+
+    /// Whether the call failed whole with an error of `kind`.
+    pub(crate) fn failed_with(&self, kind: redis::ErrorKind) -> bool {
+        self.flags.iter().all(Option::is_none)
+            && self.error.as_ref().is_some_and(|e| e.kind() == kind)
+    }
+}
+
+impl From<redis::RedisResult<Vec<i64>>> for Answers {
+    fn from(reply: redis::RedisResult<Vec<i64>>) -> Self {
+        match reply {
+            Ok(flags) => Self {
+                flags: flags.into_iter().map(Some).collect(),
+                error: None,
+            },
+            Err(error) => Self {
+                flags: Vec::new(),
+                error: Some(error),
+            },
+        }
+    }
+}
+
+/// One renewal round trip for `chunk` of `batch`, bounded by `budget`. With `ifeq` (not where a
+/// pipeline cannot go: through the cluster client), exclusive locks are renewed with
+/// `SET .. IFEQ` where the server takes it (see [`IfEq`]).
 pub(crate) async fn renew_chunk<C: ConnectionLike + Send>(
     con: &mut C,
     batch: &[Renewal<'_>],
     chunk: &[usize],
     budget: Duration,
     ifeq: Option<&IfEq>,
-) -> redis::RedisResult<Vec<i64>> {
+) -> Answers {
     tokio::time::timeout(budget, renew_now(con, batch, chunk, ifeq))
         .await
-        .unwrap_or_else(|_| Err(timed_out(budget)))
+        .unwrap_or_else(|_| Answers::failed(chunk.len(), timed_out(budget)))
 }
 
 /// `SET key token IFEQ token PX ttl GET` for one lock.
@@ -129,13 +167,13 @@ fn renew_script(
 /// One pipeline: `SET .. IFEQ` for the exclusive locks where the server takes it (else one
 /// as the probe, while that is unknown), then the script for the rest. Locks whose `SET` got
 /// an error reply go to the script in a second round trip, as does the script itself when its
-/// pipelined call got one.
+/// pipelined call got one. Answers already read are kept when a later part fails.
 async fn renew_now<C: ConnectionLike + Send>(
     con: &mut C,
     batch: &[Renewal<'_>],
     chunk: &[usize],
     ifeq: Option<&IfEq>,
-) -> redis::RedisResult<Vec<i64>> {
+) -> Answers {
     let exclusive = |at: &usize| batch[chunk[*at]].share == Share::Exclusive;
     let state = ifeq.map_or(OFF, IfEq::state);
     let by_set: Vec<usize> = match state {
@@ -165,7 +203,11 @@ async fn renew_now<C: ConnectionLike + Send>(
         pipe.add_command(call);
     }
     let count = sets + usize::from(!by_script.is_empty());
-    let mut replies = con.req_packed_commands(&pipe, 0, count).await?.into_iter();
+    let mut replies = match con.req_packed_commands(&pipe, 0, count).await {
+        Ok(replies) => replies.into_iter(),
+        Err(e) => return Answers::failed(chunk.len(), e),
+    };
+    let mut error = None;
     for &at in &by_set {
         let Some(reply) = replies.next() else { break };
         flags[at] = ifeq_flag(ifeq, batch[chunk[at]].token, reply);
@@ -187,24 +229,33 @@ async fn renew_now<C: ConnectionLike + Send>(
             // (MOVED/ASK in a migration, which the single command follows; TRYAGAIN, which it
             // returns to the caller to split): the script again, alone.
             Some(Value::ServerError(_)) => retry.extend(&by_script),
-            Some(reply) => {
-                let answers: Vec<i64> = redis::from_redis_value(reply)?;
-                for (&at, flag) in by_script.iter().zip(answers) {
-                    flags[at] = Some(flag);
+            Some(reply) => match redis::from_redis_value::<Vec<i64>>(reply) {
+                Ok(answers) => {
+                    for (&at, flag) in by_script.iter().zip(answers) {
+                        flags[at] = Some(flag);
+                    }
                 }
-            }
+                Err(e) => error = Some(e.into()),
+            },
             None => {}
         }
     }
     if !retry.is_empty() {
         retry.sort_unstable();
-        let answers: Vec<i64> = renew_script(batch, chunk, &retry).invoke_async(con).await?;
-        for (&at, flag) in retry.iter().zip(answers) {
-            flags[at] = Some(flag);
+        match renew_script(batch, chunk, &retry)
+            .invoke_async::<Vec<i64>>(con)
+            .await
+        {
+            Ok(answers) => {
+                for (&at, flag) in retry.iter().zip(answers) {
+                    flags[at] = Some(flag);
+                }
+            }
+            Err(e) => error = Some(e),
         }
     }
-    // A reply short of its locks leaves them unknown, as a script's short answer does.
-    Ok(flags.into_iter().map_while(|flag| flag).collect())
+    // A reply short of its locks leaves them unknown.
+    Answers { flags, error }
 }
 
 /// The script's flag for one `SET .. IFEQ .. GET` reply (1 renewed, 0 gone, -1 taken), or
@@ -250,14 +301,14 @@ impl Round {
         }
     }
 
-    pub(crate) fn record(&mut self, chunk: &[usize], flags: redis::RedisResult<Vec<i64>>) {
-        match flags {
-            Ok(flags) => {
-                for (&i, flag) in chunk.iter().zip(flags) {
-                    self.renewed[i] = Some(renewed(flag));
-                }
+    pub(crate) fn record(&mut self, chunk: &[usize], answers: Answers) {
+        for (&i, flag) in chunk.iter().zip(answers.flags) {
+            if let Some(flag) = flag {
+                self.renewed[i] = Some(renewed(flag));
             }
-            Err(e) => self.fail(e),
+        }
+        if let Some(e) = answers.error {
+            self.fail(e);
         }
     }
 

@@ -40,9 +40,14 @@ end
 ///
 /// The waiters' queue is two keys beside the lock, in its slot: `queue:…` (a sorted set of
 /// waiters' tokens, scored by arrival) and `queued:…` (a hash from each token to
-/// `"<deadline ms> <ttl ms> <fencing 0|1>"`, the deadline on the server's clock). A waiter
-/// whose deadline has passed (it stopped renewing its place: gone, or gave up without saying
-/// so) is dropped when it reaches the head, never handed the lock.
+/// `"<deadline ms> <ttl ms> <fencing 0|1> <place>"`, the deadline on the server's clock, the
+/// place the number of the waiter's attempt that last kept it). A waiter whose deadline has
+/// passed (it stopped renewing its place: gone, or gave up without saying so) is dropped when it
+/// reaches the head, never handed the lock. A handed lock expires with the place it went to, so
+/// a waiter that died in the queue holds it no longer than its place had left.
+///
+/// A script that publishes does so before it changes the lock: a user whose ACL lacks the
+/// publish command gets the refusal with the lock untouched.
 macro_rules! queue_lua {
     () => {
         concat!(
@@ -60,30 +65,35 @@ local function leave_queue(token)
   redis.call('HDEL', KEYS[4], token)
   return true
 end
+local function read_place(entry)
+  if not entry then return nil end
+  local deadline, ttl, fencing, place = string.match(entry, '^(%d+) (%d+) ([01]) (%d+)$')
+  if not deadline then return nil end
+  return tonumber(deadline), ttl, fencing, place
+end
 local function oldest_live_place()
   if #KEYS < 4 or redis.call('EXISTS', KEYS[3]) == 0 then return nil end
   local now = now_ms()
   while true do
     local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
     if not head then return nil end
-    local entry = redis.call('HGET', KEYS[4], head)
-    local deadline = entry and tonumber((string.match(entry, '^(%d+) %d+ [01]$')))
-    if deadline and deadline > now then return head, entry end
+    local deadline = read_place(redis.call('HGET', KEYS[4], head))
+    if deadline and deadline > now then return head, deadline end
     leave_queue(head)
   end
 end
 local function oldest_live_waiter()
-  local head, entry = oldest_live_place()
+  local head = oldest_live_place()
   if not head then return nil end
-  leave_queue(head)
-  local _, ttl, fencing = string.match(entry, '^(%d+) (%d+) ([01])$')
-  return head, ttl, fencing
+  local deadline, _, fencing, place = read_place(redis.call('HGET', KEYS[4], head))
+  return head, deadline, fencing, place
 end
-local function hand_over(waiter, ttl, fencing, released, publish)
-  redis.call('SET', KEYS[1], waiter, 'PX', ttl)
+local function hand_over(waiter, deadline, fencing, place, released, publish)
   local fence = take_fence(fencing)
-  local next = redis.sha1hex(waiter) .. ':' .. string.format('%d', fence)
+  local next = redis.sha1hex(waiter) .. ':' .. string.format('%d', fence) .. ':' .. place
   redis.call(publish, KEYS[1], released .. ':' .. next)
+  leave_queue(waiter)
+  redis.call('SET', KEYS[1], waiter, 'PX', math.max(deadline - now_ms(), 1))
 end
 local function settle_shared(now)
   redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
@@ -98,18 +108,20 @@ end
 local function release_permit(token, publish)
   local deadline = tonumber(redis.call('ZSCORE', KEYS[1], token))
   if not deadline then return 0 end
-  redis.call('ZREM', KEYS[1], token)
   local now = now_ms()
   local ours = deadline > now
   local released = redis.sha1hex(token)
-  if not settle_shared(now) then
-    local waiter, ttl, fencing = oldest_live_waiter()
+  if redis.call('ZCOUNT', KEYS[1], '(' .. now, '(+inf') <= (ours and 1 or 0) then
+    local waiter, waiter_deadline, fencing, place = oldest_live_waiter()
     if waiter then
-      hand_over(waiter, ttl, fencing, released, publish)
+      redis.call('DEL', KEYS[1])
+      hand_over(waiter, waiter_deadline, fencing, place, released, publish)
       return ours and 2 or 0
     end
   end
   redis.call(publish, KEYS[1], released)
+  redis.call('ZREM', KEYS[1], token)
+  settle_shared(now)
   return ours and 1 or 0
 end
 "
@@ -121,7 +133,8 @@ end
 /// below); `ARGV[1]` token, `ARGV[2]` ttl ms, `ARGV[3]` `1` to take a fencing token, `ARGV[4]`
 /// `1` to queue up when busy, `ARGV[5]` the publish command (`PUBLISH`, or `SPUBLISH` in a
 /// cluster), `ARGV[6]` a semaphore's size, or `read` for a reader (`0` or absent: the lock
-/// itself, also a read-write lock's write side). With the lock alone, or the lock and its
+/// itself, also a read-write lock's write side), `ARGV[7]` the number of the caller's attempt,
+/// which names its place in the queue. With the lock alone, or the lock and its
 /// counter, as `KEYS`, there is no queue:
 /// Redlock, `confirm_replicas`, and a cluster slot in migration (where Redis refuses a script
 /// whose keys are not all on one node) use it that way. Used after a plain `SET NX PX` was
@@ -174,19 +187,18 @@ if ARGV[6] and ARGV[6] ~= '0' then
   end
   if not redis.call('ZSCORE', KEYS[1], token) then
     local held = math.max(redis.call('ZCARD', KEYS[1]) - 1, 0)
-    local head, entry = oldest_live_place()
+    local head, head_deadline = oldest_live_place()
     if held == 0 and head then
-      local waiter, waiter_ttl, fencing = oldest_live_waiter()
-      redis.call('DEL', KEYS[1])
-      hand_over(waiter, waiter_ttl, fencing, '', ARGV[5])
-      return {0, tonumber(waiter_ttl), waiter}
+      local waiter, waiter_deadline, fencing, place = oldest_live_waiter()
+      hand_over(waiter, waiter_deadline, fencing, place, '', ARGV[5])
+      return {0, waiter_deadline - now, waiter}
     end
     if head or held >= limit then
       local wait = math.huge
       if held > 0 then
         wait = tonumber(redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')[2]) - now
       end
-      if head then wait = math.min(wait, tonumber((string.match(entry, '^(%d+)'))) - now) end
+      if head then wait = math.min(wait, head_deadline - now) end
       return {0, math.max(wait, 0), tag}
     end
   end
@@ -211,12 +223,13 @@ if owner == token then
   return {1, take_fence(ARGV[3])}
 end
 if not owner then
-  local waiter, waiter_ttl, fencing = oldest_live_waiter()
+  local waiter, waiter_deadline, fencing, place = oldest_live_waiter()
   if not waiter or waiter == token then
+    leave_queue(token)
     redis.call('SET', KEYS[1], token, 'PX', ttl)
     return {1, take_fence(ARGV[3])}
   end
-  hand_over(waiter, waiter_ttl, fencing, '', ARGV[5])
+  hand_over(waiter, waiter_deadline, fencing, place, '', ARGV[5])
   owner = waiter
 end
 if ARGV[4] == '1' and #KEYS >= 4 then
@@ -224,7 +237,8 @@ if ARGV[4] == '1' and #KEYS >= 4 then
     local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')[2]
     redis.call('ZADD', KEYS[3], (tonumber(last) or 0) + 1, token)
   end
-  redis.call('HSET', KEYS[4], token, string.format('%d %s %s', now_ms() + tonumber(ttl), ttl, ARGV[3]))
+  local entry = string.format('%d %s %s %s', now_ms() + tonumber(ttl), ttl, ARGV[3], ARGV[7] or '0')
+  redis.call('HSET', KEYS[4], token, entry)
   for i = 3, 4 do
     if redis.call('PTTL', KEYS[i]) < tonumber(ttl) then redis.call('PEXPIRE', KEYS[i], ttl) end
   end
@@ -287,9 +301,11 @@ pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUI
 /// it was not ours.
 ///
 /// It publishes on the lock's channel: `<released>` when the lock is now free, and
-/// `<released>:<next>:<fence>` when it went to a waiter, where each name is the SHA-1 of a token
-/// (it names a tenure without handing out the token itself) and the fence is the new holder's
-/// fencing token (0 without fencing). The waiter learns from the message alone that it holds the
+/// `<released>:<next>:<fence>:<place>` when it went to a waiter, where each name is the SHA-1 of
+/// a token (it names a tenure without handing out the token itself), the fence is the new
+/// holder's fencing token (0 without fencing) and the place the waiter's attempt that kept the
+/// place the lock went to (a waiter trusts a handoff only for a place no later attempt of its
+/// own found taken). The waiter learns from the message alone that it holds the
 /// lock, and others that it is not free. A release that several Redlock nodes publish wakes one
 /// waiter per process, not one per node.
 pub const RELEASE_LUA: &str = concat!(
@@ -307,13 +323,16 @@ if shared or owner ~= ARGV[1] then
   return released
 end
 local released = redis.sha1hex(ARGV[1])
-local waiter, ttl, fencing = oldest_live_waiter()
-if waiter then
-  hand_over(waiter, ttl, fencing, released, ARGV[2])
-  return 2
+if #KEYS >= 4 and redis.call('EXISTS', KEYS[3]) == 1 then
+  leave_queue(ARGV[1])
+  local waiter, deadline, fencing, place = oldest_live_waiter()
+  if waiter then
+    hand_over(waiter, deadline, fencing, place, released, ARGV[2])
+    return 2
+  end
 end
-redis.call('DEL', KEYS[1])
 redis.call(ARGV[2], KEYS[1], released)
+redis.call('DEL', KEYS[1])
 return 1
 "
 );
@@ -422,8 +441,8 @@ elseif kind == 'zset' then
 else
   return 0
 end
-redis.call('DEL', KEYS[1])
 redis.call(ARGV[1], KEYS[1], redis.sha1hex(tenure))
+redis.call('DEL', KEYS[1])
 return 1
 "
 );

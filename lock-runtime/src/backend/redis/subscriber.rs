@@ -2,11 +2,13 @@
 //! the channels of the keys that local tasks wait for (sharded channels on a cluster, so a
 //! notification travels only to the shard that owns the lock).
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use redis::aio::ConnectionManager;
 use redis::{ProtocolVersion, PushInfo, PushKind};
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::Notify;
+use tokio::time::Instant;
 
 use super::config::{node_name, ClusterSeeds};
 use super::errors::unanswered;
@@ -14,7 +16,7 @@ use super::manager::manager_config;
 use super::sentinel::SentinelSetup;
 use crate::backoff::Backoff;
 use crate::timeouts::Timeouts;
-use crate::waiting::{FeedCommand, WaitHub, Waiters};
+use crate::waiting::{WaitHub, Waiters};
 
 /// Where a subscriber connects.
 #[derive(Clone)]
@@ -27,20 +29,21 @@ pub(crate) enum Source {
     Sentinel(Arc<SentinelSetup>),
 }
 
-/// A hub fed by one subscriber per source; waiters poll with back-off where there is none.
+/// A hub fed by one subscriber per source; waiters poll with back-off where there is none, or
+/// while none follows their channel (a waiter waits for that at most one command timeout).
 pub(crate) fn hub(sources: Vec<Source>, timeouts: Timeouts) -> WaitHub {
-    WaitHub::fed_by(sources.into_iter().map(|source| {
-        move |waiters, commands| {
+    let feeds = sources.into_iter().map(|source| {
+        move |waiters| {
             Subscriber {
                 source,
                 reconnect: Arc::new(Notify::new()),
                 timeouts,
                 waiters,
-                commands,
             }
             .run()
         }
-    }))
+    });
+    WaitHub::fed_by(feeds, timeouts.command)
 }
 
 enum Connection {
@@ -49,13 +52,6 @@ enum Connection {
 }
 
 impl Connection {
-    async fn subscribe(&mut self, channel: &str) -> redis::RedisResult<()> {
-        match self {
-            Self::Server(c) => c.subscribe(channel).await,
-            Self::Cluster(c) => c.ssubscribe(channel).await,
-        }
-    }
-
     /// Every channel in one command on a server; one at a time on a cluster, where a sharded
     /// subscription names one slot.
     async fn subscribe_all(&mut self, channels: &[String]) -> redis::RedisResult<()> {
@@ -92,58 +88,83 @@ struct Subscriber {
     reconnect: Arc<Notify>,
     timeouts: Timeouts,
     waiters: Waiters,
-    commands: mpsc::UnboundedReceiver<FeedCommand>,
 }
 
 impl Subscriber {
-    async fn run(mut self) {
+    /// Follows the channels the waiters wait on: whenever that set changes, subscribes to the
+    /// new ones (retried with back-off until it works) and leaves the ones nobody waits on any
+    /// more. A channel followed is reported to its waiters, which rely on notifications from
+    /// then on.
+    async fn run(self) {
         let mut connection: Option<Connection> = None;
         let mut warned = false;
+        let mut following: HashSet<String> = HashSet::new();
+        let mut backoff = Backoff::new();
+        let mut retry_at: Option<Instant> = None;
         loop {
-            let command = tokio::select! {
-                command = self.commands.recv() => match command {
-                    Some(command) => command,
-                    None => return,
-                },
-                () = self.reconnect.notified() => {
-                    if let Some(con) = &mut connection {
-                        self.reestablish(con).await;
-                    }
-                    continue;
+            let retry = async {
+                match retry_at {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
                 }
             };
-            match command {
-                FeedCommand::Follow(channel, reply) => {
-                    if connection.is_none() {
-                        connection = self.connect(&mut warned).await;
-                    }
-                    let ok = match &mut connection {
-                        Some(con) => self.timed(con.subscribe(&channel)).await,
-                        None => false,
-                    };
-                    let _ = reply.send(ok);
-                }
-                FeedCommand::Unfollow(channel) => {
+            tokio::select! {
+                () = self.waiters.changed() => {}
+                () = retry => {}
+                () = self.reconnect.notified() => {
                     if let Some(con) = &mut connection {
-                        let _ = self.timed(con.unsubscribe(&channel)).await;
+                        match self.reestablish(con).await {
+                            Some(resubscribed) => following = resubscribed,
+                            None => return,
+                        }
                     }
                 }
+            }
+            let Some(wanted) = self.waiters.channels() else {
+                return;
+            };
+            let wanted: HashSet<String> = wanted.into_iter().collect();
+            if let Some(con) = &mut connection {
+                for channel in following.difference(&wanted) {
+                    let _ = self.timed(con.unsubscribe(channel)).await;
+                }
+            }
+            following.retain(|channel| wanted.contains(channel));
+            let new: Vec<String> = wanted.difference(&following).cloned().collect();
+            if !new.is_empty() {
+                if connection.is_none() {
+                    connection = self.connect(&mut warned).await;
+                }
+                let subscribed = match &mut connection {
+                    Some(con) => self.timed(con.subscribe_all(&new)).await,
+                    None => false,
+                };
+                if subscribed {
+                    following.extend(new);
+                } else {
+                    retry_at = Some(Instant::now() + backoff.next_pause());
+                    continue;
+                }
+            }
+            retry_at = None;
+            backoff = Backoff::new();
+            // Also a channel followed all along: its waiters may be new (a slot made afresh).
+            for channel in &following {
+                self.waiters.followed(channel);
             }
         }
     }
 
     /// Pings until the connection is back, then subscribes again to every channel a local task
     /// waits on, backing off up to a second; then every waiting key retries once, for releases
-    /// missed meanwhile.
-    async fn reestablish(&self, con: &mut Connection) {
+    /// missed meanwhile. Returns the channels it follows (`None` once the hub is gone).
+    async fn reestablish(&self, con: &mut Connection) -> Option<HashSet<String>> {
         let mut backoff = Backoff::new();
         loop {
-            let Some(channels) = self.waiters.channels() else {
-                return;
-            };
+            let channels = self.waiters.channels()?;
             if channels.is_empty() {
                 // Nobody waits; the next subscription reconnects.
-                return;
+                return Some(HashSet::new());
             }
             // The client's automatic resubscription on reconnect was seen to miss (about one
             // reset in a hundred under load: reconnected, yet not subscribed), so the channels
@@ -152,7 +173,8 @@ impl Subscriber {
             // back; only no answer at all is worth another try.
             if self.answered(con.ping()).await {
                 if self.answered(con.subscribe_all(&channels)).await {
-                    break;
+                    self.waiters.wake_every_key();
+                    return Some(channels.into_iter().collect());
                 }
             } else if let Source::Sentinel(_) = self.source {
                 // The master may have moved: follow the sentinels rather than keep knocking.
@@ -162,7 +184,6 @@ impl Subscriber {
             }
             tokio::time::sleep(backoff.next_pause()).await;
         }
-        self.waiters.wake_every_key();
     }
 
     /// Wakes waiters right on the connection's reader task: a release notification reaches the
