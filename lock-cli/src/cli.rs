@@ -13,7 +13,9 @@ use clap::{Args, Parser, Subcommand};
 /// mean Redlock), else REDIS_URL.
 ///
 /// rediss:// URLs speak TLS and trust the system's roots (a private CA: point SSL_CERT_FILE at
-/// its PEM).
+/// its PEM). LOCK_REDIS_PASSWORD is the password of every URL that carries none (with
+/// sentinels, of the master), so that no password need be typed on the command line. Owners are shown by host, pid and the first
+/// 8 hex digits of their token, never the whole token (whoever has it can release the lock).
 #[derive(Debug, Parser)]
 #[command(name = "lockctl", version)]
 pub struct Cli {

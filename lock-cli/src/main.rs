@@ -21,7 +21,7 @@ use lock_runtime::{LockError, Registry};
 
 use crate::cli::{Cli, Command};
 use crate::confirm::Answer;
-use crate::target::Target;
+use crate::target::{Target, PASSWORD_VAR};
 
 /// A failure to report: one message for the operator, exit status 1.
 #[derive(Debug)]
@@ -46,7 +46,11 @@ async fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> Result<(), Failure> {
-    let target = Target::resolve(&cli.target, |name| std::env::var(name).ok()).map_err(Failure)?;
+    let env = |name: &str| std::env::var(name).ok();
+    let mut target = Target::resolve(&cli.target, env).map_err(Failure)?;
+    if let Some(password) = env(PASSWORD_VAR).filter(|p| !p.is_empty()) {
+        target = target.with_password(&password).map_err(Failure)?;
+    }
     let registry = target.registry(&cli.prefix)?;
     match cli.command {
         Command::List { key_prefix } => list::list(&target, &registry, &key_prefix).await,
@@ -83,9 +87,10 @@ async fn unlock(registry: &Registry, key: &str, yes: bool) -> Result<(), Failure
         println!("{redis_key} is not held; nothing to unlock");
         return Ok(());
     };
+    let shown = render::owner(owner);
     if !yes {
         let question = format!(
-            "Force-unlock {redis_key}, held by {owner} ({} left, fence {})? Its holder loses \
+            "Force-unlock {redis_key}, held by {shown} ({} left, fence {})? Its holder loses \
              the lock at its next renewal, and another may take it at once.",
             render::remaining(&info),
             render::fence(&info),
@@ -113,11 +118,11 @@ async fn unlock(registry: &Registry, key: &str, yes: bool) -> Result<(), Failure
     // Owner-checked: if the lock changed hands since we looked (or since the question), the new
     // holder's lock stays; the operator looks again.
     if registry.force_unlock_owned_by(key, owner).await? {
-        println!("force-unlocked {redis_key} (held by {owner})");
+        println!("force-unlocked {redis_key} (held by {shown})");
         Ok(())
     } else {
         Err(Failure(format!(
-            "{redis_key} is no longer held by {owner} (released, expired or taken over since); \
+            "{redis_key} is no longer held by {shown} (released, expired or taken over since); \
              nothing was deleted: run `lockctl show` and try again"
         )))
     }

@@ -19,12 +19,29 @@ pub fn duration(d: Duration) -> String {
     }
 }
 
-/// Who holds the key: the owner's token, how many readers, or how many of a semaphore's
+/// An owner token as shown to an operator: enough to tell owners apart, never the whole token
+/// (whoever has it can release or extend the lock): `host:pid:0123abcd…` for a lock-runtime
+/// token, the first 8 characters of another client's.
+#[must_use]
+pub fn owner(token: &str) -> String {
+    match owner_parts(token) {
+        Some((host, pid)) => {
+            let random = &token[token.len() - 32..];
+            format!("{host}:{pid}:{}…", &random[..8])
+        }
+        None => {
+            let start: String = token.chars().take(8).collect();
+            format!("{start}… (not a lock-runtime token)")
+        }
+    }
+}
+
+/// Who holds the key: the owner (see [`owner`]), how many readers, or how many of a semaphore's
 /// permits are held.
 #[must_use]
 pub fn holder(info: &LockInfo) -> Option<String> {
     match (&info.owner, info.permits, info.readers) {
-        (Some(token), _, _) => Some(token.clone()),
+        (Some(token), _, _) => Some(owner(token)),
         (None, Some(p), _) => Some(format!("{} of {} permits", p.held, p.total)),
         (None, None, Some(1)) => Some("1 reader".to_owned()),
         (None, None, Some(n)) => Some(format!("{n} readers")),
@@ -65,8 +82,8 @@ pub fn owner_parts(token: &str) -> Option<(&str, u32)> {
 pub fn details(redis_key: &str, info: &LockInfo) -> String {
     let owner = match (info.owner.as_deref(), holder(info)) {
         (Some(token), _) => match owner_parts(token) {
-            Some((host, pid)) => format!("{token} (host {host}, pid {pid})"),
-            None => format!("{token} (not a lock-runtime token)"),
+            Some((host, pid)) => format!("{} (host {host}, pid {pid})", owner(token)),
+            None => owner(token),
         },
         (None, Some(permits)) => permits,
         (None, None) => "-".to_owned(),
@@ -122,6 +139,16 @@ mod tests {
         assert_eq!(duration(Duration::from_millis(4_240)), "4.2s");
         assert_eq!(duration(Duration::from_secs(725)), "12m05s");
         assert_eq!(duration(Duration::from_secs(12_000)), "3h20m");
+    }
+
+    #[test]
+    fn an_owner_is_shown_without_its_whole_token() {
+        let token = "web-1:4242:0123456789abcdef0123456789abcdef";
+        assert_eq!(owner(token), "web-1:4242:01234567…");
+        assert_eq!(
+            owner("9f0c2a4e-uuid-of-redis-py"),
+            "9f0c2a4e… (not a lock-runtime token)"
+        );
     }
 
     #[test]

@@ -4,6 +4,10 @@
 
 use lock_runtime::{LockError, Registry};
 
+/// A password for every URL that carries none, so that it need not be typed on a command line
+/// (where `ps` and the shell's history show it).
+pub const PASSWORD_VAR: &str = "LOCK_REDIS_PASSWORD";
+
 use crate::cli::TargetArgs;
 
 /// A deployment of lock-runtime's Redis backends.
@@ -102,6 +106,42 @@ impl Target {
         .build()
     }
 
+    /// This deployment with `password` in every URL that has none: the server's, each seed's,
+    /// each Redlock node's, and with sentinels the master's login (a master given by name
+    /// becomes a URL of the sentinels' scheme); sentinels that want one of their own take it
+    /// in their URLs.
+    ///
+    /// # Errors
+    /// A URL that does not parse (the message does not echo it: it may hold another password).
+    pub fn with_password(self, password: &str) -> Result<Self, String> {
+        let add = |url: &String| -> Result<String, String> {
+            let mut parsed = url::Url::parse(url)
+                .map_err(|e| format!("a URL given with {PASSWORD_VAR} does not parse: {e}"))?;
+            if parsed.password().is_none() {
+                parsed
+                    .set_password(Some(password))
+                    .map_err(|()| format!("a URL given with {PASSWORD_VAR} takes no password"))?;
+            }
+            Ok(parsed.to_string())
+        };
+        let all = |urls: &[String]| urls.iter().map(add).collect::<Result<Vec<_>, _>>();
+        Ok(match self {
+            Self::Server(url) => Self::Server(add(&url)?),
+            Self::Cluster(seeds) => Self::Cluster(all(&seeds)?),
+            Self::Redlock(nodes) => Self::Redlock(all(&nodes)?),
+            Self::Sentinel { master, sentinels } => {
+                let master = if master.contains("://") {
+                    add(&master)?
+                } else {
+                    let tls = sentinels.iter().any(|s| s.starts_with("rediss://"));
+                    let scheme = if tls { "rediss" } else { "redis" };
+                    add(&format!("{scheme}://{master}/"))?
+                };
+                Self::Sentinel { master, sentinels }
+            }
+        })
+    }
+
     /// The URLs given (every Redlock node, the cluster's seeds, the sentinels).
     pub fn urls(&self) -> &[String] {
         match self {
@@ -132,6 +172,32 @@ mod tests {
                 .find(|(k, _)| *k == name)
                 .map(|(_, v)| (*v).to_owned())
         }
+    }
+
+    #[test]
+    fn a_password_from_the_environment_goes_into_every_url_without_one() {
+        let target = Target::Redlock(vec![
+            "redis://a:1/".into(),
+            "redis://user@b:1/".into(),
+            "redis://:own@c:1/".into(),
+        ]);
+        assert_eq!(
+            target.with_password("s3cret").unwrap().urls(),
+            [
+                "redis://:s3cret@a:1/",
+                "redis://user:s3cret@b:1/",
+                "redis://:own@c:1/"
+            ]
+        );
+        let sentinel = Target::Sentinel {
+            master: "mymaster".into(),
+            sentinels: vec!["rediss://s:26379".into()],
+        };
+        let Target::Sentinel { master, sentinels } = sentinel.with_password("pw").unwrap() else {
+            panic!("still sentinels");
+        };
+        assert_eq!(master, "rediss://:pw@mymaster/");
+        assert_eq!(sentinels, ["rediss://s:26379"]);
     }
 
     #[test]

@@ -53,7 +53,7 @@ impl From<LockInfo> for Seen {
 fn held(owner: &str, remaining: Option<Duration>, fence: Option<u64>) -> String {
     let fence = fence.map(|f| format!(", fence {f}")).unwrap_or_default();
     let left = remaining.map_or_else(|| "no expiry".to_owned(), render::duration);
-    format!("by {owner}{fence}, {left} left")
+    format!("by {}{fence}, {left} left", render::owner(owner))
 }
 
 /// The line to print for going from `before` to `now`, `elapsed` after the previous look;
@@ -187,6 +187,8 @@ mod tests {
     use super::*;
 
     const MS: Duration = Duration::from_millis(1);
+    const A: &str = "web-1:7:aaaaaaaa0123456789abcdef01234567";
+    const B: &str = "web-2:8:bbbbbbbb0123456789abcdef01234567";
 
     fn held_by(owner: &str, left_ms: u64, fence: u64) -> Seen {
         Seen::Held {
@@ -202,8 +204,8 @@ mod tests {
 
     #[test]
     fn first_look_always_prints_the_state() {
-        let line = change(None, &held_by("a", 4200, 3), Duration::ZERO).unwrap();
-        assert_eq!(line, "held by a, fence 3, 4.2s left");
+        let line = change(None, &held_by(A, 4200, 3), Duration::ZERO).unwrap();
+        assert_eq!(line, "held by web-1:7:aaaaaaaa…, fence 3, 4.2s left");
         assert_eq!(
             change(None, &free(3), Duration::ZERO).unwrap(),
             "free (last fence 3)"
@@ -212,50 +214,37 @@ mod tests {
 
     #[test]
     fn a_lease_ticking_down_prints_nothing() {
-        let line = change(
-            Some(&held_by("a", 4200, 3)),
-            &held_by("a", 4100, 3),
-            100 * MS,
-        );
+        let line = change(Some(&held_by(A, 4200, 3)), &held_by(A, 4100, 3), 100 * MS);
         assert_eq!(line, None);
     }
 
     #[test]
     fn a_lease_that_grew_was_renewed() {
-        let line = change(
-            Some(&held_by("a", 3000, 3)),
-            &held_by("a", 4950, 3),
-            100 * MS,
-        );
+        let line = change(Some(&held_by(A, 3000, 3)), &held_by(A, 4950, 3), 100 * MS);
         assert_eq!(line.unwrap(), "renewed: 5.0s left");
     }
 
     #[test]
     fn a_lease_cut_short_hints_at_min_hold() {
-        let line = change(
-            Some(&held_by("a", 3000, 3)),
-            &held_by("a", 1000, 3),
-            100 * MS,
-        );
+        let line = change(Some(&held_by(A, 3000, 3)), &held_by(A, 1000, 3), 100 * MS);
         assert!(line.unwrap().starts_with("lease cut short: 1.0s left"));
     }
 
     #[test]
     fn going_free_tells_release_from_expiry() {
-        let released = change(Some(&held_by("a", 3000, 3)), &free(3), 100 * MS);
+        let released = change(Some(&held_by(A, 3000, 3)), &free(3), 100 * MS);
         assert_eq!(released.unwrap(), "released");
-        let expired = change(Some(&held_by("a", 80, 3)), &free(3), 100 * MS);
+        let expired = change(Some(&held_by(A, 80, 3)), &free(3), 100 * MS);
         assert_eq!(expired.unwrap(), "expired");
     }
 
     #[test]
     fn a_new_owner_is_a_takeover() {
-        let line = change(
-            Some(&held_by("a", 3000, 3)),
-            &held_by("b", 5000, 4),
-            100 * MS,
+        let line = change(Some(&held_by(A, 3000, 3)), &held_by(B, 5000, 4), 100 * MS);
+        assert_eq!(
+            line.unwrap(),
+            "taken over by web-2:8:bbbbbbbb…, fence 4, 5.0s left"
         );
-        assert_eq!(line.unwrap(), "taken over by b, fence 4, 5.0s left");
     }
 
     #[test]
@@ -265,10 +254,10 @@ mod tests {
             line.unwrap(),
             "taken and released between two looks (fence now 4)"
         );
-        let line = change(Some(&free(3)), &held_by("b", 5000, 6), 100 * MS);
+        let line = change(Some(&free(3)), &held_by(B, 5000, 6), 100 * MS);
         assert_eq!(
             line.unwrap(),
-            "taken by b, fence 6, 5.0s left (2 earlier holders came and went unseen)"
+            "taken by web-2:8:bbbbbbbb…, fence 6, 5.0s left (2 earlier holders came and went unseen)"
         );
     }
 

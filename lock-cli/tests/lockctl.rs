@@ -27,9 +27,15 @@ fn lockctl(args: &[&str]) -> Command {
         .env_remove("REDIS_URL")
         .env_remove("LOCK_REDIS_SENTINEL")
         .env_remove("LOCK_REDIS_SENTINEL_MASTER")
+        .env_remove("LOCK_REDIS_PASSWORD")
         .stdin(Stdio::null())
         .kill_on_drop(true);
     command
+}
+
+/// How `lockctl` shows an owner: `host:pid:` and the first 8 hex digits of its random part.
+fn shown(token: &str) -> String {
+    format!("{}…", &token[..token.len() - 24])
 }
 
 async fn run(command: &mut Command) -> Output {
@@ -101,7 +107,7 @@ async fn list_shows_owner_ttl_and_fence_of_locks_under_a_key_prefix() {
     let out = succeeded(&run(&mut lockctl(&["--url", &server.url(), "list", "deploy:"])).await);
 
     let first_row = row(&out, "deploy:1");
-    assert!(first_row.contains(first.token()), "{out}");
+    assert!(first_row.contains(&shown(first.token())), "{out}");
     let fence = first.fence().unwrap().to_string();
     assert_eq!(
         first_row.split_whitespace().last(),
@@ -112,7 +118,10 @@ async fn list_shows_owner_ttl_and_fence_of_locks_under_a_key_prefix() {
         first_row.contains('s'),
         "a remaining lease in seconds: {out}"
     );
-    assert!(row(&out, "deploy:2").contains(second.token()), "{out}");
+    assert!(
+        row(&out, "deploy:2").contains(&shown(second.token())),
+        "{out}"
+    );
     assert!(
         !out.contains("report:daily"),
         "outside the key prefix: {out}"
@@ -127,10 +136,16 @@ async fn list_reads_the_deployment_from_the_library_environment() {
     let guard = hold(&registry, "job:env", false).await;
 
     let out = succeeded(&run(lockctl(&["list"]).env("LOCK_REDIS_URL", server.url())).await);
-    assert!(row(&out, "job:env").contains(guard.token()), "{out}");
+    assert!(
+        row(&out, "job:env").contains(&shown(guard.token())),
+        "{out}"
+    );
 
     let out = succeeded(&run(lockctl(&["list"]).env("REDIS_URL", server.url())).await);
-    assert!(row(&out, "job:env").contains(guard.token()), "{out}");
+    assert!(
+        row(&out, "job:env").contains(&shown(guard.token())),
+        "{out}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -163,7 +178,10 @@ async fn list_uses_the_given_registry_prefix() {
         ]))
         .await,
     );
-    assert!(row(&out, "invoice:9").contains(guard.token()), "{out}");
+    assert!(
+        row(&out, "invoice:9").contains(&shown(guard.token())),
+        "{out}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -175,7 +193,11 @@ async fn show_prints_owner_host_pid_lease_and_fence() {
     let out = succeeded(&run(&mut lockctl(&["--url", &server.url(), "show", "deploy:7"])).await);
     assert!(out.contains("key:    lock:deploy:7"), "{out}");
     assert!(out.contains("state:  held"), "{out}");
-    assert!(out.contains(guard.token()), "{out}");
+    assert!(out.contains(&shown(guard.token())), "{out}");
+    assert!(
+        !out.contains(guard.token()),
+        "never the whole token, which would release the lock: {out}"
+    );
     assert!(
         out.contains(&format!("pid {})", std::process::id())),
         "the owner's pid is this test process: {out}"
@@ -212,7 +234,10 @@ async fn unlock_with_yes_deletes_the_lock_and_its_holder_learns_it_was_stolen() 
         .await,
     );
     assert!(out.contains("force-unlocked lock:deploy:9"), "{out}");
-    assert!(out.contains(guard.token()), "names who held it: {out}");
+    assert!(
+        out.contains(&shown(guard.token())),
+        "names who held it: {out}"
+    );
     let exists: bool = redis::cmd("EXISTS")
         .arg("lock:deploy:9")
         .query(&mut server.connection())
@@ -319,7 +344,7 @@ async fn unlock_on_a_terminal_asks_and_only_yes_unlocks() {
         screen.contains("Force-unlock lock:deploy:4, held by"),
         "{screen}"
     );
-    assert!(screen.contains(guard.token()), "{screen}");
+    assert!(screen.contains(&shown(guard.token())), "{screen}");
     assert!(screen.contains("[y/N]"), "{screen}");
     assert!(screen.contains("still locked"), "{screen}");
     assert_eq!(owner().as_deref(), Some(guard.token()));
@@ -369,7 +394,7 @@ async fn watch_prints_each_holder_coming_and_going() {
     next_line_with("free").await;
     let guard = hold(&registry, "deploy:5", true).await;
     let taken = next_line_with("taken by").await;
-    assert!(taken.contains(guard.token()), "{taken}");
+    assert!(taken.contains(&shown(guard.token())), "{taken}");
     let fence = format!("fence {}", guard.fence().unwrap());
     assert!(taken.contains(&fence), "{taken}");
     guard.release_now().await.unwrap();
@@ -427,7 +452,7 @@ async fn cluster_list_scans_every_master_and_unlock_reaches_the_owning_shard() {
     let out = succeeded(&run(&mut lockctl(&["--cluster", &seeds, "list", "job:"])).await);
     for (key, guard) in keys.iter().zip(&guards) {
         let line = row(&out, key);
-        assert!(line.contains(guard.token()), "{out}");
+        assert!(line.contains(&shown(guard.token())), "{out}");
         let fence = guard.fence().unwrap().to_string();
         assert_eq!(
             line.split_whitespace().last(),
@@ -467,7 +492,7 @@ async fn redlock_list_shows_the_majority_owner_and_on_how_many_nodes_a_key_lives
     let nodes = urls.join(",");
     let out = succeeded(&run(&mut lockctl(&["--redlock", &nodes, "list", "pay:"])).await);
     let held = row(&out, "pay:1");
-    assert!(held.contains(guard.token()), "{out}");
+    assert!(held.contains(&shown(guard.token())), "{out}");
     assert!(held.ends_with("3/3"), "{out}");
     let minority = row(&out, "pay:2");
     assert!(minority.contains("(no majority)"), "{out}");
@@ -475,7 +500,7 @@ async fn redlock_list_shows_the_majority_owner_and_on_how_many_nodes_a_key_lives
 
     // A comma list in LOCK_REDIS_URL is Redlock, as for the library.
     let out = succeeded(&run(lockctl(&["show", "pay:1"]).env("LOCK_REDIS_URL", &nodes)).await);
-    assert!(out.contains(guard.token()), "{out}");
+    assert!(out.contains(&shown(guard.token())), "{out}");
     let out = succeeded(
         &run(&mut lockctl(&[
             "--redlock",
@@ -573,7 +598,10 @@ async fn every_command_reaches_the_master_that_tls_sentinels_name() {
     };
 
     let out = succeeded(&run(&mut lockctl_tls(&["list", "deploy:"])).await);
-    assert!(row(&out, "deploy:s").contains(guard.token()), "{out}");
+    assert!(
+        row(&out, "deploy:s").contains(&shown(guard.token())),
+        "{out}"
+    );
     let master = format!("127.0.0.1:{}", deployment.master.port());
     assert!(
         out.contains(&format!(
@@ -582,7 +610,7 @@ async fn every_command_reaches_the_master_that_tls_sentinels_name() {
         "{out}"
     );
     let out = succeeded(&run(&mut lockctl_tls(&["show", "deploy:s"])).await);
-    assert!(out.contains(guard.token()), "{out}");
+    assert!(out.contains(&shown(guard.token())), "{out}");
     assert!(
         out.contains(&format!("fence:  {}", guard.fence().unwrap())),
         "{out}"
@@ -615,7 +643,10 @@ async fn the_library_sentinel_environment_is_followed_before_redis_url() {
             .env("REDIS_URL", "redis://127.0.0.1:1/"))
         .await,
     );
-    assert!(row(&out, "job:sentinel").contains(guard.token()), "{out}");
+    assert!(
+        row(&out, "job:sentinel").contains(&shown(guard.token())),
+        "{out}"
+    );
 
     // Without a master name there is nothing to follow: lockctl says what to pass.
     let out = run(lockctl(&["list"])
@@ -624,4 +655,25 @@ async fn the_library_sentinel_environment_is_followed_before_redis_url() {
     .await;
     assert!(!out.status.success());
     assert!(stderr(&out).contains("--master-name"), "{}", stderr(&out));
+}
+
+#[tokio::test]
+async fn a_password_comes_from_the_environment_not_the_command_line() {
+    let server = RedisServer::start_with(&["--requirepass", "s3cret"]);
+    let with_login = format!("redis://:s3cret@127.0.0.1:{}/", server.port());
+    let registry = Registry::from_url(&with_login).unwrap();
+    let guard = hold(&registry, "deploy:pw", false).await;
+    let url = server.url();
+    let out = run(&mut lockctl(&["--url", &url, "show", "deploy:pw"])).await;
+    assert!(
+        !out.status.success(),
+        "no password, no answer: {}",
+        stdout(&out)
+    );
+    let out = succeeded(
+        &run(lockctl(&["--url", &url, "show", "deploy:pw"]).env("LOCK_REDIS_PASSWORD", "s3cret"))
+            .await,
+    );
+    assert!(out.contains(&shown(guard.token())), "{out}");
+    assert!(!out.contains("s3cret"), "{out}");
 }
