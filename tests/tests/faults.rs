@@ -10,6 +10,7 @@ mod faults {
     mod model;
     mod monitor;
     mod network;
+    mod replay;
     mod security;
     mod support;
     mod system;

@@ -34,7 +34,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures_util::future::join_all;
-use lock_runtime::{LockError, OnLost, Registry};
+use lock_runtime::{LockError, Mode, OnLost, Registry};
 use redis::aio::MultiplexedConnection;
 
 /// Wall-clock microseconds, comparable across processes and with Redis' MONITOR timestamps.
@@ -207,9 +207,20 @@ struct Section {
     lost_seen: bool,
     read: &'static str,
     write: &'static str,
+    /// What is locked: `kind=<lock|read|write|permit|multi> keys=<redis key>[,<redis key>..]`.
+    what: String,
 }
 
 type Shared = Arc<Mutex<Section>>;
+
+/// A section of `what` (see [`Section::what`]) about to be called.
+fn shared(what: String) -> Shared {
+    Arc::new(Mutex::new(Section {
+        called: now_us(),
+        what,
+        ..Section::default()
+    }))
+}
 
 fn lock(s: &Shared) -> std::sync::MutexGuard<'_, Section> {
     s.lock().unwrap_or_else(PoisonError::into_inner)
@@ -246,9 +257,12 @@ fn begin(w: &str, seq: u64, s: &Shared, token: &str, fence: u64, hold: Duration)
         g.read = "none";
         g.write = "none";
     }
-    let called = lock(s).called;
+    let (called, what) = {
+        let g = lock(s);
+        (g.called, g.what.clone())
+    };
     out(&format!(
-        "begin w={w} seq={seq} token={token} fence={fence} called={called} start={start} hold_ms={}",
+        "begin w={w} seq={seq} token={token} fence={fence} called={called} start={start} {what} hold_ms={}",
         hold.as_millis()
     ));
 }
@@ -272,14 +286,94 @@ fn end_line(w: &str, seq: u64, s: &Shared, outcome: &str) {
     let g = lock(s);
     let end = g.end.or(g.stopped).unwrap_or_else(now_us);
     out(&format!(
-        "end w={w} seq={seq} token={} fence={} start={} end={end} outcome={outcome} lost_seen={} read={} write={}",
+        "end w={w} seq={seq} token={} fence={} start={} end={end} outcome={outcome} lost_seen={} read={} write={} {}",
         g.token,
         g.fence,
         g.start,
         u8::from(g.lost_seen),
         g.read,
-        g.write
+        g.write,
+        g.what
     ));
+}
+
+/// Prints how section `seq` of task `w` ended: its `end` line, or `err` if it never began.
+fn finish(w: &str, seq: u64, s: &Shared, outcome: &Result<(), LockError>) {
+    let started = lock(s).start != 0;
+    match (outcome, started) {
+        (Ok(()), _) => end_line(w, seq, s, "ok"),
+        (Err(e), true) => end_line(w, seq, s, &outcome_of(e)),
+        (Err(e), false) => out(&format!(
+            "err w={w} seq={seq} at={} kind={} msg={}",
+            now_us(),
+            outcome_of(e),
+            e.to_string().replace('\n', " ")
+        )),
+    }
+}
+
+/// The lock kinds besides the register's exclusive lock, each looped on by a task of its own.
+#[derive(Clone, Copy)]
+enum Kind {
+    /// A reader of the read-write lock.
+    Read,
+    /// A writer of the read-write lock.
+    Write,
+    /// One of the semaphore's permits.
+    Permit,
+    /// Two of three keys, together.
+    Multi,
+}
+
+impl Kind {
+    const ALL: [Self; 4] = [Self::Read, Self::Write, Self::Permit, Self::Multi];
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::Read => "read",
+            Self::Write => "write",
+            Self::Permit => "permit",
+            Self::Multi => "multi",
+        }
+    }
+
+    /// The task's name suffix (`<worker>.<suffix>`).
+    fn task(self) -> char {
+        match self {
+            Self::Read => 'r',
+            Self::Write => 'w',
+            Self::Permit => 'p',
+            Self::Multi => 'm',
+        }
+    }
+}
+
+/// The keys of the other kinds (`--rw-key`, `--sem-key` with `--permits`, `--multi-keys` a,b,c).
+struct Kinds {
+    rw: String,
+    sem: String,
+    permits: u32,
+    multi: [String; 3],
+    /// Between two sections of a kind's task (`--kind-pause-ms`).
+    pause: Duration,
+}
+
+impl Kinds {
+    fn from(args: &Args) -> Option<Self> {
+        let rw = args.0.get("rw-key")?.clone();
+        let multi: Vec<String> = args
+            .str("multi-keys")
+            .split(',')
+            .map(str::to_owned)
+            .collect();
+        Some(Self {
+            rw,
+            sem: args.str("sem-key"),
+            permits: u32::try_from(args.num("permits", 2)).expect("a few permits"),
+            multi: multi.try_into().expect("--multi-keys names three keys"),
+            pause: args.ms("kind-pause-ms", 0),
+        })
+    }
 }
 
 fn outcome_of(err: &LockError) -> String {
@@ -384,8 +478,7 @@ impl Workload {
     }
 
     async fn section(&self, w: &str, seq: u64, on_lost: OnLost, forced: Option<(usize, u64)>) {
-        let s = Shared::default();
-        lock(&s).called = now_us();
+        let s = shared(self.what());
         let outcome = self
             .registry
             .lock(self.key.clone())
@@ -395,24 +488,78 @@ impl Workload {
             .on_lost(on_lost)
             .run(self.body(w.to_owned(), seq, s.clone(), forced))
             .await;
-        let started = lock(&s).start != 0;
-        match (&outcome, started) {
-            (Ok(()), _) => end_line(w, seq, &s, "ok"),
-            (Err(e), true) => end_line(w, seq, &s, &outcome_of(e)),
-            (Err(e), false) => out(&format!(
-                "err w={w} seq={seq} at={} kind={} msg={}",
-                now_us(),
-                outcome_of(e),
-                e.to_string().replace('\n', " ")
-            )),
+        finish(w, seq, &s, &outcome);
+    }
+
+    /// What the register's sections lock.
+    fn what(&self) -> String {
+        format!("kind=lock keys=lock:{}", self.key)
+    }
+
+    /// One section of another lock kind: a short body (now and then one that outlasts the
+    /// lease, so that places are renewed), cancelled on loss.
+    async fn kind_section(&self, kinds: &Kinds, kind: Kind, w: &str, seq: u64) {
+        let (request, keys) = match kind {
+            Kind::Read => (
+                self.registry.lock(kinds.rw.clone()).mode(Mode::Read),
+                vec![kinds.rw.clone()],
+            ),
+            Kind::Write => (self.registry.lock(kinds.rw.clone()), vec![kinds.rw.clone()]),
+            Kind::Permit => (
+                self.registry.lock(kinds.sem.clone()).permits(kinds.permits),
+                vec![kinds.sem.clone()],
+            ),
+            Kind::Multi => {
+                // Two of the three keys: every pair overlaps every other in one key.
+                let first = rand_below(3);
+                let second = (first + 1 + rand_below(2)) % 3;
+                let keys: Vec<String> = [first, second]
+                    .iter()
+                    .map(|&i| kinds.multi[usize::try_from(i).expect("small")].clone())
+                    .collect();
+                (self.registry.lock_all(keys.clone()), keys)
+            }
+        };
+        let redis_keys: Vec<String> = keys.iter().map(|k| format!("lock:{k}")).collect();
+        let s = shared(format!(
+            "kind={} keys={}",
+            kind.name(),
+            redis_keys.join(",")
+        ));
+        let hold = if rand_below(40) == 0 {
+            self.ttl * 3 / 2
+        } else {
+            Duration::from_millis(rand_below(self.hold_max_ms + 1))
+        };
+        let body = {
+            let (s, w) = (s.clone(), w.to_owned());
+            async move {
+                let current = lock_runtime::current().expect("inside a guarded body");
+                begin(&w, seq, &s, current.token(), 0, hold);
+                let _stamp = StopStamp(s.clone());
+                tokio::time::sleep(hold).await;
+                body_over(&w, seq, &s, now_us(), current.is_lost());
+                Ok::<_, LockError>(())
+            }
+        };
+        let outcome = request.ttl(self.ttl).wait(self.wait).run(body).await;
+        finish(w, seq, &s, &outcome);
+    }
+
+    async fn kind_task(&self, kinds: &Kinds, kind: Kind, w: String) -> u64 {
+        let mut seq = 0;
+        while !self.stop.load(Ordering::SeqCst) {
+            seq += 1;
+            self.kind_section(kinds, kind, &w, seq).await;
+            tokio::time::sleep(kinds.pause).await;
         }
+        seq
     }
 
     /// Cancellation: a guarded future dropped mid-body, or a guard dropped without release.
     /// Either must return at once, whatever the network does.
     async fn drop_test(&self, w: &str, seq: u64) {
-        let s = Shared::default();
-        lock(&s).called = now_us();
+        let s = shared(self.what());
         if seq.is_multiple_of(2) {
             let (started_tx, started) = tokio::sync::oneshot::channel::<()>();
             let store = self.store.clone();
@@ -589,7 +736,8 @@ async fn workload(args: Args) {
     };
     out(&format!("ready w={id} pid={}", std::process::id()));
     let tasks = usize::try_from(args.num("tasks", 2).clamp(1, 2)).expect("small");
-    let mut loops = Vec::new();
+    let kinds = Kinds::from(&args);
+    let mut loops: Vec<std::pin::Pin<Box<dyn Future<Output = u64> + '_>>> = Vec::new();
     for t in 0..tasks {
         // Task 0 cancels on loss (the default); task 1 lets the body finish and reports.
         let on_lost = if t % 2 == 0 {
@@ -597,7 +745,13 @@ async fn workload(args: Args) {
         } else {
             OnLost::Continue
         };
-        loops.push(work.task(t, format!("{id}.{t}"), on_lost, t == 0));
+        loops.push(Box::pin(work.task(t, format!("{id}.{t}"), on_lost, t == 0)));
+    }
+    if let Some(kinds) = &kinds {
+        for kind in Kind::ALL {
+            let w = format!("{id}.{}", kind.task());
+            loops.push(Box::pin(work.kind_task(kinds, kind, w)));
+        }
     }
     let (counts, worst) = tokio::join!(join_all(loops), heartbeat(id.clone(), stop.clone()));
     out(&format!(

@@ -23,7 +23,7 @@ const DROP_BOUND: Duration = Duration::from_millis(100);
 /// is stopped.
 const STALL_BOUND: Duration = Duration::from_millis(500);
 
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub struct FaultRecord {
     pub kind: String,
     pub start_us: i64,
@@ -49,6 +49,28 @@ struct Section {
     lost_seen: bool,
     write: String,
     hold_ms: u64,
+    /// `lock` (the register's fenced lock), `read`, `write`, `permit` or `multi`.
+    kind: String,
+    /// The Redis keys it held.
+    keys: Vec<String>,
+}
+
+impl Section {
+    /// Whether it held its keys alone (a writer), not side by side (a reader, a permit).
+    fn exclusive(&self) -> bool {
+        matches!(self.kind.as_str(), "lock" | "write" | "multi")
+    }
+
+    /// A section of the register's fenced lock.
+    fn on_register(&self) -> bool {
+        self.kind == "lock"
+    }
+
+    /// Whether its body was cancelled when the lease was lost: every task but the register's
+    /// `continue` one (`.1`).
+    fn cancels(&self) -> bool {
+        !self.task.ends_with(".1")
+    }
 }
 
 fn fields(text: &str) -> HashMap<&str, &str> {
@@ -85,6 +107,14 @@ fn sections(lines: &[Line], killed: &HashMap<u32, i64>) -> Vec<Section> {
             lost_seen: f.get("lost_seen") == Some(&"1"),
             write: f.get("write").map_or("", |o| o).to_owned(),
             hold_ms: f.get("hold_ms").map_or(0, |h| h.parse().expect("hold_ms")),
+            kind: f.get("kind").map_or("lock", |k| k).to_owned(),
+            // Lines that name no keys are the register's.
+            keys: f
+                .get("keys")
+                .map_or("lock:register", |k| k)
+                .split(',')
+                .map(str::to_owned)
+                .collect(),
         };
         if kind == "begin" {
             open.insert(id, section);
@@ -125,7 +155,7 @@ impl Report {
 /// Runs `system` through `steps` (and a soak, if asked) and checks everything.
 /// What a run must have exercised, or it proves nothing: a check that passes over nothing is a
 /// failure.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Minimums {
     pub sections: usize,
     /// `on_lost = cancel` bodies reported lost and checked by (e).
@@ -138,6 +168,8 @@ pub struct Minimums {
     pub holder_hits: usize,
     /// Commands that followed an `ASK` redirection during a slot migration.
     pub asking: usize,
+    /// Sections of each other lock kind (readers, writers, permits, multi-key).
+    pub per_kind: usize,
 }
 
 #[cfg(test)]
@@ -155,6 +187,7 @@ impl<'a> Inputs<'a> {
             killed: &NO_KILLS,
             histories,
             quorum: 1,
+            permits: 2,
             faults: &[],
             register: 0,
             rejected: 0,
@@ -176,6 +209,7 @@ impl Minimums {
         renewals: 0,
         holder_hits: 0,
         asking: 0,
+        per_kind: 0,
     };
 }
 
@@ -190,6 +224,8 @@ pub struct Inputs<'a> {
     pub killed: &'a HashMap<u32, i64>,
     pub histories: &'a [History],
     pub quorum: usize,
+    /// The semaphore's permits.
+    pub permits: usize,
     pub faults: &'a [FaultRecord],
     pub register: i64,
     pub rejected: i64,
@@ -257,6 +293,10 @@ struct Facts<'a> {
     tenures: Vec<HashMap<&'a str, Vec<&'a model::Tenure>>>,
     /// The store's accepted writes, in order: (fence, value written).
     log: Vec<(u64, i64)>,
+    /// The Redis key of the register's lock.
+    register: String,
+    /// Each worker's process id.
+    workers_by_pid: HashMap<u32, u32>,
 }
 
 impl<'a> Facts<'a> {
@@ -269,12 +309,41 @@ impl<'a> Facts<'a> {
                 (fence.parse().expect("fence"), value.parse().expect("value"))
             })
             .collect();
+        let secs = sections(i.lines, i.killed);
+        let register = secs
+            .iter()
+            .find(|s| s.on_register())
+            .and_then(|s| s.keys.first().cloned())
+            .unwrap_or_else(|| "lock:register".to_owned());
+        let workers_by_pid = i
+            .lines
+            .iter()
+            .filter(|l| l.text.starts_with("ready "))
+            .filter_map(|l| Some((fields(&l.text).get("pid")?.parse().ok()?, l.worker)))
+            .collect();
         Self {
             i,
-            secs: sections(i.lines, i.killed),
+            secs,
             tenures: i.histories.iter().map(History::by_token).collect(),
             log,
+            register,
+            workers_by_pid,
         }
+    }
+
+    /// Whether the process that owns `token` (`host:pid:random`) could hold a lock at `at`:
+    /// not killed by then, and not stopped at that moment.
+    fn alive_at(&self, token: &str, at: i64) -> bool {
+        let Some(worker) = token
+            .rsplit(':')
+            .nth(1)
+            .and_then(|pid| pid.parse::<u32>().ok())
+            .and_then(|pid| self.workers_by_pid.get(&pid))
+        else {
+            return false;
+        };
+        self.i.killed.get(worker).is_none_or(|killed| at < *killed)
+            && !self.paused_during(*worker, at, at)
     }
 
     /// Sections the library did not report lost: they must have held the lock throughout.
@@ -287,25 +356,33 @@ impl<'a> Facts<'a> {
     /// Whether `worker` was itself stopped (SIGSTOP) at some moment of `[from, to]`.
     fn paused_during(&self, worker: u32, from: i64, to: i64) -> bool {
         self.i.faults.iter().any(|p| {
-            p.kind == "client-sigstop"
+            p.kind.starts_with("client-sigstop")
                 && p.victim == Some(worker)
                 && from <= p.end_us
                 && p.start_us <= to
         })
     }
 
-    /// Whether at every moment of `[from, to]` at least a quorum of nodes held `token`. Not
-    /// necessarily the same nodes throughout: a straggling node's grant may land just after the
-    /// section began, and another node may be lost in the middle of it.
-    fn held_by_a_quorum_throughout(&self, token: &str, from: i64, to: i64) -> bool {
-        let held: Vec<Vec<(i64, i64)>> = self
-            .tenures
-            .iter()
-            .map(|node| {
-                node.get(token).map_or_else(Vec::new, |ts| {
-                    ts.iter().map(|t| (t.since_us, t.held_until())).collect()
-                })
+    /// `token`'s tenures of `key` on each node.
+    fn tenures_of<'s>(
+        &'s self,
+        token: &'s str,
+        key: &'s str,
+    ) -> impl Iterator<Item = Vec<&'a model::Tenure>> + 's {
+        self.tenures.iter().map(move |node| {
+            node.get(token).map_or_else(Vec::new, |ts| {
+                ts.iter().copied().filter(|t| t.key == key).collect()
             })
+        })
+    }
+
+    /// Whether at every moment of `[from, to]` at least a quorum of nodes held `key` for
+    /// `token`. Not necessarily the same nodes throughout: a straggling node's grant may land
+    /// just after the section began, and another node may be lost in the middle of it.
+    fn held_by_a_quorum_throughout(&self, token: &str, key: &str, from: i64, to: i64) -> bool {
+        let held: Vec<Vec<(i64, i64)>> = self
+            .tenures_of(token, key)
+            .map(|ts| ts.iter().map(|t| (t.since_us, t.held_until())).collect())
             .collect();
         let holders_at = |at: i64| {
             held.iter()
@@ -333,23 +410,47 @@ fn us(d: Duration) -> i64 {
     i64::try_from(d.as_micros()).expect("fits")
 }
 
-/// (a) No two sections the library did not report lost overlapped in time.
+/// (a) No two sections the library did not report lost held a key together unless both may:
+/// readers beside readers, up to the semaphore's permits side by side, and a writer (the
+/// register's lock, a read-write lock's writer, a multi-key lock on each of its keys) alone.
 fn trusted_sections_never_overlap(f: &Facts<'_>, r: &mut Report) {
-    let mut latest: Option<&Section> = None;
+    let mut by_key: BTreeMap<&str, Vec<&Section>> = BTreeMap::new();
     for s in f.trusted() {
-        if let Some(p) = latest {
-            if s.start < p.end {
+        for key in &s.keys {
+            by_key.entry(key).or_default().push(s);
+        }
+    }
+    for (key, secs) in by_key {
+        // In order of start (as `secs` is): those still inside when the next one starts.
+        let mut inside: Vec<&Section> = Vec::new();
+        for s in secs {
+            inside.retain(|p| p.end > s.start);
+            let clash = inside.iter().find(|p| s.exclusive() || p.exclusive());
+            if let Some(p) = clash {
                 r.fail(
                     "a",
                     format!(
-                        "sections overlap: {} fence {} [{}, {}] and {} fence {} [{}, {}]",
-                        p.task, p.fence, p.start, p.end, s.task, s.fence, s.start, s.end
+                        "sections overlap on {key}: {} ({}) fence {} [{}, {}] and {} ({}) fence {} [{}, {}]",
+                        p.task, p.kind, p.fence, p.start, p.end, s.task, s.kind, s.fence, s.start, s.end
+                    ),
+                );
+            } else if s.kind == "permit" && inside.len() >= f.i.permits {
+                let held: Vec<String> = inside
+                    .iter()
+                    .chain([&s])
+                    .map(|p| format!("{} [{}, {}]", p.task, p.start, p.end))
+                    .collect();
+                r.fail(
+                    "a",
+                    format!(
+                        "{} permits of {key} held at once, of {}: {}",
+                        held.len(),
+                        f.i.permits,
+                        held.join(", ")
                     ),
                 );
             }
-        }
-        if latest.is_none_or(|p| s.end > p.end) {
-            latest = Some(s);
+            inside.push(s);
         }
     }
 }
@@ -359,36 +460,38 @@ fn trusted_sections_never_overlap(f: &Facts<'_>, r: &mut Report) {
 fn trusted_sections_lie_inside_their_tenure(f: &Facts<'_>, r: &mut Report) -> i64 {
     let mut completed_margin = i64::MAX;
     for s in f.trusted() {
-        if !f.held_by_a_quorum_throughout(&s.token, s.start, s.end) {
-            let per_node: Vec<String> = f
-                .tenures
-                .iter()
-                .enumerate()
-                .map(|(node, t)| format!("node {node}: {:?}", t.get(s.token.as_str())))
-                .collect();
-            let faults: Vec<String> =
-                f.i.faults
-                    .iter()
-                    .filter(|p| p.start_us <= s.end && s.start <= p.end_us)
-                    .map(|p| format!("{} [{}, {}]", p.kind, p.start_us, p.end_us))
+        for key in &s.keys {
+            if !f.held_by_a_quorum_throughout(&s.token, key, s.start, s.end) {
+                let per_node: Vec<String> = f
+                    .tenures_of(&s.token, key)
+                    .enumerate()
+                    .map(|(node, t)| format!("node {node}: {t:?}"))
                     .collect();
-            r.fail(
-                "a",
-                format!(
-                    "{} fence {} [{}, {}] ({}) ran outside its server-side tenure on a quorum; \
-                     {}; faults meanwhile: {faults:?}",
-                    s.task,
-                    s.fence,
-                    s.start,
-                    s.end,
-                    s.outcome,
-                    per_node.join("; ")
-                ),
-            );
-        }
-        for t in f.tenures.iter().filter_map(|t| t.get(s.token.as_str())) {
-            for t in t.iter().filter(|t| t.covers(s.start, s.end)) {
-                completed_margin = completed_margin.min(t.expires_at(s.end) - s.end);
+                let faults: Vec<String> =
+                    f.i.faults
+                        .iter()
+                        .filter(|p| p.start_us <= s.end && s.start <= p.end_us)
+                        .map(|p| format!("{} [{}, {}]", p.kind, p.start_us, p.end_us))
+                        .collect();
+                r.fail(
+                    "a",
+                    format!(
+                        "{} ({}) fence {} [{}, {}] ({}) ran outside its server-side tenure of {key} \
+                         on a quorum; {}; faults meanwhile: {faults:?}",
+                        s.task,
+                        s.kind,
+                        s.fence,
+                        s.start,
+                        s.end,
+                        s.outcome,
+                        per_node.join("; ")
+                    ),
+                );
+            }
+            for t in f.tenures_of(&s.token, key).flatten() {
+                if t.covers(s.start, s.end) {
+                    completed_margin = completed_margin.min(t.expires_at(s.end) - s.end);
+                }
             }
         }
     }
@@ -461,7 +564,7 @@ fn the_store_accepted_what_the_workers_saw(f: &Facts<'_>, r: &mut Report) {
 /// (b) No fencing token was handed to two sections.
 fn no_fencing_token_is_handed_out_twice(f: &Facts<'_>, r: &mut Report) {
     let mut fences: HashMap<u64, usize> = HashMap::new();
-    for s in &f.secs {
+    for s in f.secs.iter().filter(|s| s.on_register()) {
         *fences.entry(s.fence).or_default() += 1;
     }
     if let Some((fence, n)) = fences.iter().find(|(_, n)| **n > 1) {
@@ -482,11 +585,12 @@ fn fencing_tokens_increase_in_the_servers_order_of_holders(f: &Facts<'_>, r: &mu
     let mut order: Vec<(i64, u64)> = f
         .secs
         .iter()
+        .filter(|s| s.on_register())
         .filter_map(|s| {
             let tenure = by_token
                 .get(s.token.as_str())?
                 .iter()
-                .filter(|t| t.since_us <= s.start)
+                .filter(|t| t.key == f.register && t.since_us <= s.start)
                 .max_by_key(|t| t.since_us)?;
             Some((tenure.since_us, s.fence))
         })
@@ -511,10 +615,11 @@ struct HandOvers {
     late_tenures: Vec<String>,
 }
 
-/// (c) After a holder was killed or stopped while it held the lock, another owner took the
-/// lock on a quorum of nodes within ttl + [`FREE_BOUND`], unless the next fault began first.
-/// Judged from the servers' history: a body may start a moment later, or never, if that owner
-/// is hit by the next fault.
+/// (c) After a holder was killed or stopped while it held the lock, another owner, alive and
+/// running, took the lock on a quorum of nodes within ttl + [`FREE_BOUND`], unless the next
+/// fault began first. A lock handed to a waiter of a process that is dead or stopped itself is
+/// not taken. Judged from the servers' history: a body may start a moment later, or never, if
+/// that owner is hit by the next fault.
 fn the_lock_is_handed_over_soon_after_its_holder_is_hit(
     f: &Facts<'_>,
     r: &mut Report,
@@ -541,7 +646,8 @@ fn the_lock_is_handed_over_soon_after_its_holder_is_hit(
                 .filter_map(|h| {
                     h.tenures
                         .iter()
-                        .filter(|t| t.token != victim && t.since_us > hit.start_us)
+                        .filter(|t| t.key == f.register && t.token != victim)
+                        .filter(|t| t.since_us > hit.start_us && f.alive_at(&t.token, t.since_us))
                         .map(|t| t.since_us)
                         .min()
                 })
@@ -573,6 +679,7 @@ fn the_lock_is_handed_over_soon_after_its_holder_is_hit(
                 f.i.histories[0]
                     .tenures
                     .iter()
+                    .filter(|t| t.key == f.register)
                     .filter(|t| t.since_us > hit.start_us - 2_000_000 && t.since_us <= *next)
                     .map(|t| {
                         format!(
@@ -610,14 +717,14 @@ fn every_lock_key_has_a_ttl(f: &Facts<'_>, r: &mut Report) {
     }
 }
 
-/// (a) With `on_lost = cancel` (task `.0`), a body that finished while its lease was already
-/// lost made `run()` return `Err(Lost)`, never `Ok`: the caller must not believe the work ran
-/// under the lock.
+/// (a) With `on_lost = cancel` (every task but the register's `.1`), a body that finished while
+/// its lease was already lost made `run()` return `Err(Lost)`, never `Ok`: the caller must not
+/// believe the work ran under the lock.
 fn cancel_mode_bodies_never_return_ok_after_a_loss(f: &Facts<'_>, r: &mut Report) {
     for s in f
         .secs
         .iter()
-        .filter(|s| s.outcome == "ok" && s.lost_seen && s.task.ends_with(".0"))
+        .filter(|s| s.outcome == "ok" && s.lost_seen && s.cancels())
     {
         r.fail(
             "a",
@@ -649,8 +756,25 @@ fn the_run_exercised_what_it_claims(
     let renewals: usize = f.i.histories.iter().map(|h| h.renewals).sum();
     let holder_hits = f.i.faults.iter().filter(|fault| fault.held).count();
     let asking: usize = f.i.histories.iter().map(|h| h.asking).sum();
+    let of_kind = |kind: &str| f.secs.iter().filter(|s| s.kind == kind).count();
     for (what, seen, least) in [
-        ("critical sections", f.secs.len(), m.sections),
+        (
+            "critical sections of the register",
+            of_kind("lock"),
+            m.sections,
+        ),
+        ("sections of readers", of_kind("read"), m.per_kind),
+        (
+            "sections of writers beside readers",
+            of_kind("write"),
+            m.per_kind,
+        ),
+        ("sections holding a permit", of_kind("permit"), m.per_kind),
+        (
+            "sections holding several keys",
+            of_kind("multi"),
+            m.per_kind,
+        ),
         (
             "cancelled bodies checked by (e)",
             cancels.checked,
@@ -680,8 +804,8 @@ struct Cancels<'s> {
     paused: Vec<&'s Section>,
 }
 
-/// (e) A body with `on_lost = cancel` (task `.0`) that was reported lost stopped before its key
-/// expired on a quorum of nodes, unless its own process was stopped meanwhile.
+/// (e) A body with `on_lost = cancel` that was reported lost stopped before its key (each of
+/// its keys) expired on a quorum of nodes, unless its own process was stopped meanwhile.
 fn cancelled_bodies_stop_before_their_key_expires<'s>(
     f: &'s Facts<'_>,
     r: &mut Report,
@@ -694,26 +818,33 @@ fn cancelled_bodies_stop_before_their_key_expires<'s>(
     for s in f
         .secs
         .iter()
-        .filter(|s| s.outcome.starts_with("lost") && s.task.ends_with(".0"))
+        .filter(|s| s.outcome.starts_with("lost") && s.cancels())
     {
         if f.paused_during(s.worker, s.start, s.end) {
             out.paused.push(s);
             continue;
         }
         out.checked += 1;
-        let mut margins: Vec<i64> = f
-            .tenures
+        // Of each key, the margin a quorum of nodes still had; of the lock, its smallest key's.
+        let margin = s
+            .keys
             .iter()
-            .filter_map(|t| t.get(s.token.as_str()))
-            .filter_map(|ts| {
-                ts.iter()
-                    .filter(|t| t.since_us <= s.end)
-                    .map(|t| t.expires_at(s.end) - s.end)
-                    .max()
+            .map(|key| {
+                let mut margins: Vec<i64> = f
+                    .tenures_of(&s.token, key)
+                    .filter_map(|ts| {
+                        ts.iter()
+                            .filter(|t| t.since_us <= s.end)
+                            .map(|t| t.expires_at(s.end) - s.end)
+                            .max()
+                    })
+                    .collect();
+                margins.sort_unstable_by(|a, b| b.cmp(a));
+                margins.get(f.i.quorum - 1).copied()
             })
-            .collect();
-        margins.sort_unstable_by(|a, b| b.cmp(a));
-        let Some(margin) = margins.get(f.i.quorum - 1) else {
+            .collect::<Option<Vec<i64>>>()
+            .and_then(|margins| margins.into_iter().min());
+        let Some(margin) = margin.as_ref() else {
             r.fail(
                 "e",
                 format!("{} fence {}: no server-side tenure", s.task, s.fence),
@@ -844,9 +975,14 @@ fn summary(f: &Facts<'_>, figures: &Figures<'_>) -> Vec<String> {
     let renewals: usize = i.histories.iter().map(|h| h.renewals).sum();
     let commands: usize = i.histories.iter().map(|h| h.commands).sum();
     let scripts: usize = i.histories.iter().map(|h| h.scripts).sum();
+    let mut by_kind: BTreeMap<&str, usize> = BTreeMap::new();
+    for s in secs {
+        *by_kind.entry(s.kind.as_str()).or_default() += 1;
+    }
     let mut lines = vec![
         format!("mode: {}", i.name),
-        format!("critical sections: {}", secs.len()),
+        format!("critical sections: {} {by_kind:?}", secs.len()),
+        format!("lock kinds: {}", by_kind.len()),
         format!("fault kinds: {}", kinds.len()),
         format!("violations: {violations}"),
         format!("fault-injection summary ({}, ttl {} ms, ran {:.1} s)", i.name, TTL.as_millis(), i.ran_for.as_secs_f64()),
@@ -987,7 +1123,7 @@ fn the_checks_catch_overlaps_lost_increments_slow_hand_overs_late_cancels_blocki
     let all = report.violations.join("\n");
     for expected in [
         "(a) sections overlap",
-        "(a) 2.0 fence 2",
+        "(a) 2.0 (lock) fence 2",
         "(b) accepted write #2 wrote 1",
         "(b) register 1 != 2",
         "(c) nobody held the lock again",
@@ -995,7 +1131,7 @@ fn the_checks_catch_overlaps_lost_increments_slow_hand_overs_late_cancels_blocki
         "(g) a drop blocked the runtime",
         "(a) 1.0 fence 4: run() returned Ok although",
         "(run) a worker did not exit cleanly: worker 3",
-        "(run) the run exercised too little: 4 critical sections, at least 100 wanted",
+        "(run) the run exercised too little: 4 critical sections of the register, at least 100 wanted",
     ] {
         assert!(all.contains(expected), "missing {expected:?} in:\n{all}");
     }
@@ -1058,7 +1194,7 @@ fn a_section_is_trusted_while_a_quorum_holds_it_even_if_the_nodes_change_midway(
     ];
     let violations = check_with(&gap).join("\n");
     assert!(
-        violations.contains("(a) 1.1 fence 0") && violations.contains("on a quorum"),
+        violations.contains("(a) 1.1 (lock) fence 0") && violations.contains("on a quorum"),
         "{violations}"
     );
 }
@@ -1151,4 +1287,132 @@ fn fences_follow_the_servers_order_of_tenures_also_when_a_token_was_granted_twic
     };
     assert_eq!(run((2, 3)), Vec::<String>::new());
     assert_eq!(run((3, 2)), ["(b) fencing token 2 was granted after 3"]);
+}
+
+#[test]
+fn the_checks_judge_readers_writers_permits_and_multi_key_sections_per_key() {
+    let line = |worker: u32, text: &str| Line {
+        worker,
+        text: text.to_owned(),
+    };
+    let section = |w: &str, kind: &str, keys: &str, token: &str, start: u64, end: u64| {
+        line(
+            1,
+            &format!(
+                "end w={w} seq=1 token={token} fence=0 start={start} end={end} outcome=ok \
+                 lost_seen=0 read=none write=none kind={kind} keys={keys}"
+            ),
+        )
+    };
+    let lines = [
+        // Readers side by side: fine. A writer beside one of them: not.
+        section("1.r", "read", "lock:rw", "h:1:r1", 10_000_000, 10_400_000),
+        section("2.r", "read", "lock:rw", "h:2:r2", 10_100_000, 10_300_000),
+        section("3.w", "write", "lock:rw", "h:3:w1", 10_350_000, 10_500_000),
+        // Three permits of two at once.
+        section(
+            "1.p", "permit", "lock:sem", "h:1:p1", 11_000_000, 11_300_000,
+        ),
+        section(
+            "2.p", "permit", "lock:sem", "h:2:p2", 11_100_000, 11_400_000,
+        ),
+        section(
+            "3.p", "permit", "lock:sem", "h:3:p3", 11_200_000, 11_250_000,
+        ),
+        // Two multi-key locks sharing `lock:b`, and one on other keys beside them.
+        section(
+            "1.m",
+            "multi",
+            "lock:a,lock:b",
+            "h:1:m1",
+            12_000_000,
+            12_300_000,
+        ),
+        section(
+            "2.m",
+            "multi",
+            "lock:b,lock:c",
+            "h:2:m2",
+            12_200_000,
+            12_400_000,
+        ),
+        section(
+            "3.m",
+            "multi",
+            "lock:c,lock:d",
+            "h:3:m3",
+            12_500_000,
+            12_600_000,
+        ),
+    ];
+    let report = check(&Inputs::synthetic(&lines, &[History::default()]));
+    let overlaps: Vec<&String> = report
+        .violations
+        .iter()
+        .filter(|v| v.starts_with("(a) sections overlap") || v.contains("permits of"))
+        .collect();
+    let all = report.violations.join("\n");
+    assert_eq!(overlaps.len(), 3, "{all}");
+    assert!(all.contains("overlap on lock:rw: 1.r (read)"), "{all}");
+    assert!(all.contains("and 3.w (write)"), "{all}");
+    assert!(
+        all.contains("3 permits of lock:sem held at once, of 2"),
+        "{all}"
+    );
+    assert!(all.contains("overlap on lock:b: 1.m (multi)"), "{all}");
+    // Every section is checked against its server-side tenure of each of its keys.
+    assert!(all.contains("tenure of lock:a"), "{all}");
+    assert!(all.contains("tenure of lock:d"), "{all}");
+}
+
+#[test]
+fn a_lock_handed_to_a_stopped_or_dead_processs_waiter_is_not_a_hand_over() {
+    let line = |worker: u32, text: &str| Line {
+        worker,
+        text: text.to_owned(),
+    };
+    let lines = [
+        line(1, "ready w=1 pid=11"),
+        line(2, "ready w=2 pid=22"),
+        line(3, "ready w=3 pid=33"),
+    ];
+    // The holder (worker 1) is killed at 10 s; at 10.9 s the lock goes to a waiter of worker 2,
+    // which is stopped from 9.5 s to 13 s; worker 3 takes it at 12 s.
+    let events = monitored([
+        r#"+9.000000 [0 127.0.0.1:1] "SET" "lock:register" "h:11:a" "NX" "PX" "1900""#,
+        r#"+10.900000 [0 127.0.0.1:1] "SET" "lock:register" "h:22:b" "NX" "PX" "1000""#,
+        r#"+12.000000 [0 127.0.0.1:1] "SET" "lock:register" "h:33:c" "NX" "PX" "1000""#,
+    ]);
+    let histories = [model::rebuild(&[events], "lock:", false)];
+    let faults = [
+        FaultRecord {
+            kind: "client-kill-9".into(),
+            start_us: 10_000_000,
+            end_us: 10_000_000,
+            victim: Some(1),
+            held: true,
+            pttl_ms: 900,
+            victim_token: Some("h:11:a".into()),
+        },
+        FaultRecord {
+            kind: "client-sigstop-waiter".into(),
+            start_us: 9_500_000,
+            end_us: 13_000_000,
+            victim: Some(2),
+            held: false,
+            pttl_ms: 0,
+            victim_token: None,
+        },
+    ];
+    let killed: HashMap<u32, i64> = [(1, 10_000_000)].into();
+    let report = check(&Inputs {
+        faults: &faults,
+        killed: &killed,
+        ..Inputs::synthetic(&lines, &histories)
+    });
+    let all = report.violations.join("\n");
+    assert!(
+        all.contains("another owner took the lock 2000 ms later"),
+        "the stopped waiter's tenure is no hand-over: {all}"
+    );
 }

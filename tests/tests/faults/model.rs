@@ -13,9 +13,17 @@ use std::collections::HashMap;
 
 use super::monitor::{Entry, Event};
 
-/// One stretch of time during which the server held a lock key for one token.
+/// One stretch of time during which the server held a lock key for one token: the lock itself
+/// (a string holding the token), or a place among a read lock's readers or a semaphore's
+/// permits (a member of the sorted set under the key, scored by its deadline). A key lost with
+/// its server (a restart without its data) counts as held until another client takes it or its
+/// owner finds it gone, within its expiry: until then nobody could hold it beside its owner.
 #[derive(Clone, Debug)]
 pub struct Tenure {
+    /// The Redis key.
+    pub key: String,
+    /// A reader's or permit holder's place, not the lock itself.
+    pub place: bool,
     pub token: String,
     /// When the `SET` ran (µs).
     pub since_us: i64,
@@ -36,8 +44,13 @@ impl Tenure {
             .last()
             .or(self.expiries.first())
             .map_or(i64::MIN, |(_, ms)| *ms);
-        // Redis treats a key as expired once its clock in ms is past the expiry.
-        (ms + 1) * 1000
+        if self.place {
+            // The scripts count a place as gone once the server's clock in ms reaches it.
+            ms * 1000
+        } else {
+            // Redis treats a key as expired once its clock in ms is past the expiry.
+            (ms + 1) * 1000
+        }
     }
 
     /// The first moment the server no longer held this token (µs): its end, or its last
@@ -97,6 +110,13 @@ struct Builder<'a> {
     ifeq: bool,
     history: History,
     live: HashMap<Vec<u8>, Live>,
+    /// The places of the sorted sets under lock keys (readers, permits), by key and token.
+    places: HashMap<Vec<u8>, HashMap<String, Live>>,
+    /// What each such set is: `#read`, or `#permits=N`.
+    tags: HashMap<Vec<u8>, String>,
+    /// Whether the history is a master's merged with its replicas' (a replica takes over when
+    /// the master is lost, with what replication gave it).
+    replicated: bool,
 }
 
 impl Builder<'_> {
@@ -117,14 +137,150 @@ impl Builder<'_> {
         }
     }
 
+    /// Ends the places of `key` whose deadline passed by `at_us`.
+    fn expire_places(&mut self, key: &[u8], at_us: i64) {
+        let now_ms = at_us / 1000;
+        let Some(places) = self.places.get_mut(key) else {
+            return;
+        };
+        places.retain(|_, place| {
+            let over = now_ms > place.expiry_ms + SLACK_MS;
+            if over {
+                let t = &mut self.history.tenures[place.index];
+                t.ended_us = Some(place.expiry_ms * 1000);
+                t.ended_by = "expired";
+            }
+            !over
+        });
+    }
+
+    /// Ends every place of `key` at `at_us`, `why`.
+    fn end_places(&mut self, key: &[u8], at_us: i64, why: &'static str) {
+        for (_, place) in self.places.remove(key).unwrap_or_default() {
+            let t = &mut self.history.tenures[place.index];
+            t.ended_us = Some(at_us.min(place.expiry_ms * 1000));
+            t.ended_by = why;
+        }
+    }
+
+    /// The tokens of `key`'s places clearly live at `at_us` (beyond the clock's slack) and not
+    /// lost with their server.
+    fn live_places(&self, key: &[u8], at_us: i64) -> Vec<&str> {
+        self.places.get(key).map_or_else(Vec::new, |places| {
+            places
+                .iter()
+                .filter(|(_, p)| p.lost_at.is_none() && at_us / 1000 + SLACK_MS < p.expiry_ms)
+                .map(|(token, _)| token.as_str())
+                .collect()
+        })
+    }
+
+    /// The holder of lock `key` while it is clearly live at `at_us` (beyond the clock's slack,
+    /// which [`expire`](Self::expire) grants the other way) and not lost with its server.
+    fn clearly_held(&self, key: &[u8], at_us: i64) -> Option<&str> {
+        self.live
+            .get(key)
+            .filter(|l| l.lost_at.is_none() && at_us / 1000 + SLACK_MS < l.expiry_ms)
+            .map(|l| self.history.tenures[l.index].token.as_str())
+    }
+
+    /// A script's `ZADD` of `key`: the set's tag, a new place, or a place renewed. Returns
+    /// whether a place was renewed.
+    fn zadd(&mut self, key: &[u8], cmd: &Entry, argv: &[&[u8]]) -> bool {
+        self.expire(key, cmd.at_us);
+        self.expire_places(key, cmd.at_us);
+        let mut renewed = false;
+        for pair in cmd.args[2..].chunks(2) {
+            let [score, member] = pair else { continue };
+            let member = String::from_utf8_lossy(member).into_owned();
+            if member.starts_with('#') {
+                self.tags.insert(key.to_vec(), member);
+                continue;
+            }
+            let shown = String::from_utf8_lossy(key).into_owned();
+            let Ok(deadline) = String::from_utf8_lossy(score).parse::<i64>() else {
+                self.history.violations.push(format!(
+                    "(f) place of {member} in {shown} without a deadline at {}",
+                    cmd.at_us
+                ));
+                continue;
+            };
+            if !argv.contains(&member.as_bytes()) {
+                self.history.violations.push(format!(
+                    "(d) ZADD of {member}'s place in {shown} at {} by a script that does not \
+                     hold that token",
+                    cmd.at_us
+                ));
+            }
+            let live = self.places.entry(key.to_vec()).or_default();
+            if let Some(place) = live.get_mut(&member) {
+                place.lost_at = None;
+                if deadline + SLACK_MS < place.expiry_ms {
+                    self.history.violations.push(format!(
+                        "(d) a renewal shortened {member}'s place in {shown} at {} from {} to \
+                         {deadline} ms",
+                        cmd.at_us, place.expiry_ms
+                    ));
+                }
+                place.expiry_ms = deadline;
+                self.history.tenures[place.index]
+                    .expiries
+                    .push((cmd.at_us, deadline));
+                renewed = true;
+                continue;
+            }
+            match self.clearly_held(key, cmd.at_us).map(str::to_owned) {
+                Some(holder) => self.history.violations.push(format!(
+                    "(a) {member} took a place in {shown} at {} while {holder} held the lock",
+                    cmd.at_us
+                )),
+                // A lock still on record ran out within the clock's slack.
+                None => self.end(key, cmd.at_us, "expired"),
+            }
+            self.history.tenures.push(Tenure {
+                key: shown.clone(),
+                place: true,
+                token: member.clone(),
+                since_us: cmd.at_us,
+                expiries: vec![(cmd.at_us, deadline)],
+                ended_us: None,
+                ended_by: "held at the end",
+            });
+            let index = self.history.tenures.len() - 1;
+            self.places.entry(key.to_vec()).or_default().insert(
+                member,
+                Live {
+                    index,
+                    expiry_ms: deadline,
+                    lost_at: None,
+                },
+            );
+            let permits = self
+                .tags
+                .get(key)
+                .and_then(|tag| tag.strip_prefix("#permits="))
+                .and_then(|n| n.parse::<usize>().ok());
+            let held = self.live_places(key, cmd.at_us);
+            if let Some(permits) = permits.filter(|n| held.len() > *n) {
+                self.history.violations.push(format!(
+                    "(a) {} places in {shown}, a semaphore of {permits}, at {}: {held:?}",
+                    held.len(),
+                    cmd.at_us
+                ));
+            }
+        }
+        renewed
+    }
+
     /// A `SET` of `key` to `token` took effect.
     fn acquired(&mut self, key: &[u8], token: &str, at_us: i64, px_ms: i64, how: &str) {
         if let Some(previous) = self.live.remove(key) {
             let now_ms = at_us / 1000;
             let t = &mut self.history.tenures[previous.index];
-            if let Some(lost_at) = previous.lost_at {
-                // The key did not survive its server's loss.
-                t.ended_us = Some(lost_at.min((previous.expiry_ms + 1) * 1000));
+            if previous.lost_at.is_some() {
+                // The key did not survive its server's loss, and nobody took it before now:
+                // until now no other holder could have been beside its own.
+                t.ended_us = Some(at_us.min((previous.expiry_ms + 1) * 1000));
                 t.ended_by = "server lost";
             } else if now_ms + SLACK_MS < previous.expiry_ms && t.token != token {
                 self.history.violations.push(format!(
@@ -141,6 +297,8 @@ impl Builder<'_> {
         }
         let expiry_ms = at_us / 1000 + px_ms;
         self.history.tenures.push(Tenure {
+            key: String::from_utf8_lossy(key).into_owned(),
+            place: false,
             token: token.to_owned(),
             since_us: at_us,
             expiries: vec![(at_us, expiry_ms)],
@@ -183,7 +341,9 @@ impl Builder<'_> {
             .map(|l| self.history.tenures[l.index].token.as_str())
     }
 
-    fn client_command(&mut self, e: &Entry) {
+    /// A client's command; `refused`: a plain `SET NX` that the same client followed with the
+    /// acquire script for the same token (which it sends only after a refusal).
+    fn client_command(&mut self, e: &Entry, refused: bool) {
         let name = e.name();
         let key = e.arg(1).to_vec();
         if !self.is_lock_key(&key) {
@@ -224,11 +384,22 @@ impl Builder<'_> {
                     return;
                 }
                 let nx = opts.iter().any(|o| o == "NX");
-                if !nx || !self.live.contains_key(&key) {
+                self.expire_places(&key, e.at_us);
+                // Refused for sure while another lock or place is clearly there; within the
+                // clock's slack of its end, refused if the client asked the script next.
+                let taken = self.clearly_held(&key, e.at_us).is_some()
+                    || !self.live_places(&key, e.at_us).is_empty();
+                if !nx || !(refused || taken) {
+                    self.end_places(&key, e.at_us, "overwritten");
                     self.acquired(&key, &e.arg_str(2), e.at_us, px, "plain SET");
+                } else {
+                    self.survived(&key);
                 }
             }
-            "DEL" | "UNLINK" => self.end(&key, e.at_us, "deleted by a client"),
+            "DEL" | "UNLINK" => {
+                self.end_places(&key, e.at_us, "deleted by a client");
+                self.end(&key, e.at_us, "deleted by a client");
+            }
             "PERSIST" => self.history.violations.push(format!(
                 "(f) PERSIST of lock key {} at {}",
                 String::from_utf8_lossy(&key),
@@ -292,6 +463,24 @@ impl Builder<'_> {
                     };
                     self.expire(&key, cmd.at_us);
                     let token = cmd.arg_str(2);
+                    if !refused {
+                        self.expire_places(&key, cmd.at_us);
+                        let beside: Vec<String> = self
+                            .live_places(&key, cmd.at_us)
+                            .into_iter()
+                            .filter(|t| !argv.contains(&t.as_bytes()))
+                            .map(str::to_owned)
+                            .collect();
+                        if !beside.is_empty() {
+                            self.history.violations.push(format!(
+                                "(a) {token} took the lock {} at {} while {beside:?} held \
+                                 places in it",
+                                String::from_utf8_lossy(&key),
+                                cmd.at_us
+                            ));
+                        }
+                        self.end_places(&key, cmd.at_us, "overwritten");
+                    }
                     if refused {
                         self.survived(&key);
                     } else if !nx
@@ -306,6 +495,55 @@ impl Builder<'_> {
                         self.acquired(&key, &token, cmd.at_us, px, "acquire script");
                     }
                 }
+                "PEXPIRE"
+                    if self.tags.contains_key(&key)
+                        && self.clearly_held(&key, cmd.at_us).is_none() =>
+                {
+                    // The lock that was there ran out (within the clock's slack): the set took
+                    // its place.
+                    self.end(&key, cmd.at_us, "expired");
+                    // A set of places: its expiry follows its last deadline, and must never cut
+                    // a live place short.
+                    self.expire_places(&key, cmd.at_us);
+                    let ms = cmd.arg_str(2).parse::<i64>().unwrap_or(0);
+                    let expiry = cmd.at_us / 1000 + ms;
+                    let last = self
+                        .places
+                        .get(&key)
+                        .and_then(|p| p.values().map(|place| place.expiry_ms).max());
+                    if last.is_some_and(|last| expiry + SLACK_MS < last) {
+                        self.history.violations.push(format!(
+                            "(d) PEXPIRE {ms} of {} at {} cut its places short (last \
+                             deadline {last:?} ms)",
+                            String::from_utf8_lossy(&key),
+                            cmd.at_us
+                        ));
+                    }
+                }
+                "ZADD" => renewed_here |= self.zadd(&key, cmd, &argv),
+                "ZREM" => {
+                    self.expire_places(&key, cmd.at_us);
+                    for member in &cmd.args[2..] {
+                        if !argv.contains(&member.as_slice()) {
+                            self.history.violations.push(format!(
+                                "(d) ZREM of {}'s place in {} at {} by a script that does not \
+                                 hold that token",
+                                String::from_utf8_lossy(member),
+                                String::from_utf8_lossy(&key),
+                                cmd.at_us
+                            ));
+                        }
+                        let token = String::from_utf8_lossy(member).into_owned();
+                        if let Some(place) =
+                            self.places.get_mut(&key).and_then(|p| p.remove(&token))
+                        {
+                            let t = &mut self.history.tenures[place.index];
+                            t.ended_us = Some(cmd.at_us.min(place.expiry_ms * 1000));
+                            t.ended_by = "released";
+                        }
+                    }
+                }
+                "ZREMRANGEBYSCORE" => self.expire_places(&key, cmd.at_us),
                 "PEXPIRE" => {
                     self.expire(&key, cmd.at_us);
                     let ms = cmd.arg_str(2).parse::<i64>().unwrap_or(0);
@@ -334,6 +572,7 @@ impl Builder<'_> {
                 }
                 "DEL" | "UNLINK" => {
                     self.expire(&key, cmd.at_us);
+                    self.end_places(&key, cmd.at_us, "deleted");
                     // The owner-checked release runs GET first; force-unlock runs TYPE.
                     let checked = body[..i]
                         .iter()
@@ -342,7 +581,9 @@ impl Builder<'_> {
                     let caller_owns = owner
                         .as_deref()
                         .is_some_and(|o| argv.contains(&o.as_bytes()));
-                    if checked && !caller_owns {
+                    // A set of places has no owner: its release looked for one in vain.
+                    let a_set = owner.is_none() && self.tags.contains_key(&key);
+                    if checked && !caller_owns && !a_set {
                         self.history.violations.push(format!(
                             "(d) owner-checked DEL of {} at {} by a script that does not hold the \
                              owner's token (owner: {owner:?})",
@@ -368,7 +609,11 @@ impl Builder<'_> {
             }
         }
         // An owner's renewal or release that read the key and left it alone after its server
-        // was lost: the key did not survive.
+        // was lost: the key did not survive. Not where replicas take over: there the script may
+        // have run on a server demoted meanwhile, which refuses the write it reached (READONLY).
+        if self.replicated {
+            return self.count_renewal(renewed_here, body);
+        }
         let reads: Vec<Vec<u8>> = body
             .iter()
             .filter(|c| c.name() == "GET" && self.is_lock_key(c.arg(1)))
@@ -382,15 +627,16 @@ impl Builder<'_> {
             let by_owner = self
                 .owner(&key)
                 .is_some_and(|o| argv.contains(&o.as_bytes()));
-            if !touched && by_owner {
-                if let Some(live) = self.live.get(&key).filter(|l| l.lost_at.is_some()) {
-                    let lost_at = live.lost_at.expect("filtered");
-                    self.end(&key, lost_at, "server lost");
-                }
+            if !touched && by_owner && self.live.get(&key).is_some_and(|l| l.lost_at.is_some()) {
+                self.end(&key, call.at_us, "server lost");
             }
         }
-        // A renewal script is the one that only reads and extends.
-        if renewed_here && !body.iter().any(|c| c.name() == "SET" || c.name() == "INCR") {
+        self.count_renewal(renewed_here, body);
+    }
+
+    /// A renewal script is the one that only reads and extends.
+    fn count_renewal(&mut self, renewed: bool, body: &[Entry]) {
+        if renewed && !body.iter().any(|c| c.name() == "SET" || c.name() == "INCR") {
             self.history.renewals += 1;
         }
     }
@@ -442,6 +688,54 @@ fn units(events: &[Event]) -> Vec<Unit<'_>> {
     out
 }
 
+/// The plain `SET .. NX` commands (by position in `units`) that their client followed, within a
+/// second, with the acquire script for the same key and token: the library sends it only when
+/// the `SET` was refused. Its reply is not in the history, and a key within a millisecond or two
+/// of its expiry may or may not have been there: this tells.
+fn refused_plain_sets(units: &[Unit<'_>]) -> std::collections::HashSet<usize> {
+    let mut refused = std::collections::HashSet::new();
+    for (i, unit) in units.iter().enumerate() {
+        let Unit::Command(set, _) = unit else {
+            continue;
+        };
+        let nx = set
+            .args
+            .iter()
+            .skip(3)
+            .any(|a| a.eq_ignore_ascii_case(b"NX"));
+        if set.name() != "SET" || !nx {
+            continue;
+        }
+        let (key, token) = (set.arg(1), set.arg(2));
+        let followed = units[i + 1..]
+            .iter()
+            .take_while(|u| u.at_us() < set.at_us + 1_000_000)
+            .any(|u| {
+                let Unit::Command(call, _) = u else {
+                    return false;
+                };
+                call.name() == "EVALSHA"
+                    && call.peer_port == set.peer_port
+                    && is_acquire_call(call)
+                    && call.args.iter().any(|a| a.as_slice() == key)
+                    && call.args.iter().any(|a| a.as_slice() == token)
+            });
+        if followed {
+            refused.insert(i);
+        }
+    }
+    refused
+}
+
+/// Whether `call` runs the acquire script: its arguments after the keys are the token, the
+/// ttl, the fencing and queueing flags, then the publish command (the other scripts carry no
+/// publish command there).
+fn is_acquire_call(call: &Entry) -> bool {
+    let keys: usize = call.arg_str(2).parse().unwrap_or(0);
+    let publish = call.arg_str(3 + keys + 4);
+    publish.eq_ignore_ascii_case("PUBLISH") || publish.eq_ignore_ascii_case("SPUBLISH")
+}
+
 /// Rebuilds the tenures of every key starting with `prefix` from the events of the servers
 /// that held one copy of the data (a server; a master and the replicas that took over from
 /// it), merged in time order. `ifeq`: whether those servers have `SET .. IFEQ`
@@ -452,15 +746,23 @@ pub fn rebuild(streams: &[Vec<Event>], prefix: &str, ifeq: bool) -> History {
         ifeq,
         history: History::default(),
         live: HashMap::new(),
+        places: HashMap::new(),
+        tags: HashMap::new(),
+        replicated: streams.len() > 1,
     };
     let mut merged: Vec<Unit<'_>> = streams.iter().flat_map(|s| units(s)).collect();
     // Stable: a server's own units keep their order when stamps tie.
     merged.sort_by_key(Unit::at_us);
-    for unit in merged {
+    let refused = refused_plain_sets(&merged);
+    for (i, unit) in merged.into_iter().enumerate() {
         match unit {
             Unit::Lost { at_us } => {
                 b.history.server_losses += 1;
-                for live in b.live.values_mut() {
+                for live in b
+                    .live
+                    .values_mut()
+                    .chain(b.places.values_mut().flat_map(HashMap::values_mut))
+                {
                     live.lost_at.get_or_insert(at_us);
                 }
             }
@@ -472,7 +774,7 @@ pub fn rebuild(streams: &[Vec<Event>], prefix: &str, ifeq: bool) -> History {
                 if matches!(e.name().as_str(), "EVALSHA" | "EVAL") {
                     b.script(e, &body);
                 } else {
-                    b.client_command(e);
+                    b.client_command(e, refused.contains(&i));
                 }
             }
         }
@@ -582,7 +884,8 @@ mod tests {
     }
 
     #[test]
-    fn a_key_that_survived_its_servers_loss_stays_held_and_one_that_did_not_ends_at_the_loss() {
+    fn a_key_that_survived_its_servers_loss_stays_held_and_one_that_did_not_ends_when_taken_again()
+    {
         let mut first = events(&[
             r#"10.000000 [0 127.0.0.1:1] "evalsha" "s" "2" "lock:k" "fence:{lock:k}" "A" "1000" "0""#,
             r#"10.000010 [0 lua] "SET" "lock:k" "A" "NX" "PX" "1000""#,
@@ -610,7 +913,8 @@ mod tests {
             "A held across the loss"
         );
         let c = by_token["C"][0];
-        assert_eq!((c.ended_us, c.ended_by), (Some(10_100_000), "server lost"));
+        // Lost with its server, but nobody could hold it beside C before D took it.
+        assert_eq!((c.ended_us, c.ended_by), (Some(10_400_010), "server lost"));
         assert_eq!(by_token["D"][0].since_us, 10_400_010);
     }
 
@@ -641,5 +945,136 @@ mod tests {
         let v = history.violations.join("\n");
         assert_eq!(history.violations.len(), 1, "{v}");
         assert!(v.contains("(model) acquire script of lock:k by C"), "{v}");
+    }
+}
+
+#[cfg(test)]
+mod places {
+    use super::super::monitor::parse_line;
+    use super::*;
+
+    fn events(lines: &[&str]) -> Vec<Event> {
+        lines
+            .iter()
+            .map(|l| Event::Command(parse_line(format!("+{l}\r\n").as_bytes()).expect(l)))
+            .collect()
+    }
+
+    /// `token` takes a place in `key` at `at` s, until `deadline` ms, as `ACQUIRE_LUA` does.
+    fn take(at: &str, key: &str, token: &str, deadline: u64, tag: &str) -> Vec<String> {
+        vec![
+            format!(
+                r#"{at}0 [0 127.0.0.1:1] "evalsha" "a" "1" "{key}" "{token}" "1000" "0" "0" "PUBLISH" "2""#
+            ),
+            format!(r#"{at}1 [0 lua] "TYPE" "{key}""#),
+            format!(r#"{at}2 [0 lua] "ZADD" "{key}" "{deadline}" "{token}" "+inf" "{tag}""#),
+            format!(r#"{at}3 [0 lua] "PEXPIRE" "{key}" "1000""#),
+        ]
+    }
+
+    #[test]
+    fn places_are_followed_and_a_semaphore_never_holds_more_than_its_permits() {
+        let mut lines = Vec::new();
+        lines.extend(take("10.00000", "lock:sem", "A", 11_000, "#permits=2"));
+        lines.extend(take("10.10000", "lock:sem", "B", 11_100, "#permits=2"));
+        // A third place while both are live: one too many.
+        lines.extend(take("10.20000", "lock:sem", "C", 11_200, "#permits=2"));
+        // A renews its place; B releases its own; C's is released by a script without C.
+        lines.extend([
+            r#"10.300000 [0 127.0.0.1:1] "evalsha" "r" "1" "lock:sem" "A" "1000""#.to_owned(),
+            r#"10.300010 [0 lua] "ZADD" "lock:sem" "11300" "A""#.to_owned(),
+            r#"10.400000 [0 127.0.0.1:1] "evalsha" "x" "1" "lock:sem" "B" "PUBLISH""#.to_owned(),
+            r#"10.400010 [0 lua] "ZREM" "lock:sem" "B""#.to_owned(),
+            r#"10.500000 [0 127.0.0.1:1] "evalsha" "x" "1" "lock:sem" "B" "PUBLISH""#.to_owned(),
+            r#"10.500010 [0 lua] "ZREM" "lock:sem" "C""#.to_owned(),
+        ]);
+        let lines: Vec<&str> = lines.iter().map(String::as_str).collect();
+        let history = rebuild(&[events(&lines)], "lock:", false);
+        let v = history.violations.join("\n");
+        assert_eq!(history.violations.len(), 2, "{v}");
+        assert!(
+            v.contains("(a) 3 places in lock:sem, a semaphore of 2"),
+            "{v}"
+        );
+        assert!(v.contains("(d) ZREM of C's place"), "{v}");
+        assert_eq!(history.renewals, 1);
+        let by_token = history.by_token();
+        let a = by_token["A"][0];
+        assert!(a.place && a.covers(10_000_100, 11_299_000), "{a:?}");
+        assert!(!a.covers(10_000_100, 11_300_000), "gone at its deadline");
+        let b = by_token["B"][0];
+        assert_eq!((b.ended_us, b.ended_by), (Some(10_400_010), "released"));
+    }
+
+    #[test]
+    fn a_writer_over_live_readers_is_flagged_one_after_them_is_not() {
+        let mut lines = Vec::new();
+        lines.extend(take("10.00000", "lock:rw", "R1", 11_000, "#read"));
+        lines.extend(take("10.10000", "lock:rw", "R2", 10_500, "#read"));
+        lines.extend([
+            // R1 releases and hands the lock to W while R2 still reads: a writer beside a reader.
+            r#"10.200000 [0 127.0.0.1:1] "evalsha" "x" "4" "lock:rw" "f" "q" "qd" "R1" "PUBLISH""#
+                .to_owned(),
+            r#"10.200010 [0 lua] "SET" "lock:rw" "W" "PX" "1000""#.to_owned(),
+        ]);
+        // After W's lock expired, readers take places again: fine.
+        lines.extend(take("11.30000", "lock:rw", "R3", 12_300, "#read"));
+        let lines: Vec<&str> = lines.iter().map(String::as_str).collect();
+        let history = rebuild(&[events(&lines)], "lock:", false);
+        let v = history.violations.join("\n");
+        assert_eq!(history.violations.len(), 1, "{v}");
+        assert!(
+            v.contains(r#"(a) W took the lock lock:rw at 10200010 while ["R2"]"#),
+            "{v}"
+        );
+        let by_token = history.by_token();
+        assert_eq!(by_token["R2"][0].ended_by, "overwritten");
+        assert!(by_token["R3"][0].place);
+    }
+}
+
+#[cfg(test)]
+mod plain_sets {
+    use super::super::monitor::parse_line;
+    use super::*;
+
+    fn events(lines: &[&str]) -> Vec<Event> {
+        lines
+            .iter()
+            .map(|l| Event::Command(parse_line(format!("+{l}\r\n").as_bytes()).expect(l)))
+            .collect()
+    }
+
+    /// A plain `SET NX` has no reply in the history. In the last millisecond or two of the key
+    /// before it, the server may have taken it or not: refused when its client asked the
+    /// acquire script next (as the library does only then), taken otherwise.
+    #[test]
+    fn a_plain_set_at_the_end_of_a_lock_is_refused_only_if_its_client_asked_the_script_next() {
+        let history = |followed: bool| {
+            let mut lines = vec![
+                r#"10.000000 [0 127.0.0.1:1] "SET" "lock:k" "A" "NX" "PX" "1000""#,
+                // B's plain SET a millisecond after A's key ran out (A's clock says so).
+                r#"11.001500 [0 127.0.0.1:2] "SET" "lock:k" "B" "NX" "PX" "1000""#,
+            ];
+            if followed {
+                lines.extend([
+                    r#"11.002000 [0 127.0.0.1:2] "evalsha" "a" "1" "lock:k" "B" "1000" "0" "0" "PUBLISH" "0" "1""#,
+                    r#"11.002010 [0 lua] "SET" "lock:k" "B" "NX" "PX" "1000""#,
+                ]);
+            }
+            // B's release: owner-checked, so B must hold the key by then.
+            lines.extend([
+                r#"11.100000 [0 127.0.0.1:2] "evalsha" "x" "1" "lock:k" "B" "PUBLISH""#,
+                r#"11.100010 [0 lua] "GET" "lock:k""#,
+                r#"11.100020 [0 lua] "DEL" "lock:k""#,
+            ]);
+            rebuild(&[events(&lines)], "lock:", false)
+        };
+        let taken = history(false);
+        assert!(taken.violations.is_empty(), "{:?}", taken.violations);
+        assert_eq!(taken.by_token()["B"][0].since_us, 11_001_500);
+        let refused = history(true);
+        assert!(refused.violations.is_empty(), "{:?}", refused.violations);
+        assert_eq!(refused.by_token()["B"][0].since_us, 11_002_010);
     }
 }

@@ -138,16 +138,51 @@ pub fn inject(server: &mut RedisServer, proxy: &Proxy, fault: NodeFault) {
     }
 }
 
-/// Ends what [`inject`] did; a killed server comes back as `Restart` says.
+/// Ends what [`inject`] did; a killed server comes back as `Restart` says. Clients reach it
+/// again only once `MONITOR` watches the new process (the workload's monitors reconnect on
+/// their own): a command it ran before would be missing from its history, and the checker
+/// would misread everything that follows on that key.
 pub fn heal(server: &mut RedisServer, proxy: &Proxy, fault: NodeFault) {
     match fault {
         NodeFault::Latency(_) | NodeFault::Blackhole | NodeFault::DropReplies => proxy.heal(),
         NodeFault::PauseServer => server.resume(),
         NodeFault::ResetConnections => {}
-        NodeFault::Kill(Restart::FromDisk) => server.restart(),
-        NodeFault::Kill(Restart::Empty) => server.restart_empty(),
+        NodeFault::Kill(restart) => {
+            proxy.blackhole();
+            restart_as(server, restart);
+            until_monitored(server.port());
+            proxy.heal();
+        }
         NodeFault::MigrateSlot => panic!("a slot migration needs a cluster"),
     }
+}
+
+/// Starts a killed server again, with its data or without.
+pub fn restart_as(server: &mut RedisServer, restart: Restart) {
+    match restart {
+        Restart::FromDisk => server.restart(),
+        Restart::Empty => server.restart_empty(),
+    }
+}
+
+/// Until a `MONITOR` client is attached to the server on `port`.
+pub fn until_monitored(port: u16) {
+    poll(
+        "MONITOR attached to the restarted server",
+        Duration::from_secs(10),
+        || {
+            quick_connection(port).is_some_and(|mut con| {
+                // A monitoring client carries the flag `O`.
+                redis::cmd("CLIENT")
+                    .arg("LIST")
+                    .query::<String>(&mut con)
+                    .is_ok_and(|list| {
+                        list.lines()
+                            .any(|client| client.split(' ').any(|field| field == "flags=O"))
+                    })
+            })
+        },
+    );
 }
 
 /// Sums the proxies' counters.

@@ -1,6 +1,7 @@
 //! Client OS processes running `fault-worker workload`, and the faults a test can inflict on
 //! them: SIGSTOP/SIGCONT, and kill -9 followed by a fresh replacement.
 
+use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::{mpsc, Arc, Mutex, PoisonError};
@@ -9,7 +10,7 @@ use std::time::Duration;
 use super::support::{now_us, signal};
 
 /// One line a worker printed, tagged with the worker that printed it.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Line {
     pub worker: u32,
     pub text: String,
@@ -120,6 +121,15 @@ impl Pool {
         }
     }
 
+    /// The workers running now (not killed).
+    pub fn live(&self) -> Vec<u32> {
+        self.workers
+            .iter()
+            .filter(|w| w.killed_at.is_none())
+            .map(|w| w.id)
+            .collect()
+    }
+
     pub fn by_pid(&self, pid: u32) -> Option<u32> {
         self.workers
             .iter()
@@ -205,19 +215,30 @@ impl Pool {
 
     /// Lets the workload run until its workers finished `count` critical sections, or for at
     /// most `limit`. Progress is only in the workers' output: polled.
-    pub fn wait_for_sections(&self, count: usize, limit: Duration) {
+    /// Waits (at most `limit`) until `count` sections of the register and `per_kind` of each
+    /// other lock kind have ended.
+    pub fn wait_for_sections(&self, count: usize, per_kind: usize, limit: Duration) {
         let deadline = std::time::Instant::now() + limit;
         while std::time::Instant::now() < deadline {
-            let done = self
-                .lines
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .iter()
-                .filter(|l| l.text.starts_with("end "))
-                .count();
-            if done >= count {
+            let mut ended: HashMap<&str, usize> = HashMap::new();
+            let lines = self.lines.lock().unwrap_or_else(PoisonError::into_inner);
+            for line in lines.iter().filter(|l| l.text.starts_with("end ")) {
+                let kind = line
+                    .text
+                    .split(' ')
+                    .find_map(|field| field.strip_prefix("kind="))
+                    .unwrap_or("lock");
+                *ended.entry(kind).or_default() += 1;
+            }
+            let enough = |kind: &str, least: usize| ended.get(kind).copied().unwrap_or(0) >= least;
+            if enough("lock", count)
+                && ["read", "write", "permit", "multi"]
+                    .iter()
+                    .all(|kind| enough(kind, per_kind))
+            {
                 return;
             }
+            drop(lines);
             std::thread::sleep(Duration::from_millis(200));
         }
     }

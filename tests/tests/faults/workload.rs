@@ -17,9 +17,9 @@ use std::time::{Duration, Instant};
 
 use lock_tests::RedisServer;
 
-use super::checker::{self, FaultRecord, Inputs, Minimums, Report, FREE_BOUND, TTL};
-use super::model::{self, History};
+use super::checker::{self, FaultRecord, Minimums, Report, FREE_BOUND, TTL};
 use super::monitor::{Event, Monitor};
+use super::replay::Kept;
 use super::support::now_us;
 use super::system::cluster::Cluster;
 use super::system::redlock::Redlock;
@@ -31,6 +31,15 @@ use super::workers::Pool;
 /// Quiet time between faults, so each fault's effects are judged on their own.
 const GAP: Duration = Duration::from_millis(800);
 const KEY: &str = "register";
+/// The other lock kinds' keys: a read-write lock, a semaphore of [`PERMITS`], and three keys
+/// that multi-key locks take two at a time. Each has the register's lock key as its hash tag,
+/// so in a cluster they share its slot (and its faults, its migration, its failover).
+const RW_KEY: &str = "rw{lock:register}";
+const SEM_KEY: &str = "sem{lock:register}";
+const PERMITS: usize = 2;
+const MULTI_KEYS: &str = "m1{lock:register},m2{lock:register},m3{lock:register}";
+/// Sections of each other kind a run covers at least.
+const PER_KIND: usize = 200;
 /// Critical sections a mode's run covers at least.
 const SECTIONS: usize = 10_000;
 /// How long a run may keep going after its schedule to reach [`SECTIONS`].
@@ -45,6 +54,10 @@ enum Step {
     Node(&'static [usize], NodeFault, Duration),
     PauseHolder(Duration),
     KillHolder,
+    /// A process stopped while its task waits in the queue for the register, for longer than
+    /// a lease: a release may hand it the lock meanwhile, which then runs out while another
+    /// client takes it. Its `wait` outlasts the stop.
+    PauseWaiter(Duration),
 }
 
 /// Which task of a worker holds a long (2 ttl) body when the fault starts: the `cancel` one
@@ -62,6 +75,8 @@ fn client_faults() -> Vec<Scheduled> {
     vec![
         (Step::PauseHolder(ms(2500)), Some(0)),
         (Step::KillHolder, Some(1)),
+        (Step::PauseWaiter(ms(1500)), None),
+        (Step::PauseWaiter(ms(1500)), None),
     ]
 }
 
@@ -324,6 +339,63 @@ impl Run<'_> {
         panic!("no live worker held the lock for 5 ttls: is the workload running?");
     }
 
+    /// The tokens queued for the register, oldest first, as the first server that answers says
+    /// (none on Redlock, whose waiters do not queue).
+    fn queued(&self) -> Vec<String> {
+        self.system
+            .observed()
+            .iter()
+            .flatten()
+            .find_map(|port| {
+                redis::cmd("ZRANGE")
+                    .arg(format!("queue:{{lock:{KEY}}}"))
+                    .arg(0)
+                    .arg(-1)
+                    .query::<Vec<String>>(&mut quick_connection(*port)?)
+                    .ok()
+                    .filter(|queued| !queued.is_empty())
+            })
+            .unwrap_or_default()
+    }
+
+    /// Stops a worker that waits for the register without holding it: the oldest one queued
+    /// (else any but the holder's, on Redlock).
+    fn stop_a_waiter(&mut self) -> FaultRecord {
+        let deadline = std::time::Instant::now() + TTL * 5;
+        while std::time::Instant::now() < deadline {
+            let holder = self
+                .holder()
+                .and_then(|token| token_pid(&token))
+                .and_then(|pid| self.pool.by_pid(pid));
+            let queued: Vec<u32> = self
+                .queued()
+                .iter()
+                .filter_map(|token| token_pid(token).and_then(|pid| self.pool.by_pid(pid)))
+                .collect();
+            let victim = if self.system.quorum() > 1 {
+                self.pool.live().into_iter().find(|id| Some(*id) != holder)
+            } else {
+                queued.into_iter().find(|id| Some(*id) != holder)
+            };
+            let Some(victim) = victim else {
+                std::thread::sleep(Duration::from_millis(3));
+                continue;
+            };
+            self.pool.pause(victim);
+            let at = now_us();
+            return FaultRecord {
+                kind: "client-sigstop-waiter".into(),
+                start_us: at,
+                end_us: at,
+                victim: Some(victim),
+                held: false,
+                pttl_ms: self.pttl(),
+                victim_token: None,
+            };
+        }
+        panic!("no worker waited for the register for 5 ttls: is the workload running?");
+    }
+
     /// Makes sure task `task` of some worker is in the middle of a long critical section
     /// (2 ttl), so the next fault catches a body with its lease.
     fn long_body(&mut self, task: usize) {
@@ -384,6 +456,15 @@ impl Run<'_> {
                 record.end_us = now_us();
                 self.faults.push(record);
             }
+            Step::PauseWaiter(len) => {
+                let record = self.stop_a_waiter();
+                std::thread::sleep(len);
+                self.pool.resume(record.victim.expect("a victim"));
+                self.faults.push(FaultRecord {
+                    end_us: now_us(),
+                    ..record
+                });
+            }
             Step::KillHolder => {
                 let record =
                     self.hit_holder("client-kill-9", &mut |pool, victim| pool.kill(victim));
@@ -432,6 +513,22 @@ fn run_and_check(
         "0".into(),
         "--fencing".into(),
         u8::from(system.fencing()).to_string(),
+        // Longer than a stopped waiter's stop.
+        "--wait-ms".into(),
+        "5000".into(),
+        "--rw-key".into(),
+        RW_KEY.into(),
+        "--sem-key".into(),
+        SEM_KEY.into(),
+        "--permits".into(),
+        PERMITS.to_string(),
+        "--multi-keys".into(),
+        MULTI_KEYS.into(),
+        // The other kinds pause between sections: enough of them, at little cost to the
+        // register's, and writers leave room for readers (see README: readers wait while a
+        // writer waits).
+        "--kind-pause-ms".into(),
+        "10".into(),
     ]);
     let mut run = Run {
         system,
@@ -447,13 +544,15 @@ fn run_and_check(
         run.step(*step);
         std::thread::sleep(GAP);
     }
+    let mut seed = None;
     if let Some(soak) = soak {
-        let mut seed = now_us().unsigned_abs() | 1;
+        let mut draw = now_us().unsigned_abs() | 1;
+        seed = Some(draw);
         let until = Instant::now() + soak;
         let mut again = steps.iter().cycle();
         while Instant::now() < until {
             let step = if random_soak {
-                draw_random_step(&mut seed)
+                draw_random_step(&mut draw)
             } else {
                 *again.next().expect("a schedule")
             };
@@ -461,7 +560,8 @@ fn run_and_check(
             std::thread::sleep(GAP);
         }
     }
-    run.pool.wait_for_sections(minimums.sections, VOLUME_LIMIT);
+    run.pool
+        .wait_for_sections(minimums.sections, minimums.per_kind, VOLUME_LIMIT);
     let lines = run.pool.stop();
     let ran_for = began.elapsed();
     for m in monitors.iter().flatten() {
@@ -477,12 +577,9 @@ fn run_and_check(
             .collect()
     };
     let ifeq = lock_tests::fixture_has_set_ifeq();
-    let histories: Vec<History> = monitors
+    let events: Vec<Vec<Vec<Event>>> = monitors
         .iter()
-        .map(|g| {
-            let streams: Vec<Vec<Event>> = g.iter().map(|m| from_clients(m.events())).collect();
-            model::rebuild(&streams, "lock:", ifeq)
-        })
+        .map(|g| g.iter().map(|m| from_clients(m.events())).collect())
         .collect();
     let killed: HashMap<u32, i64> = run
         .pool
@@ -522,24 +619,37 @@ fn run_and_check(
             }
         }
     }
-    let faults = std::mem::take(&mut run.faults);
-    checker::check(&Inputs {
-        name: run.system.name(),
+    let kept = Kept {
+        name: run.system.name().to_owned(),
         fencing: run.system.fencing(),
-        minimums,
-        bad_exits: &run.pool.bad_exits,
-        lines: &lines,
-        killed: &killed,
-        histories: &histories,
         quorum: run.system.quorum(),
-        faults: &faults,
+        permits: PERMITS,
+        minimums,
+        seed,
+        bad_exits: std::mem::take(&mut run.pool.bad_exits),
+        lines,
+        killed,
+        faults: std::mem::take(&mut run.faults),
         register,
         rejected,
-        log: &log,
-        leftover_without_ttl: &leftover_without_ttl,
+        log,
+        leftover_without_ttl,
         proxy: run.system.proxy_counts(),
         ran_for,
-    })
+        ifeq,
+        servers: groups,
+        events,
+    };
+    let mut report = kept.check();
+    if !report.violations.is_empty() {
+        let dir = kept.save();
+        report.lines.push(format!(
+            "  kept for replay: {} (LOCK_FAULT_REPLAY=<that directory> cargo test -p \
+             lock-tests --test faults -- --ignored a_kept_run_is_checked_again)",
+            dir.display()
+        ));
+    }
+    report
 }
 
 /// What every mode's run exercises at least: `sections` critical sections, a cancelled body,
@@ -552,6 +662,7 @@ fn at_least(sections: usize) -> Minimums {
         renewals: 10,
         holder_hits: 2,
         asking: 0,
+        per_kind: PER_KIND,
     }
 }
 

@@ -20,8 +20,6 @@ pub struct Cluster {
     slot: i64,
     /// The node index (into `cluster.nodes`) each fault was applied to, for its heal.
     hit: Option<usize>,
-    /// The lock key, its fencing counter and its waiters' queue, which a slot migration moves.
-    keys: [String; 4],
     /// A slot migration under way: (source, target) node indices.
     migrating: Option<(usize, usize)>,
 }
@@ -49,12 +47,6 @@ impl Cluster {
             proxies,
             slot,
             hit: None,
-            keys: [
-                key.to_owned(),
-                format!("fence:{{{key}}}"),
-                format!("queue:{{{key}}}"),
-                format!("queued:{{{key}}}"),
-            ],
             migrating: None,
         };
         system.wait_whole();
@@ -162,7 +154,18 @@ impl Cluster {
     /// Moves the lock key, its counter and its waiters' queue (those that exist), together,
     /// from `source` to `target`, on direct connections, as `redis-cli --cluster reshard` moves
     /// a slot's keys.
+    /// Moves every key of the slot (the locks of every kind there, their fencing counters and
+    /// waiters' queues) from `source` to `target`.
     fn move_keys(&self, source: usize, target: usize) {
+        let keys: Vec<String> = redis::cmd("CLUSTER")
+            .arg("GETKEYSINSLOT")
+            .arg(self.slot)
+            .arg(10_000)
+            .query(&mut self.cluster.nodes[source].connection())
+            .expect("CLUSTER GETKEYSINSLOT");
+        if keys.is_empty() {
+            return;
+        }
         let reply: String = redis::cmd("MIGRATE")
             .arg("127.0.0.1")
             .arg(self.cluster.nodes[target].port())
@@ -170,7 +173,7 @@ impl Cluster {
             .arg(0)
             .arg(5000)
             .arg("KEYS")
-            .arg(&self.keys)
+            .arg(&keys)
             .query(&mut self.cluster.nodes[source].connection())
             .expect("MIGRATE");
         assert!(reply == "OK" || reply == "NOKEY", "MIGRATE: {reply}");

@@ -6,7 +6,7 @@ use std::time::Duration;
 use lock_tests::sentinel::{RedisSentinels, SERVICE};
 use lock_tests::RedisServer;
 
-use super::{poll, poll_explained, quick_connection, LockSystem, NodeFault, Restart};
+use super::{poll, poll_explained, quick_connection, LockSystem, NodeFault};
 
 pub struct Sentinel {
     deployment: RedisSentinels,
@@ -140,10 +140,12 @@ impl LockSystem for Sentinel {
                 );
                 let master_port = self.port(1 - i);
                 let server = self.server(i);
-                match restart {
-                    Restart::Empty => server.restart_empty(),
-                    Restart::FromDisk => server.restart(),
-                }
+                // Back as the replica the sentinels would make of it, from its first moment: with
+                // no proxy to hold clients back, a registry reconnecting to its address could
+                // otherwise lock there before MONITOR watches it (a window the README names).
+                server.follow_on_restart(master_port);
+                super::restart_as(server, restart);
+                super::until_monitored(server.port());
                 // What the sentinels would tell it once they see it back, told at once.
                 let () = redis::cmd("REPLICAOF")
                     .arg("127.0.0.1")
