@@ -231,8 +231,9 @@ fn transient_redis_error(e: &redis::RedisError) -> bool {
                 "unknown subcommand",
                 "wrong number of arguments",
                 "syntax error",
-                // An ACL refusal of a command a script runs.
+                // An ACL refusal of a command a script runs (Redis 7, Valkey).
                 "the user executing the script can't run",
+                "acl failure in script",
             ]
             .iter()
             .any(|cause| detail.starts_with(cause))

@@ -159,6 +159,11 @@ async fn in_a_cluster_a_lock_user_needs_the_sharded_and_cluster_commands_of_the_
             .arg("LOG")
             .query(&mut node.connection())
             .unwrap();
-        assert!(log.is_empty(), "no command refused: {log:?}");
+        // `CLIENT SETINFO` (Redis 7.2+, Valkey) is refused harmlessly, as README says.
+        let refused: Vec<&redis::Value> = log
+            .iter()
+            .filter(|entry| !format!("{entry:?}").contains("client|setinfo"))
+            .collect();
+        assert!(refused.is_empty(), "no command refused: {refused:?}");
     }
 }
