@@ -483,8 +483,8 @@ mod tests {
         assert!(!names_a_tenure(&tenure_name("x").to_uppercase()));
     }
 
-    #[tokio::test]
-    async fn a_tenure_announced_by_several_nodes_wakes_one_waiter() {
+    /// A hub, and the hold on its waiters a feed would have.
+    fn hub_without_feeds() -> (WaitHub, Waiters) {
         let hub = WaitHub::fed_by(
             Vec::<fn(Waiters) -> std::future::Ready<()>>::new(),
             Duration::ZERO,
@@ -493,7 +493,13 @@ mod tests {
             slots: Arc::downgrade(&hub.shared),
             changed: Arc::default(),
         };
-        let far = Instant::now() + std::time::Duration::from_secs(60);
+        (hub, waiters)
+    }
+
+    #[tokio::test]
+    async fn a_tenure_announced_by_several_nodes_wakes_one_waiter() {
+        let (hub, waiters) = hub_without_feeds();
+        let far = Instant::now() + Duration::from_secs(60);
         let (first, second) = (hub.interest("k", far).await, hub.interest("k", far).await);
         let tenure = tenure_name("holder-token");
         assert!(!hub.released_recently("k", "holder-token"));
@@ -514,15 +520,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_handed_over_lock_reaches_its_waiter_alone() {
-        let hub = WaitHub::fed_by(
-            Vec::<fn(Waiters) -> std::future::Ready<()>>::new(),
-            Duration::ZERO,
-        );
-        let waiters = Waiters {
-            slots: Arc::downgrade(&hub.shared),
-            changed: Arc::default(),
-        };
-        let far = Instant::now() + std::time::Duration::from_secs(60);
+        let (hub, waiters) = hub_without_feeds();
+        let far = Instant::now() + Duration::from_secs(60);
         let (mut chosen, mut other) = (hub.interest("k", far).await, hub.interest("k", far).await);
         chosen.expect_handoff("chosen-token");
         other.expect_handoff("other-token");

@@ -3,10 +3,23 @@ use std::time::Duration;
 use lock_runtime::Registry;
 use lock_tests::RedisServer;
 
+/// The keys and channels of a lock user under the default prefix: the locks, their fencing
+/// counters and waiters' queues (tagged and untagged names), and their notifications.
+const KEYS_AND_CHANNELS: [&str; 8] = [
+    "~lock:*",
+    "~fence:lock:*",
+    "~fence:{lock:*",
+    "~queue:lock:*",
+    "~queue:{lock:*",
+    "~queued:lock:*",
+    "~queued:{lock:*",
+    "&lock:*",
+];
+
 #[tokio::test]
 async fn an_acl_user_limited_to_the_lock_keys_can_lock_wait_and_fence() {
     // One argument per ACL rule: redis-server quotes an argument that holds spaces.
-    let server = RedisServer::start_with(&[
+    let user = [
         "--user",
         "default",
         "off",
@@ -14,16 +27,13 @@ async fn an_acl_user_limited_to_the_lock_keys_can_lock_wait_and_fence() {
         "locker",
         "on",
         ">s3cret-pw",
-        "~lock:*",
-        "~fence:lock:*",
-        "~fence:{lock:*",
-        "~queue:lock:*",
-        "~queue:{lock:*",
-        "~queued:lock:*",
-        "~queued:{lock:*",
-        "&lock:*",
-        "+@all",
-    ]);
+    ];
+    let args: Vec<&str> = user
+        .into_iter()
+        .chain(KEYS_AND_CHANNELS)
+        .chain(["+@all"])
+        .collect();
+    let server = RedisServer::start_with(&args);
     let url = format!("redis://locker:s3cret-pw@127.0.0.1:{}/", server.port());
     let (a, b) = (
         Registry::from_url(&url).unwrap(),
@@ -67,20 +77,8 @@ async fn an_acl_user_limited_to_the_lock_keys_can_lock_wait_and_fence() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_a_cluster_a_lock_user_needs_the_sharded_and_cluster_commands_of_the_readme() {
     let cluster = lock_tests::cluster::RedisCluster::start(3, 0);
-    let rules = [
-        "SETUSER",
-        "locker",
-        "reset",
-        "on",
-        ">s3cret-pw",
-        "~lock:*",
-        "~fence:lock:*",
-        "~fence:{lock:*",
-        "~queue:lock:*",
-        "~queue:{lock:*",
-        "~queued:lock:*",
-        "~queued:{lock:*",
-        "&lock:*",
+    let user = ["SETUSER", "locker", "reset", "on", ">s3cret-pw"];
+    let commands = [
         "-@all",
         "+set",
         "+evalsha",
@@ -111,6 +109,11 @@ async fn in_a_cluster_a_lock_user_needs_the_sharded_and_cluster_commands_of_the_
         "+asking",
         "+ping",
     ];
+    let rules: Vec<&str> = user
+        .into_iter()
+        .chain(KEYS_AND_CHANNELS)
+        .chain(commands)
+        .collect();
     for node in &cluster.nodes {
         let mut con = node.connection();
         let _: () = redis::cmd("ACL").arg(&rules).query(&mut con).unwrap();

@@ -495,13 +495,20 @@ impl Builder<'_> {
                         self.acquired(&key, &token, cmd.at_us, px, "acquire script");
                     }
                 }
+                // On a set of places: the script's last command on the key before it was one
+                // of the set's (a renewal's `GET` of a lock comes right before its `PEXPIRE`).
                 "PEXPIRE"
-                    if self.tags.contains_key(&key)
-                        && self.clearly_held(&key, cmd.at_us).is_none() =>
+                    if body[..i]
+                        .iter()
+                        .rev()
+                        .find(|c| c.arg(1) == key.as_slice())
+                        .is_some_and(|c| c.name().starts_with('Z')) =>
                 {
-                    // The lock that was there ran out (within the clock's slack): the set took
+                    // A lock still on record ran out (within the clock's slack): the set took
                     // its place.
-                    self.end(&key, cmd.at_us, "expired");
+                    if self.clearly_held(&key, cmd.at_us).is_none() {
+                        self.end(&key, cmd.at_us, "expired");
+                    }
                     // A set of places: its expiry follows its last deadline, and must never cut
                     // a live place short.
                     self.expire_places(&key, cmd.at_us);
@@ -787,7 +794,7 @@ mod tests {
     use super::super::monitor::parse_line;
     use super::*;
 
-    fn events(lines: &[&str]) -> Vec<Event> {
+    pub(super) fn events(lines: &[&str]) -> Vec<Event> {
         lines
             .iter()
             .map(|l| Event::Command(parse_line(format!("+{l}\r\n").as_bytes()).expect(l)))
@@ -950,15 +957,8 @@ mod tests {
 
 #[cfg(test)]
 mod places {
-    use super::super::monitor::parse_line;
+    use super::tests::events;
     use super::*;
-
-    fn events(lines: &[&str]) -> Vec<Event> {
-        lines
-            .iter()
-            .map(|l| Event::Command(parse_line(format!("+{l}\r\n").as_bytes()).expect(l)))
-            .collect()
-    }
 
     /// `token` takes a place in `key` at `at` s, until `deadline` ms, as `ACQUIRE_LUA` does.
     fn take(at: &str, key: &str, token: &str, deadline: u64, tag: &str) -> Vec<String> {
@@ -1006,6 +1006,35 @@ mod places {
         assert_eq!((b.ended_us, b.ended_by), (Some(10_400_010), "released"));
     }
 
+    /// Regression: a key that was once a set of readers, now a writer's lock, renewed after its
+    /// server came back from disk (survival not yet seen) was taken for the set again, and its
+    /// lock ended at the renewal.
+    #[test]
+    fn a_lock_renewed_where_readers_once_were_is_renewed_not_ended() {
+        let mut lines = take("10.00000", "lock:rw", "R", 10_500, "#read");
+        lines.extend([
+            r#"10.600000 [0 127.0.0.1:1] "SET" "lock:rw" "W" "NX" "PX" "1000""#.to_owned(),
+        ]);
+        let renewal = |at: &str| {
+            [
+                format!(r#"{at}0 [0 127.0.0.1:1] "evalsha" "r" "1" "lock:rw" "W" "1000""#),
+                format!(r#"{at}1 [0 lua] "GET" "lock:rw""#),
+                format!(r#"{at}2 [0 lua] "PEXPIRE" "lock:rw" "1000""#),
+            ]
+        };
+        lines.extend(renewal("10.90000"));
+        let mut events = events(&lines.iter().map(String::as_str).collect::<Vec<_>>());
+        events.push(Event::Lost { at_us: 11_000_000 });
+        let after = renewal("11.20000");
+        events.extend(super::tests::events(
+            &after.iter().map(String::as_str).collect::<Vec<_>>(),
+        ));
+        let history = rebuild(&[events], "lock:", false);
+        assert!(history.violations.is_empty(), "{:?}", history.violations);
+        let w = history.by_token()["W"][0];
+        assert!(w.covers(10_600_100, 12_100_000), "{w:?}");
+    }
+
     #[test]
     fn a_writer_over_live_readers_is_flagged_one_after_them_is_not() {
         let mut lines = Vec::new();
@@ -1035,15 +1064,8 @@ mod places {
 
 #[cfg(test)]
 mod plain_sets {
-    use super::super::monitor::parse_line;
+    use super::tests::events;
     use super::*;
-
-    fn events(lines: &[&str]) -> Vec<Event> {
-        lines
-            .iter()
-            .map(|l| Event::Command(parse_line(format!("+{l}\r\n").as_bytes()).expect(l)))
-            .collect()
-    }
 
     /// A plain `SET NX` has no reply in the history. In the last millisecond or two of the key
     /// before it, the server may have taken it or not: refused when its client asked the

@@ -135,77 +135,62 @@ async fn a_paused_server_loses_the_lease_and_cancels_the_body_before_the_key_exp
     assert!(pttl == -2 || pttl > 0, "{pttl}");
 }
 
+/// Calls of the lock scripts the server at `url` has run.
+fn script_calls(url: &str) -> u64 {
+    lock_tests::command_calls(&mut lock_tests::connection(url))
+        .get("evalsha")
+        .copied()
+        .unwrap_or(0)
+}
+
+/// Starts `request` in a task and returns once its first attempt reached the server (a script
+/// call beyond `before`).
+async fn first_attempt_sent(
+    url: &str,
+    before: u64,
+    request: lock_runtime::LockRequest,
+) -> tokio::task::JoinHandle<Result<lock_runtime::LockGuard, LockError>> {
+    let caller = tokio::spawn(request.wait(Duration::from_secs(10)).acquire());
+    lock_tests::eventually(
+        Duration::from_secs(10),
+        "the caller's first attempt",
+        || {
+            let url = url.to_owned();
+            async move { script_calls(&url) > before }
+        },
+    )
+    .await;
+    caller
+}
+
 /// A caller's `wait` is for a busy lock; an answer that no wait can change comes back at once,
 /// after one attempt: here the script's calls are counted while the condition would change if
 /// the caller kept trying (the semaphore drains, the data goes away).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn errors_that_waiting_cannot_change_are_returned_after_one_attempt() {
     let server = RedisServer::start();
+    let url = server.url();
     let (holder, caller) = (registry(&server), registry(&server));
-    let mut counts = server.connection();
-    let mut con = raw(&server.url()).await;
-    let scripts = |counts: &mut redis::Connection| {
-        lock_tests::command_calls(counts)
-            .get("evalsha")
-            .copied()
-            .unwrap_or(0)
-    };
+    let mut con = raw(&url).await;
 
     // Another size of semaphore: the set drains meanwhile, which a retry would take as free.
     let held = holder.lock("pool").permits(3).acquire().await.unwrap();
-    let before = scripts(&mut counts);
-    let other_size = tokio::spawn({
-        let caller = caller.clone();
-        async move {
-            caller
-                .lock("pool")
-                .permits(2)
-                .wait(Duration::from_secs(10))
-                .acquire()
-                .await
-        }
-    });
-    lock_tests::eventually(
-        Duration::from_secs(10),
-        "the caller's first attempt",
-        || {
-            let mut counts = server.connection();
-            async move { scripts(&mut counts) > before }
-        },
-    )
-    .await;
+    let before = script_calls(&url);
+    let other_size = first_attempt_sent(&url, before, caller.lock("pool").permits(2)).await;
     held.release().await.unwrap();
     let err = other_size.await.unwrap().unwrap_err();
     assert!(matches!(err, LockError::InvalidOptions { .. }), "{err:?}");
     // One attempt by the caller and one release by the holder.
-    assert_eq!(scripts(&mut counts) - before, 2, "{err}");
+    assert_eq!(script_calls(&url) - before, 2, "{err}");
 
     // Application data under the key: a retry after it is deleted would take the lock.
     let _: () = con.rpush("lock:data", "job").await.unwrap();
-    let before = scripts(&mut counts);
-    let data = tokio::spawn({
-        let caller = caller.clone();
-        async move {
-            caller
-                .lock("data")
-                .wait(Duration::from_secs(10))
-                .acquire()
-                .await
-        }
-    });
-    lock_tests::eventually(
-        Duration::from_secs(10),
-        "the caller's first attempt",
-        || {
-            let mut counts = server.connection();
-            async move { scripts(&mut counts) > before }
-        },
-    )
-    .await;
+    let before = script_calls(&url);
+    let data = first_attempt_sent(&url, before, caller.lock("data")).await;
     let _: () = con.del("lock:data").await.unwrap();
     let err = data.await.unwrap().unwrap_err();
     assert!(matches!(err, LockError::InvalidKey { .. }), "{err:?}");
-    assert_eq!(scripts(&mut counts) - before, 1, "{err}");
+    assert_eq!(script_calls(&url) - before, 1, "{err}");
 }
 
 /// An ACL that refuses the lock's commands does not change within a `wait`: the refusal comes
