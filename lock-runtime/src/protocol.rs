@@ -5,14 +5,16 @@
 //!   redis-py's `Lock`, redsync and node-redlock do, so their holders and ours exclude each other.
 //! - Our waiters queue up beside the lock, in its cluster slot: `queue:{<prefix><key>}`, a sorted
 //!   set of their tokens by arrival, and `queued:{<prefix><key>}`, a hash from each token to
-//!   `"<deadline ms> <ttl ms> <fencing 0|1>"` (the deadline on the server's clock, one ttl after
-//!   the waiter's last attempt). [`ACQUIRE_LUA`] takes or renews a place; a place past its
-//!   deadline is dropped, never served.
+//!   `"<deadline ms> <ttl ms> <fencing 0|1> <place>"` (the deadline on the server's clock, one
+//!   ttl after the waiter's last attempt, and the number the waiter gave that attempt).
+//!   [`ACQUIRE_LUA`] takes or renews a place; a place past its deadline is dropped, never served.
 //! - A release is [`RELEASE_LUA`]: owner-checked, it hands the lock to the oldest live waiter
-//!   (`SET` to its token with its ttl) or deletes it, and publishes on the channel named like the
-//!   lock key (`SPUBLISH` in a cluster). The message is `<released>` when the lock is free, and
-//!   `<released>:<next>:<fence>` when it went to a waiter, each name the SHA-1 (lowercase hex) of
-//!   a token; any other message wakes a waiter too. A peer that deletes with its own script is
+//!   (`SET` to its token until its place's deadline) or deletes it, and publishes on the channel
+//!   named like the lock key (`SPUBLISH` in a cluster), before it changes the lock. The message
+//!   is `<released>` when the lock is free, and `<released>:<next>:<fence>:<place>` when it went
+//!   to a waiter, each name the SHA-1 (lowercase hex) of a token, and `<place>` the waiter's
+//!   attempt that kept the place (the waiter trusts the handoff only if no later attempt of its
+//!   own found the lock taken); any other message wakes a waiter too. A peer that deletes with its own script is
 //!   still safe; our waiters then notice the release when the holder's lease would have ended,
 //!   and the oldest of them takes the lock.
 //! - Readers of a read-write lock, and a semaphore of N permits, are a sorted set under
