@@ -194,6 +194,7 @@
 
 #![warn(missing_docs)]
 
+mod acquisition;
 mod backend;
 mod backoff;
 mod current;

@@ -33,8 +33,9 @@ use tokio::time::Instant;
 use super::config::ClusterSeeds;
 use super::connection::OnIo;
 use super::errors::timed_out;
-use super::manager::{load_scripts, manager_config};
+use super::manager::manager_config;
 use super::renewal::{renew_chunk, Answers, IfEq, Round, RENEW_CHUNK};
+use super::scripts;
 use crate::backend::contract::Renewal;
 use crate::io;
 use crate::key::hash_tag;
@@ -186,7 +187,7 @@ impl ClusterNodes {
             if matches!(&reply, Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript))
             {
                 // Scripts run by hash; this node has not seen ours yet.
-                load_scripts(&mut con).await?;
+                scripts::load_all(&mut con).await?;
                 reply = send(&mut con, cmd, asking).await;
             }
             reply

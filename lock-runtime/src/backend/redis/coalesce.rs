@@ -13,11 +13,11 @@
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use redis::aio::ConnectionLike;
-use redis::{Cmd, ServerErrorKind, Value};
+use redis::{Cmd, Value};
 use tokio::sync::oneshot;
 
 use super::connection::SharedConnection;
-use super::manager::load_scripts;
+use super::scripts;
 use crate::io;
 
 /// At most this many operations per write, so that one batch cannot hold the server for long.
@@ -226,7 +226,7 @@ impl Inner {
             Err(e) => return failed(&e),
         };
         let missing: Vec<usize> = (0..batch.len())
-            .filter(|&i| is_noscript(&replies[i]))
+            .filter(|&i| scripts::is_noscript(&replies[i]))
             .collect();
         let resent = if missing.is_empty() {
             Ok(Vec::new())
@@ -237,7 +237,7 @@ impl Inner {
             for &i in &missing {
                 again.add_command(batch[i].0.command.clone());
             }
-            match load_scripts(&mut con).await {
+            match scripts::load_all(&mut con).await {
                 Ok(()) => con.req_packed_commands(&again, 0, missing.len()).await,
                 Err(e) => Err(e),
             }
@@ -254,8 +254,4 @@ impl Inner {
         }
         out
     }
-}
-
-fn is_noscript(reply: &Value) -> bool {
-    matches!(reply, Value::ServerError(e) if e.kind() == Some(ServerErrorKind::NoScript))
 }

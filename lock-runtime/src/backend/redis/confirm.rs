@@ -21,11 +21,17 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use redis::aio::ConnectionLike;
-use redis::{Cmd, ServerErrorKind, Value};
+use redis::{Cmd, Value};
 use tokio::sync::{mpsc, oneshot};
 
+use futures_util::future::join_all;
+
 use super::connection::{Connection, OnIo, SharedConnection};
+use super::errors;
+use super::renewal::{Round, RENEW_CHUNK};
 use super::scripts;
+use crate::backend::contract::{Acquire, Attempt, Renewal, Renewed};
+use crate::key::LockKey;
 use crate::timeouts::Timeouts;
 use crate::{io, LockError};
 
@@ -114,6 +120,133 @@ impl Confirmer {
     /// How many replicas must acknowledge each write.
     pub(crate) fn replicas(&self) -> u32 {
         self.replicas
+    }
+
+    /// An acquisition on the confirming connection: the acquire script, then `WAIT`. A lock
+    /// taken but not acknowledged by enough replicas is released (before the caller may retry
+    /// with the same token) and the attempt fails, so the acquire loop retries within `wait`.
+    pub(crate) async fn acquire(&self, attempt: &Acquire<'_>) -> Result<Attempt, LockError> {
+        let cmd = if attempt.key.all.is_empty() {
+            scripts::acquire::call(attempt, false, "PUBLISH").cmd()
+        } else {
+            scripts::acquire_all::call(attempt).cmd()
+        };
+        // Small against the ttl: the lease's deadline runs from before the acquisition was sent.
+        let wait = attempt.ttl / 20;
+        let confirmed = self
+            .send(cmd, Some(wait), "acquire", Some(&attempt.key.key))
+            .await?;
+        let reply = confirmed
+            .reply
+            .clone()
+            .extract_error()
+            .and_then(|v| Ok(redis::from_redis_value::<Vec<Value>>(v)?))
+            .map_err(|e| self.error("acquire", Some(&attempt.key.key), e))?;
+        let outcome = scripts::acquire::read(reply, attempt, &self.node)?;
+        if matches!(outcome, Attempt::Acquired { .. }) && !confirmed.by(self.replicas) {
+            return Err(self.unconfirmed_acquisition(attempt, &confirmed).await);
+        }
+        Ok(outcome)
+    }
+
+    /// A release on the confirming connection, with no `WAIT` of its own: behind every
+    /// acquisition sent there before it, so a release that lets go of a cancelled acquisition
+    /// can never reach the server ahead of the acquisition itself.
+    pub(crate) async fn release(&self, key: &LockKey, token: &str) -> Result<bool, LockError> {
+        let cmd = scripts::release::call(key, token, false, "PUBLISH").cmd();
+        let confirmed = self.send(cmd, None, "release", Some(&key.key)).await?;
+        let released = confirmed
+            .reply
+            .extract_error()
+            .and_then(|v| Ok(redis::from_redis_value::<i64>(v)?))
+            .map_err(|e| self.error("release", Some(&key.key), e))?;
+        Ok(scripts::release::released(released))
+    }
+
+    /// Releases a lock that enough replicas did not acknowledge, and says so.
+    async fn unconfirmed_acquisition(
+        &self,
+        attempt: &Acquire<'_>,
+        confirmed: &Confirmed,
+    ) -> LockError {
+        let released = match self.release(attempt.key, attempt.token).await {
+            Ok(_) => "it was released".to_owned(),
+            Err(e) => format!("releasing it failed too ({e}), so it expires within its ttl"),
+        };
+        LockError::Backend {
+            node: self.node.clone(),
+            command: "acquire",
+            key: Some(attempt.key.key.clone()),
+            message: format!(
+                "took the lock, but {} (`confirm_replicas`), and a failover could hand an \
+                 unacknowledged lock to a second holder: {released}. Check that the master has \
+                 at least {} connected replica(s) in sync (`INFO replication`), or lower \
+                 `confirm_replicas`",
+                confirmed.describe(self.replicas),
+                self.replicas
+            ),
+            source: None,
+        }
+    }
+
+    /// A renewal round on the confirming connection: one script call per chunk, each followed
+    /// by `WAIT`. Always the script, also where the server has `SET .. IFEQ`: the confirming
+    /// connection batches whole writes (at most 64 before each `WAIT`), so a chunk must stay
+    /// one command. A lock renewed but not acknowledged by enough replicas is neither renewed nor
+    /// lost (`None`): the keeper retries, and the lease runs out at its deadline if no renewal
+    /// is ever confirmed. Nothing is deleted.
+    pub(crate) async fn renew(
+        &self,
+        batch: &[Renewal<'_>],
+        budget: Duration,
+    ) -> Result<Vec<Option<Renewed>>, LockError> {
+        let chunks: Vec<Vec<usize>> = (0..batch.len())
+            .collect::<Vec<_>>()
+            .chunks(RENEW_CHUNK)
+            .map(<[usize]>::to_vec)
+            .collect();
+        let calls = chunks.iter().map(|chunk| async move {
+            let cmd = scripts::renew::call(batch, chunk.iter().copied()).cmd();
+            let sent =
+                tokio::time::timeout(budget, self.send(cmd, Some(budget / 2), "renew", None));
+            (chunk, sent.await)
+        });
+        let mut round = Round::new(batch.len());
+        for (chunk, sent) in join_all(calls).await {
+            let confirmed = match sent {
+                Ok(Ok(confirmed)) => confirmed,
+                Ok(Err(e)) => {
+                    round.fail(errors::redis_error(&e));
+                    continue;
+                }
+                Err(_) => {
+                    round.fail(errors::timed_out(budget));
+                    continue;
+                }
+            };
+            let flags = confirmed
+                .reply
+                .clone()
+                .extract_error()
+                .and_then(|v| Ok(redis::from_redis_value::<Vec<i64>>(v)?));
+            if confirmed.by(self.replicas) {
+                round.record(chunk, flags.into());
+            } else {
+                let why = format!(
+                    "renewed on {}, but {} (`confirm_replicas`), so not counted: the leases run \
+                     out at their deadlines unless a renewal is acknowledged before",
+                    self.node,
+                    confirmed.describe(self.replicas),
+                );
+                round.record_unconfirmed(chunk, flags, why);
+            }
+        }
+        round.finish().map_err(|e| self.error("renew", None, e))
+    }
+
+    /// A failure of `command` (on `key`), for the caller.
+    fn error(&self, command: &'static str, key: Option<&str>, e: redis::RedisError) -> LockError {
+        super::errors::lock_error(&self.node, command, key, e)
     }
 
     /// Sends `command` on the confirming connection, then `WAIT` for the replicas at most
@@ -215,7 +348,7 @@ impl Batches {
             };
             let mut again = Vec::new();
             for (job, reply) in jobs.into_iter().zip(sent.replies) {
-                if attempt == 0 && is_noscript(&reply) {
+                if attempt == 0 && scripts::is_noscript(&reply) {
                     again.push(job);
                     continue;
                 }
@@ -281,12 +414,8 @@ impl Batches {
     }
 
     async fn load_scripts(&self) -> Result<(), LockError> {
-        let mut load = redis::pipe();
-        for script in scripts::ALL {
-            load.cmd("SCRIPT").arg("LOAD").arg(script);
-        }
         let mut con = self.route.get("confirm").await?;
-        load.query_async::<()>(&mut con)
+        scripts::load_all(&mut con)
             .await
             .map_err(|e| super::errors::lock_error(&self.node, "SCRIPT LOAD", None, e))
     }
@@ -297,8 +426,4 @@ struct Sent {
     replies: Vec<Value>,
     acked: Result<u32, String>,
     waited: Duration,
-}
-
-fn is_noscript(reply: &Value) -> bool {
-    matches!(reply, Value::ServerError(e) if e.kind() == Some(ServerErrorKind::NoScript))
 }

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use super::scripts;
 use crate::timeouts::Timeouts;
@@ -26,15 +26,6 @@ pub(crate) async fn manager(
     let mut con = ConnectionManager::new_with_config(client, manager_config(timeouts)).await?;
     // Loaded up front so no first use pays a NOSCRIPT round trip; after a SCRIPT FLUSH (or on a
     // cluster node) the invocation reloads on its own.
-    load_scripts(&mut con).await?;
+    scripts::load_all(&mut con).await?;
     Ok(con)
-}
-
-/// Loads every lock script on the server behind `con`.
-pub(crate) async fn load_scripts(con: &mut impl ConnectionLike) -> redis::RedisResult<()> {
-    let mut load = redis::pipe();
-    for script in scripts::ALL {
-        load.cmd("SCRIPT").arg("LOAD").arg(script);
-    }
-    load.query_async::<()>(con).await
 }

@@ -17,9 +17,7 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use redis::Value;
 
-use crate::backend::contract::{
-    ttl_ms, Acquire, Attempt, LockInfo, Permits, Renewal, Renewed, Share, Store,
-};
+use crate::backend::contract::{Acquire, Attempt, LockInfo, Renewal, Renewed, Store};
 use crate::key::{hash_tag, LockKey};
 use crate::timeouts::Timeouts;
 use crate::waiting::WaitHub;
@@ -41,10 +39,9 @@ mod subscriber;
 use cluster_nodes::{ClusterNodes, Following};
 use coalesce::{Coalescer, Op, Turn};
 use config::Topology;
-use confirm::{Confirmed, Confirmer, Route};
+use confirm::{Confirmer, Route};
 use connection::{Connection, OnIo, SharedConnection};
 use renewal::{renew_chunk, IfEq, Round, RENEW_CHUNK};
-use scripts::evalsha;
 use subscriber::Source;
 
 pub(crate) struct RedisBackend {
@@ -176,18 +173,8 @@ impl RedisBackend {
         attempt: &Acquire<'_>,
         queued: bool,
     ) -> redis::RedisResult<Vec<Value>> {
-        let mut call = scripts::ACQUIRE.prepare_invoke();
-        for key in script_keys(attempt.key, queued, attempt.fencing) {
-            call.key(key);
-        }
-        call.arg(attempt.token)
-            .arg(ttl_ms(attempt.ttl))
-            .arg(u8::from(attempt.fencing))
-            .arg(u8::from(attempt.queue))
-            .arg(self.publish_command())
-            .arg(attempt.share.wire())
-            .arg(attempt.attempt)
-            .invoke_async(con)
+        scripts::acquire::call(attempt, queued, self.publish_command())
+            .run(con)
             .await
     }
 
@@ -195,27 +182,10 @@ impl RedisBackend {
     /// where [`Self::acquire_alone`] starts with one, and the acquire script with the keys
     /// [`Self::acquire_script`] names.
     fn acquire_op(&self, attempt: &Acquire<'_>) -> Op {
-        let key = attempt.key;
-        let keys = script_keys(key, self.hands_over, attempt.fencing);
-        let mut script = evalsha(&scripts::ACQUIRE, keys.len());
-        script
-            .arg(keys)
-            .arg(attempt.token)
-            .arg(ttl_ms(attempt.ttl))
-            .arg(u8::from(attempt.fencing))
-            .arg(u8::from(attempt.queue))
-            .arg(self.publish_command())
-            .arg(attempt.share.wire())
-            .arg(attempt.attempt);
+        let script = scripts::acquire::call(attempt, self.hands_over, self.publish_command()).cmd();
         if attempt.plain_set_first() {
-            let mut set = redis::cmd("SET");
-            set.arg(&key.redis_key)
-                .arg(attempt.token)
-                .arg("NX")
-                .arg("PX")
-                .arg(ttl_ms(attempt.ttl));
             Op {
-                command: set,
+                command: scripts::acquire::plain_set(attempt),
                 if_refused: Some(script),
             }
         } else {
@@ -229,11 +199,9 @@ impl RedisBackend {
     /// A release's command for a batch (never in a cluster), with the keys
     /// [`Self::release_script`] names.
     fn release_op(&self, key: &LockKey, token: &str) -> Op {
-        let keys = script_keys(key, self.hands_over, false);
-        let mut script = evalsha(&scripts::RELEASE, keys.len());
-        script.arg(keys).arg(token).arg(self.publish_command());
         Op {
-            command: script,
+            command: scripts::release::call(key, token, self.hands_over, self.publish_command())
+                .cmd(),
             if_refused: None,
         }
     }
@@ -246,13 +214,8 @@ impl RedisBackend {
         token: &str,
         queued: bool,
     ) -> redis::RedisResult<i64> {
-        let mut call = scripts::RELEASE.prepare_invoke();
-        for key in script_keys(key, queued, false) {
-            call.key(key);
-        }
-        call.arg(token)
-            .arg(self.publish_command())
-            .invoke_async(con)
+        scripts::release::call(key, token, queued, self.publish_command())
+            .run(con)
             .await
     }
 
@@ -283,187 +246,18 @@ impl RedisBackend {
     /// [`Self::undo`] of one key.
     async fn undo_key(&self, key: &LockKey, token: &str) -> Result<bool, LockError> {
         let mut con = self.con("undo", Some(&key.key)).await?;
-        let deleted: i64 = scripts::UNDO
-            .key(&key.redis_key)
-            .arg(token)
-            .invoke_async(&mut con)
+        let reply = scripts::undo::call(key, token)
+            .run(&mut con)
             .await
             .map_err(|e| self.error("undo", Some(&key.key), e))?;
-        Ok(deleted == 1)
-    }
-
-    /// An acquisition on the confirming connection: the acquire script, then `WAIT`. A lock
-    /// taken but not acknowledged by enough replicas is released (before the caller may retry
-    /// with the same token) and the attempt fails, so the acquire loop retries within `wait`.
-    async fn acquire_confirmed(
-        &self,
-        confirm: &Confirmer,
-        attempt: &Acquire<'_>,
-    ) -> Result<Attempt, LockError> {
-        let mut cmd;
-        if attempt.key.all.is_empty() {
-            cmd = evalsha(&scripts::ACQUIRE, 2);
-            cmd.arg(&attempt.key.redis_key)
-                .arg(&attempt.key.fence_key)
-                .arg(attempt.token)
-                .arg(ttl_ms(attempt.ttl))
-                .arg(u8::from(attempt.fencing))
-                .arg(0u8)
-                .arg(self.publish_command())
-                .arg(attempt.share.wire());
-        } else {
-            let keys = attempt.key.keys();
-            let names = all_keys(attempt);
-            cmd = evalsha(&scripts::ACQUIRE_ALL, names.len());
-            cmd.arg(names)
-                .arg(attempt.token)
-                .arg(ttl_ms(attempt.ttl))
-                .arg(u8::from(attempt.fencing))
-                .arg(keys.len());
-        }
-        // Small against the ttl: the lease's deadline runs from before the acquisition was sent.
-        let wait = attempt.ttl / 20;
-        let confirmed = confirm
-            .send(cmd, Some(wait), "acquire", Some(&attempt.key.key))
-            .await?;
-        let reply = confirmed
-            .reply
-            .clone()
-            .extract_error()
-            .and_then(|v| Ok(redis::from_redis_value::<Vec<Value>>(v)?))
-            .map_err(|e| self.error("acquire", Some(&attempt.key.key), e))?;
-        let outcome = self.attempt(attempt, reply)?;
-        if matches!(outcome, Attempt::Acquired { .. }) && !confirmed.by(confirm.replicas()) {
-            return Err(self
-                .unconfirmed_acquisition(confirm, attempt, &confirmed)
-                .await);
-        }
-        Ok(outcome)
-    }
-
-    /// A release on the confirming connection, with no `WAIT` of its own: behind every
-    /// acquisition sent there before it, so a release that lets go of a cancelled acquisition
-    /// can never reach the server ahead of the acquisition itself.
-    async fn release_confirmed(
-        &self,
-        confirm: &Confirmer,
-        key: &LockKey,
-        token: &str,
-    ) -> Result<bool, LockError> {
-        let keys = script_keys(key, false, false);
-        let mut cmd = evalsha(&scripts::RELEASE, keys.len());
-        cmd.arg(keys).arg(token).arg(self.publish_command());
-        let confirmed = confirm.send(cmd, None, "release", Some(&key.key)).await?;
-        let released = confirmed
-            .reply
-            .extract_error()
-            .and_then(|v| Ok(redis::from_redis_value::<i64>(v)?))
-            .map_err(|e| self.error("release", Some(&key.key), e))?;
-        Ok(released > 0)
-    }
-
-    /// Releases a lock that enough replicas did not acknowledge, and says so.
-    async fn unconfirmed_acquisition(
-        &self,
-        confirm: &Confirmer,
-        attempt: &Acquire<'_>,
-        confirmed: &Confirmed,
-    ) -> LockError {
-        let released = match self.release(attempt.key, attempt.token).await {
-            Ok(_) => "it was released".to_owned(),
-            Err(e) => format!("releasing it failed too ({e}), so it expires within its ttl"),
-        };
-        LockError::Backend {
-            node: self.node.clone(),
-            command: "acquire",
-            key: Some(attempt.key.key.clone()),
-            message: format!(
-                "took the lock, but {} (`confirm_replicas`), and a failover could hand an \
-                 unacknowledged lock to a second holder: {released}. Check that the master has \
-                 at least {} connected replica(s) in sync (`INFO replication`), or lower \
-                 `confirm_replicas`",
-                confirmed.describe(confirm.replicas()),
-                confirm.replicas()
-            ),
-            source: None,
-        }
-    }
-
-    /// A renewal round on the confirming connection: one script call per chunk, each followed
-    /// by `WAIT`. Always the script, also where the server has `SET .. IFEQ`: the confirming
-    /// connection batches whole writes (at most 64 before each `WAIT`), so a chunk must stay
-    /// one command. A lock renewed but not acknowledged by enough replicas is neither renewed nor
-    /// lost (`None`): the keeper retries, and the lease runs out at its deadline if no renewal
-    /// is ever confirmed. Nothing is deleted.
-    async fn renew_confirmed(
-        &self,
-        confirm: &Confirmer,
-        batch: &[Renewal<'_>],
-        budget: Duration,
-    ) -> Result<Vec<Option<Renewed>>, LockError> {
-        let chunks: Vec<Vec<usize>> = (0..batch.len())
-            .collect::<Vec<_>>()
-            .chunks(RENEW_CHUNK)
-            .map(<[usize]>::to_vec)
-            .collect();
-        let calls = chunks.iter().map(|chunk| async move {
-            let mut cmd = evalsha(&scripts::RENEW, chunk.len());
-            for &i in chunk {
-                cmd.arg(batch[i].redis_key);
-            }
-            for &i in chunk {
-                cmd.arg(batch[i].token).arg(batch[i].ttl_ms);
-            }
-            let sent =
-                tokio::time::timeout(budget, confirm.send(cmd, Some(budget / 2), "renew", None));
-            (chunk, sent.await)
-        });
-        let mut round = Round::new(batch.len());
-        for (chunk, sent) in join_all(calls).await {
-            let confirmed = match sent {
-                Ok(Ok(confirmed)) => confirmed,
-                Ok(Err(e)) => {
-                    round.fail(errors::redis_error(&e));
-                    continue;
-                }
-                Err(_) => {
-                    round.fail(errors::timed_out(budget));
-                    continue;
-                }
-            };
-            let flags = confirmed
-                .reply
-                .clone()
-                .extract_error()
-                .and_then(|v| Ok(redis::from_redis_value::<Vec<i64>>(v)?));
-            if confirmed.by(confirm.replicas()) {
-                round.record(chunk, flags.into());
-            } else {
-                let why = format!(
-                    "renewed on {}, but {} (`confirm_replicas`), so not counted: the leases run \
-                     out at their deadlines unless a renewal is acknowledged before",
-                    self.node,
-                    confirmed.describe(confirm.replicas()),
-                );
-                round.record_unconfirmed(chunk, flags, why);
-            }
-        }
-        round.finish().map_err(|e| self.error("renew", None, e))
+        Ok(scripts::undo::undone(reply))
     }
 
     /// One acquisition attempt sent on its own.
     async fn acquire_alone(&self, attempt: &Acquire<'_>) -> Result<Attempt, LockError> {
         let mut con = self.con("acquire", Some(&attempt.key.key)).await?;
         if attempt.plain_set_first() {
-            // The uncontended case is the plain protocol command: a script call costs Redis
-            // measurably more than `SET` (see the benchmark), and most acquisitions find the
-            // lock free. Only a refusal needs the script's answers (whose token? how long?).
-            let set: Option<String> = redis::cmd("SET")
-                .arg(&attempt.key.redis_key)
-                .arg(attempt.token)
-                .arg("NX")
-                .arg("PX")
-                .arg(ttl_ms(attempt.ttl))
+            let set: Option<String> = scripts::acquire::plain_set(attempt)
                 .query_async(&mut con)
                 .await
                 .map_err(|e| self.error("acquire", Some(&attempt.key.key), e))?;
@@ -481,7 +275,7 @@ impl RedisBackend {
             reply => reply,
         };
         let reply = reply.map_err(|e| self.error("acquire", Some(&attempt.key.key), e))?;
-        self.attempt(attempt, reply)
+        scripts::acquire::read(reply, attempt, &self.node)
     }
 
     /// One release sent on its own.
@@ -497,71 +291,23 @@ impl RedisBackend {
             released => released,
         };
         let released = released.map_err(|e| self.error("release", Some(&key.key), e))?;
-        Ok(released > 0)
-    }
-
-    /// The acquire script's reply, read.
-    fn attempt(&self, attempt: &Acquire<'_>, reply: Vec<Value>) -> Result<Attempt, LockError> {
-        match reply.as_slice() {
-            [Value::Int(1), Value::Int(fence)] => Ok(Attempt::Acquired {
-                fence: attempt
-                    .fencing
-                    .then_some(u64::try_from(*fence).unwrap_or(0)),
-            }),
-            [Value::Int(0), Value::Int(pttl), owner @ ..] => Ok(Attempt::Busy {
-                retry_after: u64::try_from(*pttl).ok().map(Duration::from_millis),
-                holder: owner
-                    .first()
-                    .and_then(|o| redis::from_redis_value_ref::<String>(o).ok()),
-                at: match owner.get(1) {
-                    Some(Value::Int(i)) => key_index(*i),
-                    _ => 0,
-                },
-            }),
-            [Value::Int(3), found] => {
-                let found = redis::from_redis_value_ref::<String>(found).unwrap_or_default();
-                Err(match Share::from_tag(&found) {
-                    Some(found) => attempt.share.mismatch(&attempt.key.key, &self.node, found),
-                    None => self.not_a_lock(attempt.key, "sorted set"),
-                })
-            }
-            other => {
-                let kind = other
-                    .get(1)
-                    .and_then(|v| redis::from_redis_value_ref::<String>(v).ok())
-                    .unwrap_or_default();
-                let at = match other.get(2) {
-                    Some(Value::Int(i)) => key_index(*i),
-                    _ => 0,
-                };
-                let keys = attempt.key.keys();
-                Err(self.not_a_lock(keys.get(at).unwrap_or(attempt.key), &kind))
-            }
-        }
+        Ok(scripts::release::released(released))
     }
 
     /// A multi-key lock's attempt: all its keys in one script call.
     async fn acquire_all(&self, attempt: &Acquire<'_>) -> Result<Attempt, LockError> {
         let mut con = self.con("acquire", Some(&attempt.key.key)).await?;
-        let mut call = scripts::ACQUIRE_ALL.prepare_invoke();
-        for name in all_keys(attempt) {
-            call.key(name);
-        }
-        let reply: Vec<Value> = call
-            .arg(attempt.token)
-            .arg(ttl_ms(attempt.ttl))
-            .arg(u8::from(attempt.fencing))
-            .arg(attempt.key.keys().len())
-            .invoke_async(&mut con)
+        let reply = scripts::acquire_all::call(attempt)
+            .run(&mut con)
             .await
             .map_err(|e| self.error("acquire", Some(&attempt.key.key), e))?;
-        self.attempt(attempt, reply)
+        scripts::acquire::read(reply, attempt, &self.node)
     }
 
     /// Releases one lock (a multi-key lock's keys one by one).
     async fn release_key(&self, key: &LockKey, token: &str) -> Result<bool, LockError> {
         if let Some(confirm) = &self.confirm {
-            return self.release_confirmed(confirm, key, token).await;
+            return confirm.release(key, token).await;
         }
         let Some(coalescer) = &self.coalescer else {
             return self.release_alone(key, token).await;
@@ -573,21 +319,8 @@ impl RedisBackend {
                     .await
                     .and_then(|v| Ok(redis::from_redis_value::<i64>(v)?))
                     .map_err(|e| self.error("release", Some(&key.key), e))?;
-                Ok(released > 0)
+                Ok(scripts::release::released(released))
             }
-        }
-    }
-
-    /// The key holds application data (`kind`), which is left untouched.
-    fn not_a_lock(&self, key: &LockKey, kind: &str) -> LockError {
-        LockError::InvalidKey {
-            key: key.key.clone(),
-            reason: format!(
-                "Redis key `{}` on {} holds a {kind}, not a lock; it was left untouched. Pick a \
-                 registry prefix or key that no application data uses",
-                crate::error::shown(&key.redis_key),
-                self.node
-            ),
         }
     }
 
@@ -624,7 +357,7 @@ impl Store for RedisBackend {
             return self.acquire_all(attempt).await;
         }
         if let Some(confirm) = &self.confirm {
-            return self.acquire_confirmed(confirm, attempt).await;
+            return confirm.acquire(attempt).await;
         }
         let Some(coalescer) = &self.coalescer else {
             return self.acquire_alone(attempt).await;
@@ -641,7 +374,7 @@ impl Store for RedisBackend {
                 }
                 let reply = redis::from_redis_value::<Vec<Value>>(reply)
                     .map_err(|e| self.error("acquire", Some(&attempt.key.key), e.into()))?;
-                self.attempt(attempt, reply)
+                scripts::acquire::read(reply, attempt, &self.node)
             }
         }
     }
@@ -660,7 +393,7 @@ impl Store for RedisBackend {
         budget: Duration,
     ) -> Result<Vec<Option<Renewed>>, LockError> {
         if let Some(confirm) = &self.confirm {
-            return self.renew_confirmed(confirm, batch, budget).await;
+            return confirm.renew(batch, budget).await;
         }
         if let Some(nodes) = &self.nodes {
             if let Some(round) = nodes.renew(batch, budget).await {
@@ -702,71 +435,27 @@ impl Store for RedisBackend {
 
     async fn inspect(&self, key: &LockKey) -> Result<LockInfo, LockError> {
         let mut con = self.con("inspect", Some(&key.key)).await?;
-        type Found = (
-            Option<String>,
-            i64,
-            Option<u64>,
-            Option<u32>,
-            Option<String>,
-        );
-        let (owner, pttl, fence, held, tag): Found = scripts::INSPECT
-            .key(&key.redis_key)
-            .key(&key.fence_key)
-            .invoke_async(&mut con)
+        let reply = scripts::inspect::call(key)
+            .run(&mut con)
             .await
             .map_err(|e| self.error("inspect", Some(&key.key), e))?;
-        // A set whose every place ran out is free, though its key has not expired yet.
-        let shared = held
-            .filter(|held| *held > 0)
-            .zip(tag.as_deref().and_then(Share::from_tag));
-        Ok(LockInfo {
-            owner,
-            remaining: u64::try_from(pttl).ok().map(Duration::from_millis),
-            fence,
-            permits: match shared {
-                Some((held, Share::Permits(total))) => Some(Permits { held, total }),
-                _ => None,
-            },
-            readers: match shared {
-                Some((held, Share::Read)) => Some(held),
-                _ => None,
-            },
-        })
+        Ok(scripts::inspect::read(reply))
     }
 
     async fn force_unlock(&self, key: &LockKey) -> Result<bool, LockError> {
         let mut con = self.con("force_unlock", Some(&key.key)).await?;
-        let deleted: i64 = scripts::FORCE_UNLOCK
-            .key(&key.redis_key)
-            .arg(self.publish_command())
-            .invoke_async(&mut con)
+        let reply = scripts::force_unlock::call(key, self.publish_command())
+            .run(&mut con)
             .await
             .map_err(|e| self.error("force_unlock", Some(&key.key), e))?;
-        Ok(deleted == 1)
+        Ok(scripts::force_unlock::deleted(reply))
     }
 }
 
 /// Whether Redis refused a script because its slot is being migrated and not all of its keys
 /// are on this node.
-/// A script's 1-based key number, as an index.
-fn key_index(i: i64) -> usize {
-    usize::try_from(i - 1).unwrap_or(0)
-}
-
 fn migrating(e: &redis::RedisError) -> bool {
     e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::TryAgain)
-}
-
-/// The keys [`scripts::ACQUIRE_ALL_LUA`] names: every lock, then with fencing their counters.
-fn all_keys<'a>(attempt: &Acquire<'a>) -> Vec<&'a str> {
-    let keys = attempt.key.keys();
-    let locks = keys.iter().map(|k| k.redis_key.as_str());
-    let fences = keys.iter().map(|k| k.fence_key.as_str());
-    if attempt.fencing {
-        locks.chain(fences).collect()
-    } else {
-        locks.collect()
-    }
 }
 
 /// A multi-key lock's per-key answers as one: true only if every key said so, the first error
@@ -775,23 +464,4 @@ fn every_key(answers: Vec<Result<bool, LockError>>) -> Result<bool, LockError> {
     answers
         .into_iter()
         .try_fold(true, |all, one| Ok(all && one?))
-}
-
-/// The keys the acquire and release scripts name: the lock, then with `queued` its fencing
-/// counter and waiters' queue, else the counter only when `fencing` (during a slot migration
-/// Redis refuses a script whose keys are not all on one node, and a lock without fencing may
-/// have no counter at all).
-fn script_keys(key: &LockKey, queued: bool, fencing: bool) -> Vec<&str> {
-    if queued {
-        vec![
-            &key.redis_key,
-            &key.fence_key,
-            &key.queue_key,
-            &key.queued_key,
-        ]
-    } else if fencing {
-        vec![&key.redis_key, &key.fence_key]
-    } else {
-        vec![&key.redis_key]
-    }
 }

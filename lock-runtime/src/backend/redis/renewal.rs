@@ -9,10 +9,10 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
 use redis::aio::ConnectionLike;
-use redis::{ScriptInvocation, ServerErrorKind, Value};
+use redis::{ServerErrorKind, Value};
 
 use super::errors::timed_out;
-use super::scripts::{self, evalsha};
+use super::scripts;
 use crate::backend::contract::{Renewal, Renewed, Share};
 
 /// Renewal scripts are split so no single script call keeps Redis busy for long.
@@ -151,17 +151,8 @@ fn set_ifeq(pipe: &mut redis::Pipeline, lock: &Renewal<'_>) {
 }
 
 /// The renewal script for `locks` (positions in `chunk`).
-fn renew_script(
-    batch: &[Renewal<'_>],
-    chunk: &[usize],
-    locks: &[usize],
-) -> ScriptInvocation<'static> {
-    let mut call = scripts::RENEW.prepare_invoke();
-    for &at in locks {
-        let lock = &batch[chunk[at]];
-        call.key(lock.redis_key).arg(lock.token).arg(lock.ttl_ms);
-    }
-    call
+fn renew_script(batch: &[Renewal<'_>], chunk: &[usize], locks: &[usize]) -> scripts::Call {
+    scripts::renew::call(batch, locks.iter().map(|&at| chunk[at]))
 }
 
 /// One pipeline: `SET .. IFEQ` for the exclusive locks where the server takes it (else one
@@ -192,15 +183,7 @@ async fn renew_now<C: ConnectionLike + Send>(
     }
     let sets = by_set.len() + usize::from(probe.is_some());
     if !by_script.is_empty() {
-        let mut call = evalsha(&scripts::RENEW, by_script.len());
-        for &at in &by_script {
-            call.arg(batch[chunk[at]].redis_key);
-        }
-        for &at in &by_script {
-            let lock = &batch[chunk[at]];
-            call.arg(lock.token).arg(lock.ttl_ms);
-        }
-        pipe.add_command(call);
+        pipe.add_command(renew_script(batch, chunk, &by_script).cmd());
     }
     let count = sets + usize::from(!by_script.is_empty());
     let mut replies = match con.req_packed_commands(&pipe, 0, count).await {
@@ -243,7 +226,7 @@ async fn renew_now<C: ConnectionLike + Send>(
     if !retry.is_empty() {
         retry.sort_unstable();
         match renew_script(batch, chunk, &retry)
-            .invoke_async::<Vec<i64>>(con)
+            .run::<Vec<i64>>(con)
             .await
         {
             Ok(answers) => {
@@ -304,7 +287,7 @@ impl Round {
     pub(crate) fn record(&mut self, chunk: &[usize], answers: Answers) {
         for (&i, flag) in chunk.iter().zip(answers.flags) {
             if let Some(flag) = flag {
-                self.renewed[i] = Some(renewed(flag));
+                self.renewed[i] = Some(scripts::renew::renewed(flag));
             }
         }
         if let Some(e) = answers.error {
@@ -323,7 +306,7 @@ impl Round {
         match flags {
             Ok(flags) => {
                 for (&i, flag) in chunk.iter().zip(flags) {
-                    let found = renewed(flag);
+                    let found = scripts::renew::renewed(flag);
                     if found != Renewed::Yes {
                         self.renewed[i] = Some(found);
                     }
@@ -349,15 +332,6 @@ impl Round {
             Some(e) if self.renewed.iter().all(Option::is_none) => Err(e),
             _ => Ok(self.renewed),
         }
-    }
-}
-
-/// The script's answer for one lock: 1 renewed, 0 gone, -1 taken.
-fn renewed(flag: i64) -> Renewed {
-    match flag {
-        1 => Renewed::Yes,
-        0 => Renewed::Gone,
-        _ => Renewed::Taken,
     }
 }
 

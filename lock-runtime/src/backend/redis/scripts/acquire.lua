@@ -1,0 +1,72 @@
+local token, ttl = ARGV[1], ARGV[2]
+if ARGV[6] and ARGV[6] ~= '0' then
+  local kind = redis.call('TYPE', KEYS[1]).ok
+  if kind == 'string' then return {0, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[1])} end
+  if kind ~= 'zset' and kind ~= 'none' then return {2, kind} end
+  local limit = tonumber(ARGV[6]) or math.huge
+  local tag = limit == math.huge and '#read' or '#permits=' .. ARGV[6]
+  local now = now_ms()
+  if kind == 'zset' then
+    local found = shared_tag_of(KEYS[1])
+    if not found then return {2, kind} end
+    if settle_shared(now) and found ~= tag then return {3, found} end
+  end
+  if not redis.call('ZSCORE', KEYS[1], token) then
+    local held = math.max(redis.call('ZCARD', KEYS[1]) - 1, 0)
+    local head, head_deadline = oldest_live_place()
+    if held == 0 and head then
+      local waiter, waiter_deadline, fencing, place = oldest_live_waiter()
+      hand_over(waiter, waiter_deadline, fencing, place, '', ARGV[5])
+      return {0, waiter_deadline - now, waiter}
+    end
+    if head or held >= limit then
+      local wait = math.huge
+      if held > 0 then
+        wait = tonumber(redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')[2]) - now
+      end
+      if head then wait = math.min(wait, head_deadline - now) end
+      return {0, math.max(wait, 0), tag}
+    end
+  end
+  redis.call('ZADD', KEYS[1], now + tonumber(ttl), token, '+inf', tag)
+  settle_shared(now)
+  leave_queue(token)
+  return {1, 0}
+end
+if #KEYS < 4 or redis.call('EXISTS', KEYS[3]) == 0 then
+  if redis.call('SET', KEYS[1], token, 'NX', 'PX', ttl) then return {1, take_fence(ARGV[3])} end
+end
+local owner = redis.pcall('GET', KEYS[1])
+if type(owner) == 'table' then
+  local kind = redis.call('TYPE', KEYS[1]).ok
+  owner = kind == 'zset' and shared_tag_of(KEYS[1])
+  if not owner then return {2, kind} end
+  if not settle_shared(now_ms()) then owner = false end
+end
+if owner == token then
+  redis.call('PEXPIRE', KEYS[1], ttl)
+  leave_queue(token)
+  return {1, take_fence(ARGV[3])}
+end
+if not owner then
+  local waiter, waiter_deadline, fencing, place = oldest_live_waiter()
+  if not waiter or waiter == token then
+    leave_queue(token)
+    redis.call('SET', KEYS[1], token, 'PX', ttl)
+    return {1, take_fence(ARGV[3])}
+  end
+  hand_over(waiter, waiter_deadline, fencing, place, '', ARGV[5])
+  owner = waiter
+end
+if ARGV[4] == '1' and #KEYS >= 4 then
+  if not redis.call('ZSCORE', KEYS[3], token) then
+    local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')[2]
+    redis.call('ZADD', KEYS[3], (tonumber(last) or 0) + 1, token)
+  end
+  local entry = string.format('%d %s %s %s', now_ms() + tonumber(ttl), ttl, ARGV[3], ARGV[7] or '0')
+  redis.call('HSET', KEYS[4], token, entry)
+  for i = 3, 4 do
+    if redis.call('PTTL', KEYS[i]) < tonumber(ttl) then redis.call('PEXPIRE', KEYS[i], ttl) end
+  end
+end
+return {0, redis.call('PTTL', KEYS[1]), owner}

@@ -1,0 +1,158 @@
+//! Taking a lock, a reader's place or a permit (and queueing when busy): `acquire.lua`.
+
+use std::time::Duration;
+
+use redis::Value;
+
+use super::call::{lock_keys, Call, Script};
+use crate::backend::contract::{ttl_ms, Acquire, Attempt, Share};
+use crate::key::LockKey;
+use crate::LockError;
+
+/// `KEYS[1]` lock, `KEYS[2]` fencing counter, `KEYS[3]`/`KEYS[4]` the waiters' queue (see
+/// below); `ARGV[1]` token, `ARGV[2]` ttl ms, `ARGV[3]` `1` to take a fencing token, `ARGV[4]`
+/// `1` to queue up when busy, `ARGV[5]` the publish command (`PUBLISH`, or `SPUBLISH` in a
+/// cluster), `ARGV[6]` a semaphore's size, or `read` for a reader (`0` or absent: the lock
+/// itself, also a read-write lock's write side), `ARGV[7]` the number of the caller's attempt,
+/// which names its place in the queue. With the lock alone, or the lock and its
+/// counter, as `KEYS`, there is no queue:
+/// Redlock, `confirm_replicas`, and a cluster slot in migration (where Redis refuses a script
+/// whose keys are not all on one node) use it that way. Used after a plain `SET NX PX` was
+/// refused, and with fencing.
+///
+/// Returns `{1, fence}` when acquired (fence 0 without fencing), `{0, pttl, owner}` when busy (the
+/// holder's remaining lease and token), `{2, type}` when the key holds something that is not a
+/// lock. A retry with the same token after a lost reply, or after the lock was handed to this
+/// waiter, finds its own token and takes the lock again instead of waiting for itself. The
+/// counter is incremented in the same script as the `SET`, so no holder can ever see an older
+/// token than a previous holder.
+///
+/// A free lock goes to the oldest live waiter: to the caller if that is it (or if nobody
+/// waits), else it is handed over as [`RELEASE_LUA`](super::RELEASE_LUA) does and the caller queues up behind. A
+/// busy caller that asked to queue takes (or keeps, renewing its deadline) its place: waiting
+/// is first come, first served, and each attempt while waiting renews the place.
+///
+/// Readers and semaphores (`ARGV[6]` = `read` or N) keep a sorted set under the key: each
+/// holder's token scored by its deadline (server clock, ms), and one member scored `+inf` that
+/// says what the set is, `#read` or `#permits=N`. A place is taken (`{1, 0}`) when, after
+/// expired holders are dropped, fewer than N remain (readers: any number) and no waiter for the
+/// whole lock is queued (a free set goes to such a waiter first); else `{0, ms until the soonest
+/// deadline, tag}`. A set of another kind or size answers `{3, its tag}` and is left untouched;
+/// a string (a lock, or a writer) answers busy with its holder. The key expires with its last
+/// deadline. The lock itself (a writer) treats such a set as busy and queues behind it, which
+/// stops new readers and permit takers until it has had its turn.
+///
+/// The counter expires a day after the last fenced acquisition, so per-entity keys
+/// do not pile up. A missing counter (new, expired, deleted or lost with the server's data)
+/// starts at the server's clock in microseconds (`TIME`): an old counter started at its own
+/// clock reading and grew by one per fenced acquisition, far less than one per microsecond, so
+/// the restarted one begins above every token it handed out, as long as this server's clock is
+/// not behind the old one's by more than the time since the old counter was last used. Lua
+/// numbers are doubles, exact to 2^53: microseconds since 1970 stay below that until 2255.
+pub const ACQUIRE_LUA: &str = concat!(
+    include_str!("prelude.lua"),
+    include_str!("queue.lua"),
+    include_str!("acquire.lua")
+);
+
+static SCRIPT: Script = Script::new(ACQUIRE_LUA);
+
+/// The script's call for `attempt`, naming the waiters' queue when `queued`, publishing a
+/// handoff with `publish` (`PUBLISH`, or `SPUBLISH` in a cluster).
+pub(crate) fn call(attempt: &Acquire<'_>, queued: bool, publish: &str) -> Call {
+    Call::new(&SCRIPT, &lock_keys(attempt.key, queued, attempt.fencing))
+        .arg(attempt.token)
+        .arg(ttl_ms(attempt.ttl))
+        .arg(u8::from(attempt.fencing))
+        .arg(u8::from(attempt.queue))
+        .arg(publish)
+        .arg(attempt.share.wire())
+        .arg(attempt.attempt)
+}
+
+/// The plain `SET NX PX` an exclusive lock's first attempt starts with (see
+/// `Acquire::plain_set_first`): a script call costs Redis more, and most acquisitions find the
+/// lock free. Only a refusal needs the script's answers (whose token? how long?).
+pub(crate) fn plain_set(attempt: &Acquire<'_>) -> redis::Cmd {
+    let mut set = redis::cmd("SET");
+    set.arg(&attempt.key.redis_key)
+        .arg(attempt.token)
+        .arg("NX")
+        .arg("PX")
+        .arg(ttl_ms(attempt.ttl));
+    set
+}
+
+/// What the reply to this script (or to `ACQUIRE_ALL_LUA`, whose replies are alike) says of
+/// `attempt` on `node`. The refusals are errors: another size or kind of shared lock, and a key
+/// that holds application data.
+pub(crate) fn read(
+    reply: Vec<Value>,
+    attempt: &Acquire<'_>,
+    node: &str,
+) -> Result<Attempt, LockError> {
+    match reply.as_slice() {
+        [Value::Int(1), Value::Int(fence)] => Ok(Attempt::Acquired {
+            fence: attempt
+                .fencing
+                .then_some(u64::try_from(*fence).unwrap_or(0)),
+        }),
+        [Value::Int(0), Value::Int(pttl), owner @ ..] => Ok(Attempt::Busy {
+            retry_after: u64::try_from(*pttl).ok().map(Duration::from_millis),
+            holder: owner
+                .first()
+                .and_then(|o| redis::from_redis_value_ref::<String>(o).ok()),
+            at: match owner.get(1) {
+                Some(Value::Int(i)) => key_index(*i),
+                _ => 0,
+            },
+        }),
+        [Value::Int(3), found] => {
+            let found = redis::from_redis_value_ref::<String>(found).unwrap_or_default();
+            Err(match Share::from_tag(&found) {
+                Some(found) => attempt.share.mismatch(&attempt.key.key, node, found),
+                None => not_a_lock(attempt.key, "sorted set", node),
+            })
+        }
+        other => {
+            let kind = other
+                .get(1)
+                .and_then(|v| redis::from_redis_value_ref::<String>(v).ok())
+                .unwrap_or_default();
+            let at = match other.get(2) {
+                Some(Value::Int(i)) => key_index(*i),
+                _ => 0,
+            };
+            let keys = attempt.key.keys();
+            Err(not_a_lock(keys.get(at).unwrap_or(attempt.key), &kind, node))
+        }
+    }
+}
+
+/// The key holds application data (`kind`), which is left untouched.
+pub(crate) fn not_a_lock(key: &LockKey, kind: &str, node: &str) -> LockError {
+    LockError::InvalidKey {
+        key: key.key.clone(),
+        reason: format!(
+            "Redis key `{}` on {node} holds a {kind}, not a lock; it was left untouched. Pick a \
+             registry prefix or key that no application data uses",
+            crate::error::shown(&key.redis_key),
+        ),
+    }
+}
+
+/// A script's 1-based key number, as an index.
+fn key_index(i: i64) -> usize {
+    usize::try_from(i - 1).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::contract::FENCE_EXPIRY_MS;
+
+    #[test]
+    fn the_acquire_script_expires_counters_after_fence_expiry_ms() {
+        assert!(ACQUIRE_LUA.contains(&format!("'PEXPIRE', KEYS[2], '{FENCE_EXPIRY_MS}'")));
+    }
+}

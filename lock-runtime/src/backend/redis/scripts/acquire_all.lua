@@ -1,0 +1,22 @@
+local token, ttl, n = ARGV[1], ARGV[2], tonumber(ARGV[4])
+for i = 1, n do
+  local owner = redis.pcall('GET', KEYS[i])
+  if type(owner) == 'table' then
+    local kind = redis.call('TYPE', KEYS[i]).ok
+    local tag = kind == 'zset' and shared_tag_of(KEYS[i])
+    if not tag then return {2, kind, i} end
+    return {0, redis.call('PTTL', KEYS[i]), tag, i}
+  end
+  if owner and owner ~= token then return {0, redis.call('PTTL', KEYS[i]), owner, i} end
+end
+for i = 1, n do redis.call('SET', KEYS[i], token, 'PX', ttl) end
+if ARGV[3] ~= '1' then return {1, 0} end
+local fence = 0
+for i = n + 1, 2 * n do
+  local next = next_fence(KEYS[i])
+  if next > fence then fence = next end
+end
+for i = n + 1, 2 * n do
+  redis.call('SET', KEYS[i], string.format('%d', fence), 'PX', '86400000')
+end
+return {1, fence}

@@ -1,0 +1,49 @@
+//! Who holds a key, for how long, and its last fencing token: `inspect.lua`.
+
+use std::time::Duration;
+
+use super::call::{Call, Script};
+use crate::backend::contract::{LockInfo, Permits, Share};
+use crate::key::LockKey;
+
+/// `KEYS[1]` lock, `KEYS[2]` fencing counter. Returns `{token or false, pttl, fence or false,
+/// live places or false, tag or false}` (the last two for readers or a semaphore: the count of
+/// live holders, and `#read` or `#permits=N`).
+pub const INSPECT_LUA: &str = concat!(include_str!("prelude.lua"), include_str!("inspect.lua"));
+
+static SCRIPT: Script = Script::new(INSPECT_LUA);
+
+/// The script's call for `key`.
+pub(crate) fn call(key: &LockKey) -> Call {
+    Call::new(&SCRIPT, &[&key.redis_key, &key.fence_key])
+}
+
+/// The script's reply.
+pub(crate) type Reply = (
+    Option<String>,
+    i64,
+    Option<u64>,
+    Option<u32>,
+    Option<String>,
+);
+
+/// What the reply says. A set whose every place ran out is free, though its key has not
+/// expired yet.
+pub(crate) fn read((owner, pttl, fence, held, tag): Reply) -> LockInfo {
+    let shared = held
+        .filter(|held| *held > 0)
+        .zip(tag.as_deref().and_then(Share::from_tag));
+    LockInfo {
+        owner,
+        remaining: u64::try_from(pttl).ok().map(Duration::from_millis),
+        fence,
+        permits: match shared {
+            Some((held, Share::Permits(total))) => Some(Permits { held, total }),
+            _ => None,
+        },
+        readers: match shared {
+            Some((held, Share::Read)) => Some(held),
+            _ => None,
+        },
+    }
+}

@@ -1,0 +1,84 @@
+-- What acquire.lua and release.lua share after the prelude: taking a fencing token, and handing
+-- the lock to the oldest live waiter.
+--
+-- The waiters' queue is two keys beside the lock, in its slot: `queue:...` (a sorted set of
+-- waiters' tokens, scored by arrival) and `queued:...` (a hash from each token to
+-- "<deadline ms> <ttl ms> <fencing 0|1> <place>", the deadline on the server's clock, the place
+-- the number of the waiter's attempt that last kept it). A waiter whose deadline has passed (it
+-- stopped renewing its place: gone, or gave up without saying so) is dropped when it reaches the
+-- head, never handed the lock. A handed lock expires with the place it went to, so a waiter that
+-- died in the queue holds it no longer than its place had left.
+--
+-- A script that publishes does so before it changes the lock: a user whose ACL lacks the publish
+-- command gets the refusal with the lock untouched.
+local function take_fence(wanted)
+  if wanted ~= '1' then return 0 end
+  local fence, restarted = next_fence(KEYS[2])
+  if restarted then redis.call('SET', KEYS[2], string.format('%d', fence)) end
+  redis.call('PEXPIRE', KEYS[2], '86400000')
+  return fence
+end
+local function leave_queue(token)
+  if #KEYS < 4 or redis.call('ZREM', KEYS[3], token) == 0 then return false end
+  redis.call('HDEL', KEYS[4], token)
+  return true
+end
+local function read_place(entry)
+  if not entry then return nil end
+  local deadline, ttl, fencing, place = string.match(entry, '^(%d+) (%d+) ([01]) (%d+)$')
+  if not deadline then return nil end
+  return tonumber(deadline), ttl, fencing, place
+end
+local function oldest_live_place()
+  if #KEYS < 4 or redis.call('EXISTS', KEYS[3]) == 0 then return nil end
+  local now = now_ms()
+  while true do
+    local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+    if not head then return nil end
+    local deadline = read_place(redis.call('HGET', KEYS[4], head))
+    if deadline and deadline > now then return head, deadline end
+    leave_queue(head)
+  end
+end
+local function oldest_live_waiter()
+  local head = oldest_live_place()
+  if not head then return nil end
+  local deadline, _, fencing, place = read_place(redis.call('HGET', KEYS[4], head))
+  return head, deadline, fencing, place
+end
+local function hand_over(waiter, deadline, fencing, place, released, publish)
+  local fence = take_fence(fencing)
+  local next = redis.sha1hex(waiter) .. ':' .. string.format('%d', fence) .. ':' .. place
+  redis.call(publish, KEYS[1], released .. ':' .. next)
+  leave_queue(waiter)
+  redis.call('SET', KEYS[1], waiter, 'PX', math.max(deadline - now_ms(), 1))
+end
+local function settle_shared(now)
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+  if redis.call('ZCARD', KEYS[1]) <= 1 then
+    redis.call('DEL', KEYS[1])
+    return false
+  end
+  local last = redis.call('ZRANGE', KEYS[1], -2, -2, 'WITHSCORES')[2]
+  redis.call('PEXPIRE', KEYS[1], math.max(tonumber(last) - now, 1))
+  return true
+end
+local function release_permit(token, publish)
+  local deadline = tonumber(redis.call('ZSCORE', KEYS[1], token))
+  if not deadline then return 0 end
+  local now = now_ms()
+  local ours = deadline > now
+  local released = redis.sha1hex(token)
+  if redis.call('ZCOUNT', KEYS[1], '(' .. now, '(+inf') <= (ours and 1 or 0) then
+    local waiter, waiter_deadline, fencing, place = oldest_live_waiter()
+    if waiter then
+      redis.call('DEL', KEYS[1])
+      hand_over(waiter, waiter_deadline, fencing, place, released, publish)
+      return ours and 2 or 0
+    end
+  end
+  redis.call(publish, KEYS[1], released)
+  redis.call('ZREM', KEYS[1], token)
+  settle_shared(now)
+  return ours and 1 or 0
+end

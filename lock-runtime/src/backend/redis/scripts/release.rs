@@ -1,0 +1,42 @@
+//! Letting go of a token: a release, or a waiter leaving the queue: `release.lua`.
+
+use super::call::{lock_keys, Call, Script};
+use crate::key::LockKey;
+
+/// `KEYS` as for [`ACQUIRE_LUA`](super::ACQUIRE_LUA); `ARGV[1]` token, `ARGV[2]` the publish command. Lets go of
+/// the token: takes it out of the waiters' queue, and if it holds the lock, hands the lock to
+/// the oldest live waiter or deletes it; of readers or a semaphore (a sorted set, see
+/// [`ACQUIRE_LUA`](super::ACQUIRE_LUA)), removes the token's place, and with the last live one gone deletes the set
+/// and hands the lock to the oldest live waiter if any. A waiter for the whole lock that leaves
+/// the queue of a shared or free key publishes, so whoever it held off may enter. `pcall` so a key of another type reads as "not ours" instead
+/// of an error. Returns 1 when the lock was deleted, 2 when it was handed over, 0 when
+/// it was not ours.
+///
+/// It publishes on the lock's channel: `<released>` when the lock is now free, and
+/// `<released>:<next>:<fence>:<place>` when it went to a waiter, where each name is the SHA-1 of
+/// a token (it names a tenure without handing out the token itself), the fence is the new
+/// holder's fencing token (0 without fencing) and the place the waiter's attempt that kept the
+/// place the lock went to (a waiter trusts a handoff only for a place no later attempt of its
+/// own found taken). The waiter learns from the message alone that it holds the
+/// lock, and others that it is not free. A release that several Redlock nodes publish wakes one
+/// waiter per process, not one per node.
+pub const RELEASE_LUA: &str = concat!(
+    include_str!("prelude.lua"),
+    include_str!("queue.lua"),
+    include_str!("release.lua")
+);
+
+static SCRIPT: Script = Script::new(RELEASE_LUA);
+
+/// The script's call letting go of `token` on `key`, naming the waiters' queue when `queued`,
+/// publishing with `publish`.
+pub(crate) fn call(key: &LockKey, token: &str, queued: bool, publish: &str) -> Call {
+    Call::new(&SCRIPT, &lock_keys(key, queued, false))
+        .arg(token)
+        .arg(publish)
+}
+
+/// Whether the reply says the token held the lock (deleted, or handed over).
+pub(crate) fn released(reply: i64) -> bool {
+    reply > 0
+}
