@@ -514,10 +514,13 @@ impl Builder<'_> {
                     self.expire_places(&key, cmd.at_us);
                     let ms = cmd.arg_str(2).parse::<i64>().unwrap_or(0);
                     let expiry = cmd.at_us / 1000 + ms;
-                    let last = self
-                        .places
-                        .get(&key)
-                        .and_then(|p| p.values().map(|place| place.expiry_ms).max());
+                    // Places lost with their server (survival not yet seen) are not judged.
+                    let last = self.places.get(&key).and_then(|p| {
+                        p.values()
+                            .filter(|place| place.lost_at.is_none())
+                            .map(|place| place.expiry_ms)
+                            .max()
+                    });
                     if last.is_some_and(|last| expiry + SLACK_MS < last) {
                         self.history.violations.push(format!(
                             "(d) PEXPIRE {ms} of {} at {} cut its places short (last \
@@ -697,8 +700,10 @@ fn units(events: &[Event]) -> Vec<Unit<'_>> {
 
 /// The plain `SET .. NX` commands (by position in `units`) that their client followed, within a
 /// second, with the acquire script for the same key and token: the library sends it only when
-/// the `SET` was refused. Its reply is not in the history, and a key within a millisecond or two
-/// of its expiry may or may not have been there: this tells.
+/// the `SET` was refused, or when its reply was lost. Its reply is not in the history, and a key
+/// within a millisecond or two of its expiry may or may not have been there: this tells. A
+/// script that found the token already owning the key (`GET` then `PEXPIRE`) shows the `SET`
+/// was taken.
 fn refused_plain_sets(units: &[Unit<'_>]) -> std::collections::HashSet<usize> {
     let mut refused = std::collections::HashSet::new();
     for (i, unit) in units.iter().enumerate() {
@@ -714,20 +719,32 @@ fn refused_plain_sets(units: &[Unit<'_>]) -> std::collections::HashSet<usize> {
             continue;
         }
         let (key, token) = (set.arg(1), set.arg(2));
-        let followed = units[i + 1..]
+        let next = units[i + 1..]
             .iter()
             .take_while(|u| u.at_us() < set.at_us + 1_000_000)
-            .any(|u| {
-                let Unit::Command(call, _) = u else {
-                    return false;
-                };
-                call.name() == "EVALSHA"
-                    && call.peer_port == set.peer_port
-                    && is_acquire_call(call)
-                    && call.args.iter().any(|a| a.as_slice() == key)
-                    && call.args.iter().any(|a| a.as_slice() == token)
+            .find_map(|u| match u {
+                // The same token is the same acquisition, also on another connection (a
+                // reconnection between the two commands).
+                Unit::Command(call, body)
+                    if call.name() == "EVALSHA"
+                        && is_acquire_call(call)
+                        && call.args.iter().any(|a| a.as_slice() == key)
+                        && call.args.iter().any(|a| a.as_slice() == token) =>
+                {
+                    Some(body)
+                }
+                _ => None,
             });
-        if followed {
+        let Some(body) = next else {
+            continue;
+        };
+        let found_owning = body.windows(2).any(|pair| {
+            pair[0].name() == "GET"
+                && pair[0].arg(1) == key
+                && pair[1].name() == "PEXPIRE"
+                && pair[1].arg(1) == key
+        });
+        if !found_owning {
             refused.insert(i);
         }
     }
@@ -1098,5 +1115,26 @@ mod plain_sets {
         let refused = history(true);
         assert!(refused.violations.is_empty(), "{:?}", refused.violations);
         assert_eq!(refused.by_token()["B"][0].since_us, 11_002_010);
+    }
+
+    /// A plain `SET NX` whose reply was lost: the client asks the acquire script, which finds
+    /// the token already owning the key and renews it. The `SET` was taken.
+    #[test]
+    fn a_plain_set_whose_client_then_found_itself_owning_the_key_was_taken() {
+        let history = rebuild(
+            &[events(&[
+                r#"10.000000 [0 127.0.0.1:1] "SET" "lock:k" "A" "NX" "PX" "1000""#,
+                // Another connection of A's client, after a reconnection.
+                r#"10.500000 [0 127.0.0.1:3] "evalsha" "a" "1" "lock:k" "A" "1000" "0" "1" "PUBLISH" "0" "2""#,
+                r#"10.500010 [0 lua] "GET" "lock:k""#,
+                r#"10.500020 [0 lua] "PEXPIRE" "lock:k" "1000""#,
+            ])],
+            "lock:",
+            false,
+        );
+        assert!(history.violations.is_empty(), "{:?}", history.violations);
+        let a = &history.by_token()["A"][0];
+        assert_eq!(a.since_us, 10_000_000);
+        assert_eq!(a.expires_at(10_600_000), (10_500 + 1000 + 1) * 1000);
     }
 }
