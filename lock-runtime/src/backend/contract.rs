@@ -10,8 +10,8 @@ use crate::waiting::WaitHub;
 use crate::LockError;
 
 /// How long a fencing counter outlives the last fenced acquisition of its key: one day, so a
-/// server re-creating an expired counter may have a clock up to a day behind (see
-/// `ACQUIRE_LUA`, which spells the same number). Clock errors are seconds, not days; a longer
+/// server re-creating an expired counter may have a clock up to a day behind (`prelude.lua`
+/// of the Redis scripts spells the same number; a test holds the two equal). Clock errors are seconds, not days; a longer
 /// expiry would only keep more counters around.
 pub(crate) const FENCE_EXPIRY_MS: u64 = 24 * 3600 * 1000;
 

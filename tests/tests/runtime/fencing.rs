@@ -11,18 +11,30 @@ use super::support::{raw, registry};
 const DAY_MS: i64 = 24 * 3600 * 1000;
 
 #[tokio::test]
-async fn a_fenced_acquisition_leaves_its_counter_with_an_expiry_of_a_day() {
+async fn a_fenced_acquisition_leaves_its_counters_with_an_expiry_of_a_day() {
     let server = RedisServer::start();
     let reg = registry(&server);
     let mut con = raw(&server.url()).await;
+    // Refreshed by every fenced acquisition, so only an unused counter goes away.
+    let mut counter_of = async |key: &str, token: Option<u64>| {
+        let counter: Option<u64> = con.get(key).await.unwrap();
+        assert_eq!(counter, token, "{key} holds the last token");
+        let pttl: i64 = con.pttl(key).await.unwrap();
+        assert!(pttl > DAY_MS - 60_000 && pttl <= DAY_MS, "{key}: {pttl}");
+    };
     for _ in 0..2 {
         let guard = reg.lock("invoice:7").fencing(true).acquire().await.unwrap();
-        let counter: Option<u64> = con.get("fence:{lock:invoice:7}").await.unwrap();
-        assert_eq!(counter, guard.fence(), "the counter holds the last token");
-        // Refreshed by every fenced acquisition, so only an unused counter goes away.
-        let pttl: i64 = con.pttl("fence:{lock:invoice:7}").await.unwrap();
-        assert!(pttl > DAY_MS - 60_000 && pttl <= DAY_MS, "{pttl}");
+        counter_of("fence:{lock:invoice:7}", guard.fence()).await;
         guard.release().await.unwrap();
+        let both = reg
+            .lock_all(["invoice:7", "invoice:9"])
+            .fencing(true)
+            .acquire()
+            .await
+            .unwrap();
+        counter_of("fence:{lock:invoice:7}", both.fence()).await;
+        counter_of("fence:{lock:invoice:9}", both.fence()).await;
+        both.release().await.unwrap();
     }
 }
 

@@ -145,14 +145,3 @@ pub(crate) fn not_a_lock(key: &LockKey, kind: &str, node: &str) -> LockError {
 fn key_index(i: i64) -> usize {
     usize::try_from(i - 1).unwrap_or(0)
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::backend::contract::FENCE_EXPIRY_MS;
-
-    #[test]
-    fn the_acquire_script_expires_counters_after_fence_expiry_ms() {
-        assert!(ACQUIRE_LUA.contains(&format!("'PEXPIRE', KEYS[2], '{FENCE_EXPIRY_MS}'")));
-    }
-}

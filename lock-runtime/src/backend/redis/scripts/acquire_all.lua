@@ -16,7 +16,5 @@ for i = n + 1, 2 * n do
   local next = next_fence(KEYS[i])
   if next > fence then fence = next end
 end
-for i = n + 1, 2 * n do
-  redis.call('SET', KEYS[i], string.format('%d', fence), 'PX', '86400000')
-end
+for i = n + 1, 2 * n do keep_fence(KEYS[i], fence) end
 return {1, fence}

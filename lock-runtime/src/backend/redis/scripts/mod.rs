@@ -53,3 +53,18 @@ pub(crate) async fn load_all(con: &mut impl ConnectionLike) -> redis::RedisResul
 pub(crate) fn is_noscript(reply: &redis::Value) -> bool {
     matches!(reply, redis::Value::ServerError(e) if e.kind() == Some(ServerErrorKind::NoScript))
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::backend::contract::FENCE_EXPIRY_MS;
+
+    #[test]
+    fn the_scripts_keep_fencing_counters_for_fence_expiry_ms() {
+        let prelude = include_str!("prelude.lua");
+        assert!(prelude.contains(&format!("local FENCE_EXPIRY_MS = '{FENCE_EXPIRY_MS}'")));
+        for script in super::ALL {
+            let spelled = script.matches(&FENCE_EXPIRY_MS.to_string()).count();
+            assert_eq!(spelled, 1, "only the prelude spells it");
+        }
+    }
+}

@@ -13,9 +13,8 @@
 -- command gets the refusal with the lock untouched.
 local function take_fence(wanted)
   if wanted ~= '1' then return 0 end
-  local fence, restarted = next_fence(KEYS[2])
-  if restarted then redis.call('SET', KEYS[2], string.format('%d', fence)) end
-  redis.call('PEXPIRE', KEYS[2], '86400000')
+  local fence = next_fence(KEYS[2])
+  keep_fence(KEYS[2], fence)
   return fence
 end
 local function leave_queue(token)
