@@ -98,6 +98,14 @@ pub enum LockError {
         /// What is wrong and how to fix it.
         reason: String,
     },
+    /// The registry's configuration cannot be used (a bad or empty URL, a zero timeout, a
+    /// Redlock of too few or duplicate nodes, an option the deployment does not have): found
+    /// while building the registry, before any server is contacted.
+    #[error("invalid lock registry configuration: {reason}")]
+    InvalidConfig {
+        /// What is wrong and how to fix it.
+        reason: String,
+    },
 }
 
 /// Why a lease ended before its owner released it.
@@ -165,7 +173,7 @@ impl LockError {
             | Self::InvalidKey { key, .. }
             | Self::InvalidOptions { key, .. } => Some(key),
             Self::Backend { key, .. } => key.as_deref(),
-            Self::NotConfigured { .. } => None,
+            Self::NotConfigured { .. } | Self::InvalidConfig { .. } => None,
         }
     }
 
@@ -191,25 +199,20 @@ impl LockError {
     pub fn is_transient(&self) -> bool {
         match self {
             Self::Busy { .. } | Self::Lost { .. } => true,
-            Self::Backend {
-                command, source, ..
-            } => *command != "configure" && source.as_deref().is_none_or(transient_redis_error),
+            Self::Backend { source, .. } => source.as_deref().is_none_or(transient_redis_error),
             Self::NotOwner { .. }
             | Self::NotConfigured { .. }
+            | Self::InvalidConfig { .. }
             | Self::InvalidKey { .. }
             | Self::ShutDown { .. }
             | Self::InvalidOptions { .. } => false,
         }
     }
 
-    /// A configuration that names no usable node.
-    pub(crate) fn configure(message: String) -> Self {
-        Self::Backend {
-            node: "(none)".into(),
-            command: "configure",
-            key: None,
-            message,
-            source: None,
+    /// A configuration that cannot be used; `reason` says what to change.
+    pub(crate) fn config(reason: impl Into<String>) -> Self {
+        Self::InvalidConfig {
+            reason: reason.into(),
         }
     }
 }

@@ -40,7 +40,7 @@ impl Timeouts {
 fn given(timeout: Option<Duration>, option: &str) -> Result<Duration, LockError> {
     match timeout {
         None => Ok(DEFAULT),
-        Some(d) if d.is_zero() => Err(LockError::configure(format!(
+        Some(d) if d.is_zero() => Err(LockError::config(format!(
             "`{option}` is zero, so every operation would time out at once; give it at least \
              1 ms (the default is 2 s, and anything beyond a day counts as a day)"
         ))),

@@ -582,12 +582,26 @@ fn a_zero_timeout_is_refused_when_the_registry_is_built() {
             Registry::builder().command_timeout(Duration::ZERO),
         ),
     ] {
-        let err = builder.url("redis://127.0.0.1:1/").build().unwrap_err();
-        let message = err.to_string();
+        let message = configure_message(builder.url("redis://127.0.0.1:1/").build());
         assert!(
             message.contains(which) && message.contains("zero"),
             "names the option and why: {message}"
         );
+    }
+}
+
+#[test]
+fn a_url_that_is_not_a_redis_url_is_refused_without_showing_its_password() {
+    for url in [
+        "http://u:s3cret@10.0.0.1:6379/",
+        "redis://u:s3cret@[::1:6379/",
+    ] {
+        let message = configure_message(Registry::builder().url(url).build());
+        assert!(
+            message.contains("not a valid Redis URL") && message.contains("redis://[user"),
+            "says what a URL looks like: {message}"
+        );
+        assert!(!message.contains("s3cret"), "{message}");
     }
 }
 
@@ -619,9 +633,16 @@ async fn timeouts_beyond_a_day_are_clamped_so_waiting_never_overflows() {
     next.release().await.unwrap();
 }
 
+/// A configuration error's message; it is its own variant, final, and does not send the user
+/// to check a server that was never contacted.
 fn configure_message(result: Result<Registry, LockError>) -> String {
     match result {
-        Err(err @ LockError::Backend { .. }) => err.to_string(),
+        Err(err @ LockError::InvalidConfig { .. }) => {
+            assert!(!err.is_transient(), "{err:?}");
+            let message = err.to_string();
+            assert!(!message.contains("reachable"), "{message}");
+            message
+        }
         Err(other) => panic!("expected a configuration error, got {other:?}"),
         Ok(registry) => panic!("expected a configuration error, got {registry:?}"),
     }

@@ -302,7 +302,7 @@ impl RegistryBuilder {
                 _ => None,
             };
             if let Some(why) = why {
-                return Err(LockError::configure(format!(
+                return Err(LockError::config(format!(
                     "`confirm_replicas({replicas})` applies to a single server with replicas or \
                      to Sentinel: {why}; remove the option (or LOCK_REDIS_CONFIRM_REPLICAS)"
                 )));

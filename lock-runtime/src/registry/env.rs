@@ -36,7 +36,7 @@ impl Registry {
         let replicas = match var("LOCK_REDIS_CONFIRM_REPLICAS") {
             None => 0,
             Some(n) => n.trim().parse::<u32>().map_err(|_| {
-                LockError::configure(format!(
+                LockError::config(format!(
                     "LOCK_REDIS_CONFIRM_REPLICAS is `{}`, not a number of replicas; set it to \
                      how many replicas must acknowledge each lock write (e.g. 1), or unset it",
                     crate::error::shown(&n)
@@ -46,10 +46,9 @@ impl Registry {
         let builder = Self::builder().confirm_replicas(replicas);
         if let Some(sentinels) = var("LOCK_REDIS_SENTINEL") {
             let master = var("LOCK_REDIS_SENTINEL_MASTER").ok_or_else(|| {
-                LockError::configure(
+                LockError::config(
                     "LOCK_REDIS_SENTINEL is set but LOCK_REDIS_SENTINEL_MASTER is not; set it \
-                     to the service name the sentinels monitor (`mymaster`)"
-                        .into(),
+                     to the service name the sentinels monitor (`mymaster`)",
                 )
             })?;
             return builder.sentinel(master, list(sentinels)).build();

@@ -45,25 +45,19 @@ impl Tls {
         // Refused by name even where another crate turned on redis' TLS: without the feature,
         // the registry's certificates could not be attached.
         if is_tls_url(url) && !cfg!(feature = "tls") {
-            return Err(LockError::configure(format!(
+            return Err(LockError::config(format!(
                 "the {what} URL uses rediss:// (TLS), but lock-runtime was built without its \
                  `tls` feature; enable it (lock-runtime = {{ .., features = [\"tls\"] }}) or \
                  use redis://"
             )));
         }
         let client = redis::Client::open(url).map_err(|e| {
-            LockError::Backend {
-                // The URL may hold a password: name only what kind of error it was.
-                node: "(unparsed URL)".into(),
-                command: "parse URL",
-                key: None,
-                message: format!(
-                    "the {what} URL is not a valid Redis URL ({:?}); expected \
-                     redis://[user:password@]host:port[/db]",
-                    e.kind()
-                ),
-                source: None,
-            }
+            // The URL may hold a password: name only what kind of error it was.
+            LockError::config(format!(
+                "the {what} URL is not a valid Redis URL ({:?}); expected \
+                 redis://[user:password@]host:port[/db]",
+                e.kind()
+            ))
         })?;
         #[cfg(feature = "tls")]
         if let (Some(certs), Some(_)) = (&self.certs, tls_mode(client.get_connection_info().addr()))
@@ -73,7 +67,7 @@ impl Tls {
                 certs.clone(),
             )
             .map_err(|e| {
-                LockError::configure(format!(
+                LockError::config(format!(
                     "the TLS certificates (tls_root_cert, tls_client_cert) could not be \
                          used for the {what} ({:?}: {}); give PEM-encoded certificates and key",
                     e.kind(),
@@ -165,7 +159,7 @@ pub(crate) fn redlock_nodes(urls: Vec<String>, tls: &Tls) -> Result<Vec<redis::C
         .collect();
     for (i, server) in servers.iter().enumerate() {
         if let Some(j) = servers[..i].iter().position(|s| s == server) {
-            return Err(LockError::configure(format!(
+            return Err(LockError::config(format!(
                 "Redlock entries {} and {} are the same server {server} (another database on \
                  it is not an independent node): Redlock needs independent masters, so list \
                  each server once",
@@ -175,7 +169,7 @@ pub(crate) fn redlock_nodes(urls: Vec<String>, tls: &Tls) -> Result<Vec<redis::C
         }
     }
     if clients.len() < 3 {
-        return Err(LockError::configure(format!(
+        return Err(LockError::config(format!(
             "a Redlock of {} node{} tolerates no node failure (a majority of 1 or 2 is every \
              node) and gives no fencing tokens; use a single server URL for one Redis, or 3 or \
              5 independent masters",
@@ -214,7 +208,7 @@ pub(crate) fn sentinel_setup(
                 "redis://"
             }
         };
-        return Err(LockError::configure(format!(
+        return Err(LockError::config(format!(
             "sentinel URLs 1 and {} differ in TLS ({} and {}): one deployment's sentinels all \
              listen for TLS or none do; give every sentinel URL the same scheme",
             other + 1,
@@ -246,10 +240,9 @@ fn sentinel_master(master: &str, tls: &Tls) -> Result<(String, Option<Connection
     let master = master.trim();
     if !master.contains("://") {
         if master.is_empty() || master.contains(['/', '@', ':', ' ']) {
-            return Err(LockError::configure(
+            return Err(LockError::config(
                 "the Sentinel master name is empty or not a plain name; give the service name \
-                 the sentinels monitor (`mymaster`), or redis://user:password@mymaster/db"
-                    .into(),
+                 the sentinels monitor (`mymaster`), or redis://user:password@mymaster/db",
             ));
         }
         return Ok((master.to_owned(), None));
@@ -262,10 +255,9 @@ fn sentinel_master(master: &str, tls: &Tls) -> Result<(String, Option<Connection
         ConnectionAddr::Tcp(service, _) | ConnectionAddr::TcpTls { host: service, .. } => {
             Ok((service.clone(), Some(info.clone())))
         }
-        _ => Err(LockError::configure(
+        _ => Err(LockError::config(
             "the Sentinel master URL must name the service as its host: \
-             redis://user:password@mymaster/db (rediss:// for a master that speaks TLS)"
-                .into(),
+             redis://user:password@mymaster/db (rediss:// for a master that speaks TLS)",
         )),
     }
 }
@@ -274,10 +266,10 @@ fn sentinel_master(master: &str, tls: &Tls) -> Result<(String, Option<Connection
 /// server's URL into a Redlock of one node.
 fn non_empty(urls: Vec<String>, what: &str) -> Result<Vec<String>, LockError> {
     if urls.is_empty() {
-        return Err(LockError::configure(format!("no {what} URL given")));
+        return Err(LockError::config(format!("no {what} URL given")));
     }
     if let Some(position) = urls.iter().position(|u| u.trim().is_empty()) {
-        return Err(LockError::configure(format!(
+        return Err(LockError::config(format!(
             "the {what} list has an empty entry {} of {} (a stray comma?); remove it (a single \
              server's URL takes no comma at all)",
             position + 1,
