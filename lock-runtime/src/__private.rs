@@ -4,7 +4,7 @@
 use std::future::Future;
 
 pub use crate::key::KeyBuilder;
-pub use crate::{LockError, LockOptions, Mode, OnLost};
+pub use crate::{error::LockError, options::LockOptions, options::Mode, options::OnLost};
 pub use core::time::Duration;
 
 /// Looks up the registry (`None`: the default) and runs `body` under the lock, exactly as
@@ -28,7 +28,7 @@ where
 {
     let registry = match registry {
         None => crate::registry(),
-        Some(name) => crate::named(name),
+        Some(name) => crate::registry::named(name),
     };
     let result = match registry {
         Ok(registry) => {

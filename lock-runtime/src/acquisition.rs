@@ -21,7 +21,7 @@ use crate::key::LockKey;
 use crate::lease::Lease;
 use crate::metrics::{Labels, Refused};
 use crate::state::RegistryInner;
-use crate::{token, LockError, LockOptions};
+use crate::{error::LockError, options::LockOptions, token};
 
 /// [`acquire_lease`] as a task on the I/O runtime, cancelled when the caller stops waiting. A
 /// lock taken just as the caller gave up is released, never left held with no guard.
@@ -91,7 +91,7 @@ async fn take_lease(
     options.validate(&shown)?;
     inner.ensure_open(&shown)?;
     let key = inner.lock_keys(keys)?;
-    if !key.all.is_empty() && options.share().is_shared() {
+    if key.is_multi() && options.share().is_shared() {
         return Err(LockError::InvalidOptions {
             key: shown,
             reason: "several keys are locked exclusively only: a read lock or a permit over \
@@ -112,7 +112,7 @@ async fn take_lease(
     let queue = inner.backend.hands_over()
         && !options.wait.is_zero()
         && !share.is_shared()
-        && key.all.is_empty();
+        && !key.is_multi();
     let hub = inner.backend.hub();
     let mut interest = None;
     // Which of a multi-key lock's keys the interest follows: the one last found taken.
@@ -199,7 +199,7 @@ async fn take_lease(
                 }
                 if now >= give_up_at {
                     return Err(LockError::Busy {
-                        key: key.key.clone(),
+                        key: key.name.clone(),
                         retry_after,
                     });
                 }
@@ -317,14 +317,14 @@ fn late_lease(
     if now < sent_at + options.ttl - options.drift() {
         return None;
     }
-    tracing::debug!(key = %crate::error::shown(&key.key), "a lock taken after its lease ran out");
+    tracing::debug!(key = %crate::error::shown(&key.name), "a lock taken after its lease ran out");
     if now < give_up_at {
         return Some(Ok(()));
     }
     Some(Err(LockError::Backend {
         node: node.to_owned(),
         command: "acquire",
-        key: Some(key.key.clone()),
+        key: Some(key.name.clone()),
         message: format!(
             "the lock was taken, but only {:?} after the attempt was sent, when its {:?} lease \
              could no longer be trusted (a slow network or server, or this process paused), so \
@@ -360,7 +360,7 @@ async fn admitted(
     );
     inner.admit(&lease).await?;
     tracing::debug!(
-        key = %crate::error::shown(&lease.key.key),
+        key = %crate::error::shown(&lease.key.name),
         fence = lease.fence,
         attempts,
         waited_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
@@ -383,7 +383,7 @@ impl LetGo {
                 // Redlock's fresh token per attempt; the earlier ones are undone by Redlock.
                 *armed = token.to_owned();
             }
-            None => self.0 = Some((inner.clone(), key.clone_names(), token.to_owned())),
+            None => self.0 = Some((inner.clone(), key.clone(), token.to_owned())),
         }
     }
 

@@ -8,10 +8,10 @@
 
 use std::sync::Arc;
 
+use crate::error::LockError;
 use crate::lease::Lease;
 use crate::options::Share;
 use crate::state::RegistryInner;
-use crate::LockError;
 
 tokio::task_local! {
     static FRAME: Arc<Frame>;
@@ -70,7 +70,7 @@ impl CurrentLock {
     /// keys sorted and joined by ` + `.
     #[must_use]
     pub fn key(&self) -> &str {
-        &self.frame.lease.key.key
+        &self.frame.lease.key.name
     }
 
     /// The Redis key that holds the lock (prefix included); of a multi-key lock, its first
@@ -128,7 +128,7 @@ pub(crate) fn held(registry: &Arc<RegistryInner>, keys: &[String]) -> Held {
             let mut frame = Some(frame);
             while let Some(f) = frame {
                 if Arc::ptr_eq(&f.registry, registry) {
-                    let holds = |key: &String| f.lease.key.keys().iter().any(|k| k.key == *key);
+                    let holds = |key: &String| f.lease.key.keys().iter().any(|k| k.name == *key);
                     if keys.iter().all(holds) {
                         return Held::All(f.lease.clone());
                     }

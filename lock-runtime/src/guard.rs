@@ -4,10 +4,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::backend::{Renewal, Renewed, Store};
+use crate::error::LockError;
 use crate::keeper::Keeper;
 use crate::lease::Lease;
 use crate::state::RegistryInner;
-use crate::LockError;
 
 /// A held lock. Release it with [`release`](Self::release) (honours `min_hold`) or
 /// [`release_now`](Self::release_now); dropping it releases at once in the background.
@@ -57,7 +57,7 @@ impl LockGuard {
     /// and joined by ` + `.
     #[must_use]
     pub fn key(&self) -> &str {
-        &self.lease.key.key
+        &self.lease.key.name
     }
 
     /// The Redis key that holds the lock; of a multi-key lock, its first key's.
@@ -92,7 +92,7 @@ impl LockGuard {
 
     /// Why the lease is lost, if it is (or `Expired` once past its deadline unconfirmed).
     #[must_use]
-    pub fn lost_reason(&self) -> Option<crate::LostReason> {
+    pub fn lost_reason(&self) -> Option<crate::error::LostReason> {
         self.lease.lost_reason()
     }
 
@@ -155,7 +155,7 @@ impl LockGuard {
                             return Err(LockError::Backend {
                                 node: self.inner.backend.node().to_owned(),
                                 command: "release (min_hold)",
-                                key: Some(lease.key.key.clone()),
+                                key: Some(lease.key.name.clone()),
                                 message: "the nodes did not confirm keeping the key".to_owned(),
                                 source: None,
                             });
@@ -171,7 +171,7 @@ impl LockGuard {
             Ok(true) => {
                 keeper.remove(lease.id);
                 tracing::debug!(
-                    key = %crate::error::shown(&lease.key.key),
+                    key = %crate::error::shown(&lease.key.name),
                     fence = lease.fence,
                     kept_ms = keep.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
                     "lock released"
@@ -181,7 +181,7 @@ impl LockGuard {
             Ok(false) => {
                 keeper.remove(lease.id);
                 Err(LockError::NotOwner {
-                    key: lease.key.key.clone(),
+                    key: lease.key.name.clone(),
                 })
             }
             Err(error) => {

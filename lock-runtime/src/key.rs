@@ -2,7 +2,7 @@
 
 use std::fmt::{self, Write as _};
 
-use crate::LockError;
+use crate::error::LockError;
 
 /// The longest key accepted. Redis would take more, but every lock key travels in every
 /// renewal and release; a key this long is a bug in the caller.
@@ -13,21 +13,22 @@ pub const MAX_KEY_BYTES: usize = 4096;
 pub const MAX_KEYS_PER_LOCK: usize = 64;
 
 /// The Redis names that belong to one lock key.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct LockKey {
-    /// As the user gave it.
-    pub key: String,
+    /// The lock's name as the user gave it (without the prefix); a multi-key lock's keys joined
+    /// with ` + `. Errors and logs show it.
+    pub name: String,
     /// `prefix + key`: the string that holds the owner's token.
     pub redis_key: String,
     /// The fencing counter, in a namespace no lock key can reach.
     pub fence_key: String,
-    /// The waiters' queue: their tokens in order of arrival, and each one's deadline, ttl and
-    /// fencing choice (see `ACQUIRE_LUA`).
+    /// The waiters' queue: their tokens in order of arrival, and each one's deadline, ttl,
+    /// fencing choice and place (see the Redis scripts' `queue.lua`).
     pub queue_key: String,
     pub queued_key: String,
-    /// A multi-key lock's keys, sorted by Redis name, this one (the first) included; empty for
-    /// a single key.
-    pub all: Vec<LockKey>,
+    /// A multi-key lock's keys, sorted by Redis name (the names above are the first one's);
+    /// empty for a single key. Read through [`LockKey::keys`] and [`LockKey::is_multi`].
+    members: Vec<LockKey>,
 }
 
 impl LockKey {
@@ -53,12 +54,12 @@ impl LockKey {
         let [fence_key, queue_key, queued_key] =
             NAMESPACES.map(|namespace| companion(namespace, &redis_key));
         Ok(Self {
-            key,
+            name: key,
             redis_key,
             fence_key,
             queue_key,
             queued_key,
-            all: Vec::new(),
+            members: Vec::new(),
         })
     }
 
@@ -74,7 +75,7 @@ impl LockKey {
         all.dedup_by(|a, b| a.redis_key == b.redis_key);
         let shown = all
             .iter()
-            .map(|k| k.key.as_str())
+            .map(|k| k.name.as_str())
             .collect::<Vec<_>>()
             .join(" + ");
         if all.is_empty() {
@@ -88,7 +89,7 @@ impl LockKey {
         }
         if all.len() > MAX_KEYS_PER_LOCK {
             return Err(LockError::InvalidKey {
-                key: format!("{} + … ({} keys)", all[0].key, all.len()),
+                key: format!("{} + … ({} keys)", all[0].name, all.len()),
                 reason: format!(
                     "a lock over {} keys: one lock takes at most {MAX_KEYS_PER_LOCK} keys, in one \
                      script that holds up the server while it runs; lock a coarser key (the \
@@ -108,32 +109,26 @@ impl LockKey {
                     .to_owned(),
             });
         }
-        let first = all[0].clone_names();
+        let first = all[0].clone();
         Ok(Self {
-            key: shown,
-            all,
+            name: shown,
+            members: all,
             ..first
         })
     }
 
     /// Every key this lock holds: itself, or a multi-key lock's keys.
     pub(crate) fn keys(&self) -> &[LockKey] {
-        if self.all.is_empty() {
+        if self.members.is_empty() {
             std::slice::from_ref(self)
         } else {
-            &self.all
+            &self.members
         }
     }
 
-    pub(crate) fn clone_names(&self) -> Self {
-        Self {
-            key: self.key.clone(),
-            redis_key: self.redis_key.clone(),
-            fence_key: self.fence_key.clone(),
-            queue_key: self.queue_key.clone(),
-            queued_key: self.queued_key.clone(),
-            all: self.all.iter().map(Self::clone_names).collect(),
-        }
+    /// Whether this is a lock over several keys, taken together.
+    pub(crate) fn is_multi(&self) -> bool {
+        !self.members.is_empty()
     }
 
     /// Waiters subscribe to the lock key's own name: channels and keys are separate namespaces,

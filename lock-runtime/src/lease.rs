@@ -9,7 +9,7 @@ use tokio::time::Instant;
 use crate::backend::{ttl_ms, Renewal};
 use crate::key::LockKey;
 use crate::metrics::Labels;
-use crate::{LockError, LockOptions, LostReason};
+use crate::{error::LockError, error::LostReason, options::LockOptions};
 
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct LeaseState {
@@ -145,7 +145,7 @@ impl Lease {
         });
         if newly {
             tracing::warn!(
-                key = %crate::error::shown(&self.key.key),
+                key = %crate::error::shown(&self.key.name),
                 fence = self.fence,
                 %reason,
                 "lock lease lost"
@@ -156,7 +156,7 @@ impl Lease {
 
     pub(crate) fn lost_error(&self, reason: LostReason) -> LockError {
         LockError::Lost {
-            key: self.key.key.clone(),
+            key: self.key.name.clone(),
             reason,
         }
     }

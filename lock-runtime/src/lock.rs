@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::acquisition;
 use crate::guard::LockGuard;
 use crate::state::RegistryInner;
-use crate::{current, LockError, LockOptions, Mode, OnLost};
+use crate::{current, error::LockError, options::LockOptions, options::Mode, options::OnLost};
 
 /// A lock request: built by [`Registry::lock`](crate::Registry::lock), finished by [`acquire`](Self::acquire) or
 /// [`run`](Self::run).

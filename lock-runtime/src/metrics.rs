@@ -18,7 +18,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::LostReason;
+use crate::error::LostReason;
 
 /// The `lock` label of a request without a template.
 #[cfg(feature = "metrics")]

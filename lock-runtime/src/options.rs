@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::LockError;
+use crate::error::LockError;
 
 /// What happens to a guarded body when its lease can no longer be guaranteed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]

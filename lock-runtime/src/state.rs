@@ -5,12 +5,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use crate::backend::{Backend, Store};
+use crate::error::LockError;
 use crate::io::Home;
 use crate::keeper::Keeper;
 use crate::key::LockKey;
 use crate::lease::Lease;
 use crate::timeouts::Timeouts;
-use crate::LockError;
 
 pub(crate) struct RegistryInner {
     pub(crate) backend: Arc<Backend>,
@@ -129,7 +129,7 @@ impl RegistryInner {
         )
         .await;
         Err(LockError::ShutDown {
-            key: lease.key.key.clone(),
+            key: lease.key.name.clone(),
         })
     }
 }

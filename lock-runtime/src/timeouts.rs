@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::LockError;
+use crate::error::LockError;
 
 /// A registry's two timeouts, validated by its builder.
 #[derive(Clone, Copy, Debug)]

@@ -4,10 +4,10 @@
 use std::future::Future;
 use std::time::Duration;
 
+use crate::error::LockError;
 use crate::key::LockKey;
 pub(crate) use crate::options::Share;
 use crate::waiting::WaitHub;
-use crate::LockError;
 
 /// How long a fencing counter outlives the last fenced acquisition of its key: one day, so a
 /// server re-creating an expired counter may have a clock up to a day behind (`prelude.lua`

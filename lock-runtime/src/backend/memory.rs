@@ -9,9 +9,9 @@ use tokio::time::Instant;
 use super::contract::{
     Acquire, Attempt, LockInfo, Permits, Renewal, Renewed, Share, Store, FENCE_EXPIRY_MS,
 };
+use crate::error::LockError;
 use crate::key::LockKey;
 use crate::waiting::{Grant, WaitHub};
-use crate::LockError;
 
 /// Locks kept in this process's memory.
 ///
@@ -230,7 +230,7 @@ impl Data {
         }
         match self.pool(&key.redis_key, now) {
             Some(pool) if pool.share != share => {
-                return Err(share.mismatch(&key.key, "memory", pool.share));
+                return Err(share.mismatch(&key.name, "memory", pool.share));
             }
             Some(pool) if pool.holders.contains_key(attempt.token) => {}
             Some(pool) => {
@@ -441,7 +441,7 @@ impl Store for MemoryStore {
         let now = Instant::now();
         let mut data = self.inner.data();
         let key = attempt.key;
-        if !attempt.key.all.is_empty() {
+        if attempt.key.is_multi() {
             return Ok(data.take_all(attempt, now));
         }
         if attempt.share.is_shared() {

@@ -3,11 +3,11 @@
 
 use std::time::Duration;
 
+use crate::error::LockError;
 use crate::io::Home;
 use crate::key::LockKey;
 use crate::timeouts::Timeouts;
 use crate::waiting::WaitHub;
-use crate::LockError;
 
 mod contract;
 pub(crate) mod memory;

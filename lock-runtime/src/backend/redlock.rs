@@ -31,7 +31,7 @@ use super::redis::RedisBackend;
 use crate::key::LockKey;
 use crate::timeouts::Timeouts;
 use crate::waiting::WaitHub;
-use crate::{io, LockError};
+use crate::{error::LockError, io};
 
 pub(crate) struct Redlock {
     nodes: Vec<Arc<RedisBackend>>,
@@ -206,7 +206,7 @@ impl Redlock {
         LockError::Backend {
             node: self.name.clone(),
             command,
-            key: Some(key.key.clone()),
+            key: Some(key.name.clone()),
             message: format!(
                 "only {} of {} nodes answered, a quorum is {quorum}{more}: {}",
                 self.nodes.len() - errors.len(),
@@ -235,10 +235,10 @@ impl Redlock {
         let (verdict, decided) = watch::channel(Verdict::Pending);
         let (ttl, share, number) = (attempt.ttl, attempt.share, attempt.attempt);
         self.on_the_way.sent(attempt.token, self.nodes.len());
-        let (key, token) = (attempt.key.clone_names(), attempt.token.to_owned());
+        let (key, token) = (attempt.key.clone(), attempt.token.to_owned());
         let on_the_way = self.on_the_way.clone();
         let replies = self.fan_out(per_node, move |i, node| {
-            let (key, token) = (key.clone_names(), token.clone());
+            let (key, token) = (key.clone(), token.clone());
             let (decided, on_the_way) = (decided.clone(), on_the_way.clone());
             async move {
                 let attempt = Acquire {
@@ -308,7 +308,7 @@ impl Store for Redlock {
         let (key, ttl) = (attempt.key, attempt.ttl);
         if attempt.fencing {
             return Err(LockError::InvalidOptions {
-                key: key.key.clone(),
+                key: key.name.clone(),
                 reason: "fencing tokens are not offered on Redlock: independent nodes have no \
                          counter that increases across all of them, so any token would only look \
                          monotonic. Use a single Redis node or Redis Cluster for fencing, or drop \
@@ -404,7 +404,7 @@ impl Store for Redlock {
     /// fewer did, so the caller retries: the lock may still stand on a majority.
     async fn release(&self, key: &LockKey, token: &str) -> Result<bool, LockError> {
         let mut replies = self.fan_out(self.timeouts.command, |i, node| {
-            let (key, token) = (key.clone_names(), token.to_owned());
+            let (key, token) = (key.clone(), token.to_owned());
             let on_the_way = self.on_the_way.clone();
             async move {
                 on_the_way.arrived(&token, i).await;

@@ -20,9 +20,9 @@ use tokio::time::Instant;
 
 use crate::backend::{Backend, Renewal, Renewed, Store};
 use crate::backoff::Backoff;
+use crate::error::LostReason;
 use crate::lease::Lease;
 use crate::metrics::RenewalOutcome;
-use crate::LostReason;
 
 mod leases;
 
@@ -264,7 +264,7 @@ async fn release_dropped(keeper: Arc<Keeper>, lease: Arc<Lease>) {
         match keeper.backend.release(&lease.key, &lease.token).await {
             Ok(released) => {
                 tracing::debug!(
-                    key = %crate::error::shown(&lease.key.key),
+                    key = %crate::error::shown(&lease.key.name),
                     released,
                     "lock released in the background"
                 );

@@ -5,10 +5,10 @@ use std::time::Duration;
 
 use super::handle::Registry;
 use crate::backend::{Backend, MemoryStore, Tls};
+use crate::error::LockError;
 use crate::key;
 use crate::state::RegistryInner;
 use crate::timeouts::Timeouts;
-use crate::LockError;
 
 impl Registry {
     /// Starts a [`RegistryBuilder`].

@@ -1,7 +1,7 @@
 //! A registry chosen by environment variables, with no code change between deployments.
 
 use super::handle::Registry;
-use crate::LockError;
+use crate::error::LockError;
 
 impl Registry {
     /// A registry from the environment, with no code change between deployments:

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::sync::{PoisonError, RwLock};
 
 use super::handle::Registry;
-use crate::LockError;
+use crate::error::LockError;
 
 impl Registry {
     /// Makes this the default registry, used by `#[distributed_lock]` without `registry = ..`

@@ -10,7 +10,7 @@ use futures_util::future::join_all;
 use crate::backend::{LockInfo, Store};
 use crate::lock::LockRequest;
 use crate::state::RegistryInner;
-use crate::{LockError, LostReason};
+use crate::{error::LockError, error::LostReason};
 
 /// A place to take locks: one backend (a Redis server, or memory), a key prefix, and the lease
 /// keeper that renews what this process holds there. Cheap to clone; clones share everything.
@@ -133,7 +133,7 @@ impl Registry {
     pub async fn force_unlock(&self, key: &str) -> Result<bool, LockError> {
         let key = self.inner.lock_key(key.to_owned())?;
         let existed = self.inner.backend.force_unlock(&key).await?;
-        tracing::warn!(key = %crate::error::shown(&key.key), existed, "lock force-unlocked");
+        tracing::warn!(key = %crate::error::shown(&key.name), existed, "lock force-unlocked");
         Ok(existed)
     }
 
@@ -147,7 +147,7 @@ impl Registry {
     pub async fn force_unlock_owned_by(&self, key: &str, owner: &str) -> Result<bool, LockError> {
         let key = self.inner.lock_key(key.to_owned())?;
         let deleted = self.inner.backend.release(&key, owner).await?;
-        tracing::warn!(key = %crate::error::shown(&key.key), deleted, "lock force-unlocked (owner-checked)");
+        tracing::warn!(key = %crate::error::shown(&key.name), deleted, "lock force-unlocked (owner-checked)");
         Ok(deleted)
     }
 
@@ -159,7 +159,7 @@ impl Registry {
             .snapshot()
             .into_iter()
             .map(|lease| HeldLock {
-                key: lease.key.key.clone(),
+                key: lease.key.name.clone(),
                 fence: lease.fence,
                 held_for: lease.confirmed_at.elapsed(),
                 lost: lease.lost_reason().is_some(),

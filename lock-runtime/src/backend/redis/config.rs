@@ -6,7 +6,7 @@ use std::sync::Arc;
 use redis::{ConnectionAddr, ConnectionInfo, TlsMode};
 
 use super::sentinel::SentinelSetup;
-use crate::LockError;
+use crate::error::LockError;
 
 /// The certificates `rediss://` connections trust and present (the `tls` feature).
 #[derive(Debug, Default, Clone)]

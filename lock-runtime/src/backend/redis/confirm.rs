@@ -33,7 +33,7 @@ use super::scripts;
 use crate::backend::contract::{Acquire, Attempt, Renewal, Renewed};
 use crate::key::LockKey;
 use crate::timeouts::Timeouts;
-use crate::{io, LockError};
+use crate::{error::LockError, io};
 
 /// The most writes one `WAIT` confirms; more wait for the next batch.
 const BATCH: usize = 64;
@@ -126,7 +126,7 @@ impl Confirmer {
     /// taken but not acknowledged by enough replicas is released (before the caller may retry
     /// with the same token) and the attempt fails, so the acquire loop retries within `wait`.
     pub(crate) async fn acquire(&self, attempt: &Acquire<'_>) -> Result<Attempt, LockError> {
-        let cmd = if attempt.key.all.is_empty() {
+        let cmd = if !attempt.key.is_multi() {
             scripts::acquire::call(attempt, false, "PUBLISH").cmd()
         } else {
             scripts::acquire_all::call(attempt).cmd()
@@ -134,14 +134,14 @@ impl Confirmer {
         // Small against the ttl: the lease's deadline runs from before the acquisition was sent.
         let wait = attempt.ttl / 20;
         let confirmed = self
-            .send(cmd, Some(wait), "acquire", Some(&attempt.key.key))
+            .send(cmd, Some(wait), "acquire", Some(&attempt.key.name))
             .await?;
         let reply = confirmed
             .reply
             .clone()
             .extract_error()
             .and_then(|v| Ok(redis::from_redis_value::<Vec<Value>>(v)?))
-            .map_err(|e| self.error("acquire", Some(&attempt.key.key), e))?;
+            .map_err(|e| self.error("acquire", Some(&attempt.key.name), e))?;
         let outcome = scripts::acquire::read(reply, attempt, &self.node)?;
         if matches!(outcome, Attempt::Acquired { .. }) && !confirmed.by(self.replicas) {
             return Err(self.unconfirmed_acquisition(attempt, &confirmed).await);
@@ -154,12 +154,12 @@ impl Confirmer {
     /// can never reach the server ahead of the acquisition itself.
     pub(crate) async fn release(&self, key: &LockKey, token: &str) -> Result<bool, LockError> {
         let cmd = scripts::release::call(key, token, false, "PUBLISH").cmd();
-        let confirmed = self.send(cmd, None, "release", Some(&key.key)).await?;
+        let confirmed = self.send(cmd, None, "release", Some(&key.name)).await?;
         let released = confirmed
             .reply
             .extract_error()
             .and_then(|v| Ok(redis::from_redis_value::<i64>(v)?))
-            .map_err(|e| self.error("release", Some(&key.key), e))?;
+            .map_err(|e| self.error("release", Some(&key.name), e))?;
         Ok(scripts::release::released(released))
     }
 
@@ -176,7 +176,7 @@ impl Confirmer {
         LockError::Backend {
             node: self.node.clone(),
             command: "acquire",
-            key: Some(attempt.key.key.clone()),
+            key: Some(attempt.key.name.clone()),
             message: format!(
                 "took the lock, but {} (`confirm_replicas`), and a failover could hand an \
                  unacknowledged lock to a second holder: {released}. Check that the master has \

@@ -13,9 +13,9 @@ use super::errors::{connect_hint, timed_out};
 use super::manager::manager;
 use super::sentinel::SentinelConnection;
 use super::stall::Stall;
+use crate::error::LockError;
 use crate::io;
 use crate::timeouts::Timeouts;
-use crate::LockError;
 
 /// The multiplexed connection of any kind; the scripts run on each.
 #[derive(Clone)]

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::LockError;
+use crate::error::LockError;
 
 /// Whether `e` means the server gave no answer at all (a timeout, a broken or dropped
 /// connection), as opposed to an answer that refused.

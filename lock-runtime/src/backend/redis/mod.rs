@@ -18,10 +18,10 @@ use futures_util::future::join_all;
 use redis::Value;
 
 use crate::backend::contract::{Acquire, Attempt, LockInfo, Renewal, Renewed, Store};
+use crate::error::LockError;
 use crate::key::{hash_tag, LockKey};
 use crate::timeouts::Timeouts;
 use crate::waiting::WaitHub;
-use crate::LockError;
 
 mod cluster_nodes;
 mod coalesce;
@@ -245,22 +245,22 @@ impl RedisBackend {
 
     /// [`Self::undo`] of one key.
     async fn undo_key(&self, key: &LockKey, token: &str) -> Result<bool, LockError> {
-        let mut con = self.con("undo", Some(&key.key)).await?;
+        let mut con = self.con("undo", Some(&key.name)).await?;
         let reply = scripts::undo::call(key, token)
             .run(&mut con)
             .await
-            .map_err(|e| self.error("undo", Some(&key.key), e))?;
+            .map_err(|e| self.error("undo", Some(&key.name), e))?;
         Ok(scripts::undo::undone(reply))
     }
 
     /// One acquisition attempt sent on its own.
     async fn acquire_alone(&self, attempt: &Acquire<'_>) -> Result<Attempt, LockError> {
-        let mut con = self.con("acquire", Some(&attempt.key.key)).await?;
+        let mut con = self.con("acquire", Some(&attempt.key.name)).await?;
         if attempt.plain_set_first() {
             let set: Option<String> = scripts::acquire::plain_set(attempt)
                 .query_async(&mut con)
                 .await
-                .map_err(|e| self.error("acquire", Some(&attempt.key.key), e))?;
+                .map_err(|e| self.error("acquire", Some(&attempt.key.name), e))?;
             if set.is_some() {
                 return Ok(Attempt::Acquired { fence: None });
             }
@@ -274,13 +274,13 @@ impl RedisBackend {
             }
             reply => reply,
         };
-        let reply = reply.map_err(|e| self.error("acquire", Some(&attempt.key.key), e))?;
+        let reply = reply.map_err(|e| self.error("acquire", Some(&attempt.key.name), e))?;
         scripts::acquire::read(reply, attempt, &self.node)
     }
 
     /// One release sent on its own.
     async fn release_alone(&self, key: &LockKey, token: &str) -> Result<bool, LockError> {
-        let mut con = self.con("release", Some(&key.key)).await?;
+        let mut con = self.con("release", Some(&key.name)).await?;
         let released = match self
             .release_script(&mut con, key, token, self.hands_over)
             .await
@@ -290,17 +290,17 @@ impl RedisBackend {
             }
             released => released,
         };
-        let released = released.map_err(|e| self.error("release", Some(&key.key), e))?;
+        let released = released.map_err(|e| self.error("release", Some(&key.name), e))?;
         Ok(scripts::release::released(released))
     }
 
     /// A multi-key lock's attempt: all its keys in one script call.
     async fn acquire_all(&self, attempt: &Acquire<'_>) -> Result<Attempt, LockError> {
-        let mut con = self.con("acquire", Some(&attempt.key.key)).await?;
+        let mut con = self.con("acquire", Some(&attempt.key.name)).await?;
         let reply = scripts::acquire_all::call(attempt)
             .run(&mut con)
             .await
-            .map_err(|e| self.error("acquire", Some(&attempt.key.key), e))?;
+            .map_err(|e| self.error("acquire", Some(&attempt.key.name), e))?;
         scripts::acquire::read(reply, attempt, &self.node)
     }
 
@@ -318,7 +318,7 @@ impl RedisBackend {
                 let released = coalesce::reply(reply)
                     .await
                     .and_then(|v| Ok(redis::from_redis_value::<i64>(v)?))
-                    .map_err(|e| self.error("release", Some(&key.key), e))?;
+                    .map_err(|e| self.error("release", Some(&key.name), e))?;
                 Ok(scripts::release::released(released))
             }
         }
@@ -353,7 +353,7 @@ impl Store for RedisBackend {
     }
 
     async fn acquire(&self, attempt: &Acquire<'_>) -> Result<Attempt, LockError> {
-        if !attempt.key.all.is_empty() && self.confirm.is_none() {
+        if attempt.key.is_multi() && self.confirm.is_none() {
             return self.acquire_all(attempt).await;
         }
         if let Some(confirm) = &self.confirm {
@@ -367,23 +367,23 @@ impl Store for RedisBackend {
             Turn::Queued(reply) => {
                 let reply = coalesce::reply(reply)
                     .await
-                    .map_err(|e| self.error("acquire", Some(&attempt.key.key), e))?;
+                    .map_err(|e| self.error("acquire", Some(&attempt.key.name), e))?;
                 if reply == Value::Okay {
                     // The plain `SET NX PX` took it.
                     return Ok(Attempt::Acquired { fence: None });
                 }
                 let reply = redis::from_redis_value::<Vec<Value>>(reply)
-                    .map_err(|e| self.error("acquire", Some(&attempt.key.key), e.into()))?;
+                    .map_err(|e| self.error("acquire", Some(&attempt.key.name), e.into()))?;
                 scripts::acquire::read(reply, attempt, &self.node)
             }
         }
     }
 
     async fn release(&self, key: &LockKey, token: &str) -> Result<bool, LockError> {
-        if key.all.is_empty() {
+        if !key.is_multi() {
             return self.release_key(key, token).await;
         }
-        every_key(join_all(key.all.iter().map(|k| self.release_key(k, token))).await)
+        every_key(join_all(key.keys().iter().map(|k| self.release_key(k, token))).await)
     }
 
     /// One flag per lock: renewed, not ours, or unknown (`None`: that call failed).
@@ -434,20 +434,20 @@ impl Store for RedisBackend {
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<LockInfo, LockError> {
-        let mut con = self.con("inspect", Some(&key.key)).await?;
+        let mut con = self.con("inspect", Some(&key.name)).await?;
         let reply = scripts::inspect::call(key)
             .run(&mut con)
             .await
-            .map_err(|e| self.error("inspect", Some(&key.key), e))?;
+            .map_err(|e| self.error("inspect", Some(&key.name), e))?;
         Ok(scripts::inspect::read(reply))
     }
 
     async fn force_unlock(&self, key: &LockKey) -> Result<bool, LockError> {
-        let mut con = self.con("force_unlock", Some(&key.key)).await?;
+        let mut con = self.con("force_unlock", Some(&key.name)).await?;
         let reply = scripts::force_unlock::call(key, self.publish_command())
             .run(&mut con)
             .await
-            .map_err(|e| self.error("force_unlock", Some(&key.key), e))?;
+            .map_err(|e| self.error("force_unlock", Some(&key.name), e))?;
         Ok(scripts::force_unlock::deleted(reply))
     }
 }

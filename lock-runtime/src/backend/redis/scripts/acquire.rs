@@ -6,8 +6,8 @@ use redis::Value;
 
 use super::call::{lock_keys, Call, Script};
 use crate::backend::contract::{ttl_ms, Acquire, Attempt, Share};
+use crate::error::LockError;
 use crate::key::LockKey;
-use crate::LockError;
 
 /// `KEYS[1]` lock, `KEYS[2]` fencing counter, `KEYS[3]`/`KEYS[4]` the waiters' queue (see
 /// below); `ARGV[1]` token, `ARGV[2]` ttl ms, `ARGV[3]` `1` to take a fencing token, `ARGV[4]`
@@ -110,7 +110,7 @@ pub(crate) fn read(
         [Value::Int(3), found] => {
             let found = redis::from_redis_value_ref::<String>(found).unwrap_or_default();
             Err(match Share::from_tag(&found) {
-                Some(found) => attempt.share.mismatch(&attempt.key.key, node, found),
+                Some(found) => attempt.share.mismatch(&attempt.key.name, node, found),
                 None => not_a_lock(attempt.key, "sorted set", node),
             })
         }
@@ -132,7 +132,7 @@ pub(crate) fn read(
 /// The key holds application data (`kind`), which is left untouched.
 pub(crate) fn not_a_lock(key: &LockKey, kind: &str, node: &str) -> LockError {
     LockError::InvalidKey {
-        key: key.key.clone(),
+        key: key.name.clone(),
         reason: format!(
             "Redis key `{}` on {node} holds a {kind}, not a lock; it was left untouched. Pick a \
              registry prefix or key that no application data uses",
