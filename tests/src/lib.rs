@@ -28,7 +28,7 @@ pub use direct::{
 };
 pub use locks::{
     assert_lost, most_inside, multi_key_round, read_write_round, semaphore_round, spawn_hung_body,
-    spawn_hung_body_holding, start_holder, warm_up,
+    spawn_hung_body_holding, start_holder, warm_up, RENEWED_TTL,
 };
 pub use poll::eventually;
 pub use registry::{fast_registry, with_timeouts};

@@ -1,5 +1,14 @@
 //! Lock steps tests share: a warm-up cycle, a holder whose body hangs (with or without a handle
-//! on its lease), and the check that a lease was lost for the expected reason.
+//! on its lease), the check that a lease was lost for the expected reason, and the ttl a test
+//! relies on being renewed.
+
+use std::time::Duration;
+
+/// The ttl of a lease a test expects to be renewed (held across several ttls, or lost for a
+/// reason a renewal finds). Each renewal has a third of it to answer: a test process starved
+/// by CPU hogs takes well over 100 ms for a round trip now and then, which loses a 300 ms lease
+/// as `Expired`, correctly, and fails the test for the wrong reason.
+pub const RENEWED_TTL: Duration = Duration::from_secs(1);
 
 /// One lock cycle, so `registry`'s connection is made and its scripts loaded before a fault is
 /// injected: the fault then hits the operation under test, not the handshake.

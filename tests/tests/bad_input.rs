@@ -339,7 +339,7 @@ async fn a_wait_beyond_the_clock_range_is_an_error_or_waits_but_never_panics() {
 async fn a_max_hold_beyond_the_clock_range_is_an_error_or_ignored_but_never_kills_the_keeper() {
     let server = RedisServer::start();
     let reg = registry(&server.url());
-    let ttl = Duration::from_millis(300);
+    let ttl = lock_tests::RENEWED_TTL;
     let outcome = reg
         .lock("k")
         .ttl(ttl)
@@ -353,7 +353,7 @@ async fn a_max_hold_beyond_the_clock_range_is_an_error_or_ignored_but_never_kill
     let guard = outcome.unwrap();
     // Another lock of the same registry must keep being renewed: the keeper is shared.
     let other = reg.lock("other").ttl(ttl).acquire().await.unwrap();
-    tokio::time::sleep(ttl * 4).await;
+    tokio::time::sleep(ttl * 2).await;
     assert!(!other.is_lost(), "the lease keeper died");
     assert!(!guard.is_lost(), "the lease keeper died");
     other.release().await.unwrap();
@@ -388,7 +388,7 @@ async fn push_over_maxmemory(con: &mut redis::aio::MultiplexedConnection) {
 async fn oom_under_maxmemory_fails_new_locks_clearly_while_held_locks_renew_and_release() {
     let server = RedisServer::start();
     let reg = registry(&server.url());
-    let ttl = Duration::from_millis(300);
+    let ttl = lock_tests::RENEWED_TTL;
     let held = reg.lock("held").ttl(ttl).acquire().await.unwrap();
     let mut con = raw(&server.url()).await;
     push_over_maxmemory(&mut con).await;
@@ -407,8 +407,8 @@ async fn oom_under_maxmemory_fails_new_locks_clearly_while_held_locks_renew_and_
     }
     let exists: bool = con.exists("lock:new").await.unwrap();
     assert!(!exists, "nothing was written");
-    // Renewal (PEXPIRE) and release (DEL) need no memory: the held lock survives 3 ttls.
-    tokio::time::sleep(ttl * 3).await;
+    // Renewal (PEXPIRE) and release (DEL) need no memory: the held lock survives 2 ttls.
+    tokio::time::sleep(ttl * 2).await;
     assert!(!held.is_lost(), "renewals kept working under OOM");
     held.release().await.expect("release works under OOM");
     let exists: bool = con.exists("lock:held").await.unwrap();
@@ -441,7 +441,7 @@ async fn a_read_only_replica_refuses_clearly_and_nothing_is_written_there() {
 async fn scripts_flushed_from_the_server_are_reloaded_transparently() {
     let server = RedisServer::start();
     let reg = registry(&server.url());
-    let ttl = Duration::from_millis(300);
+    let ttl = lock_tests::RENEWED_TTL;
     let first = reg
         .lock("k")
         .fencing(true)

@@ -127,9 +127,9 @@ fn an_in_memory_registry_renews_in_a_second_runtime_after_the_first_is_gone() {
     });
 
     runtime().block_on(async {
-        let ttl = Duration::from_millis(300);
+        let ttl = lock_tests::RENEWED_TTL;
         let guard = registry.lock("job").ttl(ttl).acquire().await.unwrap();
-        tokio::time::sleep(ttl * 3).await;
+        tokio::time::sleep(ttl * 2).await;
         assert!(!guard.is_lost(), "renewed by a keeper on this runtime");
         let info = registry.inspect("job").await.unwrap();
         assert_eq!(info.owner.as_deref(), Some(guard.token()));

@@ -12,10 +12,10 @@ use super::support::{assert_lost, eventually, raw, registry, spawn_hung_body};
 async fn renewal_keeps_a_lock_past_three_ttls() {
     let server = RedisServer::start();
     let reg = registry(&server);
-    let ttl = Duration::from_millis(300);
+    let ttl = lock_tests::RENEWED_TTL;
     let guard = reg.lock("long").ttl(ttl).acquire().await.unwrap();
     // Time passing is the point of this test: without renewal the key would be gone.
-    tokio::time::sleep(ttl * 4).await;
+    tokio::time::sleep(ttl * 3).await;
     assert!(!guard.is_lost());
     let mut con = raw(&server.url()).await;
     let value: Option<String> = con.get("lock:long").await.unwrap();
@@ -82,7 +82,7 @@ async fn a_plain_lock_whose_key_became_a_foreign_sorted_set_is_stolen_and_the_se
     let reg = registry(&server);
     let guard = reg
         .lock("became-data")
-        .ttl(Duration::from_millis(300))
+        .ttl(lock_tests::RENEWED_TTL)
         .acquire()
         .await
         .unwrap();
@@ -111,7 +111,7 @@ async fn a_plain_lock_whose_key_became_a_foreign_sorted_set_is_stolen_and_the_se
 async fn a_plain_lock_and_a_read_lock_renewed_in_one_round_both_stay_held() {
     let server = RedisServer::start();
     let reg = registry(&server);
-    let ttl = Duration::from_millis(300);
+    let ttl = lock_tests::RENEWED_TTL;
     let plain = reg.lock("plain").ttl(ttl).acquire().await.unwrap();
     let reader = reg
         .lock("shared")
@@ -121,7 +121,7 @@ async fn a_plain_lock_and_a_read_lock_renewed_in_one_round_both_stay_held() {
         .await
         .unwrap();
     // Time passing is the point of this test: without renewal both keys would be gone.
-    tokio::time::sleep(ttl * 4).await;
+    tokio::time::sleep(ttl * 3).await;
     assert!(!plain.is_lost() && !reader.is_lost());
     let mut con = raw(&server.url()).await;
     let value: Option<String> = con.get("lock:plain").await.unwrap();
@@ -148,7 +148,7 @@ async fn a_key_deleted_behind_the_holders_back_cancels_the_body_with_lost() {
     let flag = DropFlag(dropped.clone());
     let run = reg
         .lock("stolen")
-        .ttl(Duration::from_millis(300))
+        .ttl(lock_tests::RENEWED_TTL)
         .run(async move {
             let _flag = flag;
             started_tx.send(()).unwrap();
@@ -176,7 +176,7 @@ async fn an_overwritten_key_is_lost_and_the_foreign_lock_is_neither_extended_nor
     let reg = registry(&server);
     let guard = reg
         .lock("taken")
-        .ttl(Duration::from_millis(300))
+        .ttl(lock_tests::RENEWED_TTL)
         .acquire()
         .await
         .unwrap();
@@ -208,7 +208,7 @@ async fn on_lost_continue_lets_the_body_finish_and_reports() {
     let server_url = server.url();
     let out = reg
         .lock("continue")
-        .ttl(Duration::from_millis(300))
+        .ttl(lock_tests::RENEWED_TTL)
         .on_lost(OnLost::Continue)
         .run(async move {
             let current = lock_runtime::current().unwrap();
@@ -244,8 +244,8 @@ async fn max_hold_stops_renewal_so_a_hung_body_loses_the_lock() {
     let reg = registry(&server);
     let request = reg
         .lock("hung")
-        .ttl(Duration::from_millis(200))
-        .max_hold(Duration::from_millis(400));
+        .ttl(lock_tests::RENEWED_TTL)
+        .max_hold(lock_tests::RENEWED_TTL * 3 / 2);
     let err = spawn_hung_body(request).await.await.unwrap().unwrap_err();
     assert_lost(&err, LostReason::MaxHold);
 }

@@ -100,7 +100,7 @@ async fn one_key_taken_away_loses_the_whole_lock() {
     on_redis_and_memory(|a, b| async move {
         let request = a
             .lock_all(["account:1", "account:2"])
-            .ttl(Duration::from_millis(300));
+            .ttl(lock_tests::RENEWED_TTL);
         let body = lock_tests::spawn_hung_body(request).await;
         assert!(b.force_unlock("account:2").await.unwrap());
         let err = body.await.unwrap().unwrap_err();

@@ -96,13 +96,13 @@ async fn a_permit_is_renewed_while_held_and_stays_counted() {
         let guard = a
             .lock("renewed")
             .permits(2)
-            .ttl(Duration::from_millis(300))
+            .ttl(lock_tests::RENEWED_TTL)
             .acquire()
             .await
             .unwrap();
         // Three ttls: held only if the keeper renewed it.
         for _ in 0..3 {
-            tokio::time::sleep(Duration::from_millis(300)).await;
+            tokio::time::sleep(lock_tests::RENEWED_TTL).await;
             assert!(!guard.is_lost(), "renewed in time");
             let info = b.inspect("renewed").await.unwrap();
             assert_eq!(info.permits, Some(Permits { held: 1, total: 2 }));
@@ -168,7 +168,7 @@ async fn bad_permits_are_refused_before_anything_is_sent() {
 #[tokio::test]
 async fn a_permit_or_a_read_lock_taken_away_stops_its_body() {
     on_redis_and_memory(|a, b| async move {
-        let ttl = Duration::from_millis(300);
+        let ttl = lock_tests::RENEWED_TTL;
         for (key, request) in [
             ("pool", a.lock("pool").permits(2)),
             ("catalog", a.lock("catalog").mode(lock_runtime::Mode::Read)),
