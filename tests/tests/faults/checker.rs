@@ -152,12 +152,14 @@ impl Report {
     }
 }
 
-/// Runs `system` through `steps` (and a soak, if asked) and checks everything.
 /// What a run must have exercised, or it proves nothing: a check that passes over nothing is a
 /// failure.
 #[derive(Clone, Copy, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Minimums {
+    /// Critical sections of every kind together.
     pub sections: usize,
+    /// Critical sections of the register (the plain lock) among them.
+    pub register: usize,
     /// `on_lost = cancel` bodies reported lost and checked by (e).
     pub cancelled: usize,
     /// Hand-overs after a holder was killed or stopped, judged by (c).
@@ -204,6 +206,7 @@ impl Minimums {
     #[cfg(test)]
     const NONE: Self = Self {
         sections: 0,
+        register: 0,
         cancelled: 0,
         hand_overs: 0,
         renewals: 0,
@@ -758,10 +761,11 @@ fn the_run_exercised_what_it_claims(
     let asking: usize = f.i.histories.iter().map(|h| h.asking).sum();
     let of_kind = |kind: &str| f.secs.iter().filter(|s| s.kind == kind).count();
     for (what, seen, least) in [
+        ("critical sections", f.secs.len(), m.sections),
         (
             "critical sections of the register",
             of_kind("lock"),
-            m.sections,
+            m.register,
         ),
         ("sections of readers", of_kind("read"), m.per_kind),
         (
@@ -1112,6 +1116,7 @@ fn the_checks_catch_overlaps_lost_increments_slow_hand_overs_late_cancels_blocki
     let report = check(&Inputs {
         minimums: Minimums {
             sections: 100,
+            register: 50,
             ..Minimums::NONE
         },
         bad_exits: &["worker 3: exit status: 101".to_owned()],
@@ -1131,7 +1136,8 @@ fn the_checks_catch_overlaps_lost_increments_slow_hand_overs_late_cancels_blocki
         "(g) a drop blocked the runtime",
         "(a) 1.0 fence 4: run() returned Ok although",
         "(run) a worker did not exit cleanly: worker 3",
-        "(run) the run exercised too little: 4 critical sections of the register, at least 100 wanted",
+        "(run) the run exercised too little: 4 critical sections, at least 100 wanted",
+        "(run) the run exercised too little: 4 critical sections of the register, at least 50 wanted",
     ] {
         assert!(all.contains(expected), "missing {expected:?} in:\n{all}");
     }

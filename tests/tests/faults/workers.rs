@@ -213,11 +213,10 @@ impl Pool {
         self.lines()
     }
 
-    /// Lets the workload run until its workers finished `count` critical sections, or for at
-    /// most `limit`. Progress is only in the workers' output: polled.
-    /// Waits (at most `limit`) until `count` sections of the register and `per_kind` of each
-    /// other lock kind have ended.
-    pub fn wait_for_sections(&self, count: usize, per_kind: usize, limit: Duration) {
+    /// Lets the workload run until its workers finished the critical sections `least` asks for
+    /// (of every kind, of the register, of each other kind), or for at most `limit`. Progress
+    /// is only in the workers' output: polled.
+    pub fn wait_for_sections(&self, least: &super::checker::Minimums, limit: Duration) {
         let deadline = std::time::Instant::now() + limit;
         while std::time::Instant::now() < deadline {
             let mut ended: HashMap<&str, usize> = HashMap::new();
@@ -231,10 +230,11 @@ impl Pool {
                 *ended.entry(kind).or_default() += 1;
             }
             let enough = |kind: &str, least: usize| ended.get(kind).copied().unwrap_or(0) >= least;
-            if enough("lock", count)
+            if ended.values().sum::<usize>() >= least.sections
+                && enough("lock", least.register)
                 && ["read", "write", "permit", "multi"]
                     .iter()
-                    .all(|kind| enough(kind, per_kind))
+                    .all(|kind| enough(kind, least.per_kind))
             {
                 return;
             }
