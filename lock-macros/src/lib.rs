@@ -514,8 +514,8 @@ fn distributed_lock_impl(
     let args = args::parse(args, &mut errors);
     let item = match syn::parse2::<syn::ItemFn>(item.clone()) {
         Ok(item) => item,
-        Err(_) => {
-            errors.push(not_a_fn(item));
+        Err(parse_error) => {
+            errors.push(not_a_fn(item, parse_error));
             return errors
                 .finish()
                 .map(|()| unreachable!("an error was just recorded"));
@@ -528,8 +528,9 @@ fn distributed_lock_impl(
     ))
 }
 
-/// The error for an item that is not a fn with a body.
-fn not_a_fn(item: proc_macro2::TokenStream) -> syn::Error {
+/// The error for an item that is not a fn with a body: a trait's fn declaration, another kind
+/// of item, or a fn syn cannot read (then syn's own error, on the token it stopped at).
+fn not_a_fn(item: proc_macro2::TokenStream, parse_error: syn::Error) -> syn::Error {
     if let Ok(method) = syn::parse2::<syn::TraitItemFn>(item.clone()) {
         return syn::Error::new_spanned(
             method.sig.ident,
@@ -537,10 +538,13 @@ fn not_a_fn(item: proc_macro2::TokenStream) -> syn::Error {
              on the fn in each `impl` of the trait instead of on its declaration",
         );
     }
-    syn::Error::new(
-        proc_macro2::Span::call_site(),
-        "`#[distributed_lock]` applies to an `async fn` that returns `Result<T, E>`",
-    )
+    match syn::parse2::<syn::Item>(item) {
+        Ok(syn::Item::Fn(_) | syn::Item::Verbatim(_)) | Err(_) => parse_error,
+        Ok(_) => syn::Error::new(
+            proc_macro2::Span::call_site(),
+            "`#[distributed_lock]` applies to an `async fn` that returns `Result<T, E>`",
+        ),
+    }
 }
 
 #[cfg(test)]
@@ -634,6 +638,27 @@ mod tests {
             ),
         );
         assert!(expanded.contains(". template (\"account:<from> + account:<to>\")"));
+    }
+
+    /// A fn syn cannot read gets syn's own error, which names the token it stopped at, rather
+    /// than "applies to an async fn"; another kind of item gets that.
+    #[test]
+    fn a_fn_syn_cannot_read_keeps_syns_error() {
+        let error = |item: proc_macro2::TokenStream| {
+            super::distributed_lock_impl(quote!(key = "job"), item)
+                .expect_err("refused")
+                .to_string()
+        };
+        let unreadable = quote!(async fn f(id: u64, ->) -> Result<(), E> {});
+        let expected = syn::parse2::<syn::ItemFn>(unreadable.clone())
+            .expect_err("not a fn syn reads")
+            .to_string();
+        assert_eq!(error(unreadable), expected);
+        assert!(!expected.contains("applies to"), "{expected}");
+        assert!(error(quote!(
+            struct Job;
+        ))
+        .contains("applies to an `async fn`"));
     }
 
     #[test]
