@@ -93,11 +93,15 @@ pub fn details(redis_key: &str, info: &LockInfo) -> String {
     } else {
         "free"
     };
-    format!(
+    let mut text = format!(
         "key:    {redis_key}\nstate:  {state}\nowner:  {owner}\nlease:  {}\nfence:  {}\n",
         remaining(info),
         fence(info),
-    )
+    );
+    if info.waiters > 0 {
+        text.push_str(&format!("queue:  {} waiting\n", info.waiters));
+    }
+    text
 }
 
 /// Left-aligned columns, two spaces apart; the last column is not padded.
@@ -164,13 +168,8 @@ mod tests {
 
     #[test]
     fn a_free_lock_shows_its_last_fence() {
-        let info = LockInfo {
-            owner: None,
-            remaining: None,
-            fence: Some(17),
-            permits: None,
-            readers: None,
-        };
+        let mut info = LockInfo::default();
+        info.fence = Some(17);
         let text = details("lock:x", &info);
         assert!(text.contains("state:  free"), "{text}");
         assert!(text.contains("fence:  17"), "{text}");
@@ -178,28 +177,29 @@ mod tests {
 
     #[test]
     fn a_semaphore_shows_its_permits_held() {
-        let info = LockInfo {
-            owner: None,
-            remaining: Some(Duration::from_millis(4_240)),
-            fence: None,
-            permits: Some(lock_runtime::Permits { held: 2, total: 4 }),
-            readers: None,
-        };
+        let mut info = LockInfo::default();
+        info.remaining = Some(Duration::from_millis(4_240));
+        info.permits = Some(lock_runtime::Permits { held: 2, total: 4 });
         let text = details("lock:gpu-pool", &info);
         assert!(text.contains("state:  held"), "{text}");
         assert!(text.contains("owner:  2 of 4 permits"), "{text}");
         assert!(text.contains("lease:  4.2s"), "{text}");
+        assert!(!text.contains("queue:"), "nobody waits: {text}");
+    }
+
+    #[test]
+    fn queued_waiters_are_counted() {
+        let mut info = LockInfo::default();
+        info.owner = Some(format!("web-1:42:{}", "ab".repeat(16)));
+        info.waiters = 3;
+        assert!(details("lock:deploy", &info).contains("queue:  3 waiting"));
     }
 
     #[test]
     fn readers_show_as_a_count() {
-        let info = LockInfo {
-            owner: None,
-            remaining: Some(Duration::from_secs(3)),
-            fence: None,
-            permits: None,
-            readers: Some(3),
-        };
+        let mut info = LockInfo::default();
+        info.remaining = Some(Duration::from_secs(3));
+        info.readers = Some(3);
         assert_eq!(holder(&info).as_deref(), Some("3 readers"));
         assert!(details("lock:catalog", &info).contains("state:  held"));
     }

@@ -411,6 +411,11 @@ impl WaitHub {
         })
     }
 
+    /// How many waiters here are interested in `channel` now.
+    pub(crate) fn interested(&self, channel: &str) -> usize {
+        self.shared.lock().get(channel).map_or(0, |e| e.interest)
+    }
+
     /// Registers interest in `channel` and returns once notifications for it can arrive, or
     /// at `give_up_at` (the caller's `wait`), or after the hub's `follow_within`, whichever
     /// comes first: a feed that cannot follow (stuck reconnecting) costs a waiter that long

@@ -99,8 +99,10 @@ pub(crate) struct Renewal<'a> {
     pub share: Share,
 }
 
-/// What `inspect` finds under a key.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What `inspect` finds under a key. Fields may be added: read them, or start from
+/// [`LockInfo::default`] (a free lock) to build one.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct LockInfo {
     /// The holder's token (`host:pid:random`), `None` when the lock is free or held shared.
     pub owner: Option<String>,
@@ -114,6 +116,9 @@ pub struct LockInfo {
     pub permits: Option<Permits>,
     /// For a read-write lock held by readers: how many.
     pub readers: Option<u32>,
+    /// Callers queued for the lock, each to be handed it in turn (places whose owner stopped
+    /// renewing them do not count). Always 0 on Redlock, whose waiters do not queue.
+    pub waiters: u32,
 }
 
 /// A semaphore's permits, as [`LockInfo`] reports them.

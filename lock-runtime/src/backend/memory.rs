@@ -415,6 +415,14 @@ impl MemoryStore {
         Self::default()
     }
 
+    /// How many callers wait for a release of `redis_key` (the full Redis name, prefix
+    /// included) now, as `PUBSUB NUMSUB` counts a Redis server's listeners: for tests that must
+    /// not release a lock before its waiter listens.
+    #[must_use]
+    pub fn waiters(&self, redis_key: &str) -> usize {
+        self.inner.hub.interested(redis_key)
+    }
+
     /// Sets `key` (the full Redis name, prefix included) to `value` with no expiry, as a foreign
     /// writer would: for tests that take a lock away behind its holder's back.
     pub fn overwrite(&self, redis_key: &str, value: &str) {
@@ -550,40 +558,31 @@ impl Store for MemoryStore {
     async fn inspect(&self, key: &LockKey) -> Result<LockInfo, LockError> {
         let now = Instant::now();
         let mut data = self.inner.data();
-        let fence = data
-            .fences
-            .get(&key.fence_key)
-            .filter(|f| f.expires_at > now)
-            .map(|f| f.last);
+        let mut info = LockInfo {
+            fence: data
+                .fences
+                .get(&key.fence_key)
+                .filter(|f| f.expires_at > now)
+                .map(|f| f.last),
+            waiters: data.queues.get(&key.redis_key).map_or(0, |queue| {
+                let live = queue.iter().filter(|w| w.deadline > now).count();
+                u32::try_from(live).unwrap_or(u32::MAX)
+            }),
+            ..LockInfo::default()
+        };
         if let Some(pool) = data.pool(&key.redis_key, now) {
             let held = u32::try_from(pool.holders.len()).unwrap_or(u32::MAX);
-            return Ok(LockInfo {
-                owner: None,
-                remaining: pool.holders.values().max().map(|t| *t - now),
-                fence,
-                permits: match pool.share {
-                    Share::Permits(total) => Some(Permits { held, total }),
-                    Share::Read | Share::Exclusive => None,
-                },
-                readers: (pool.share == Share::Read).then_some(held),
-            });
+            info.remaining = pool.holders.values().max().map(|t| *t - now);
+            info.permits = match pool.share {
+                Share::Permits(total) => Some(Permits { held, total }),
+                Share::Read | Share::Exclusive => None,
+            };
+            info.readers = (pool.share == Share::Read).then_some(held);
+        } else if let Some(entry) = data.live(&key.redis_key, now) {
+            info.owner = Some(entry.token.clone());
+            info.remaining = entry.expires_at.map(|t| t - now);
         }
-        Ok(match data.live(&key.redis_key, now) {
-            Some(entry) => LockInfo {
-                owner: Some(entry.token.clone()),
-                remaining: entry.expires_at.map(|t| t - now),
-                fence,
-                permits: None,
-                readers: None,
-            },
-            None => LockInfo {
-                owner: None,
-                remaining: None,
-                fence,
-                permits: None,
-                readers: None,
-            },
-        })
+        Ok(info)
     }
 
     async fn force_unlock(&self, key: &LockKey) -> Result<bool, LockError> {

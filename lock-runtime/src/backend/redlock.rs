@@ -559,6 +559,8 @@ impl Store for Redlock {
                 .filter_map(|i| i.permits)
                 .max_by_key(|p| p.held),
             readers: infos.iter().filter_map(|i| i.readers).max(),
+            // The nodes hand nothing over, so nobody queues there.
+            waiters: 0,
         })
     }
 

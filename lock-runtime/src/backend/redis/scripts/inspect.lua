@@ -7,4 +7,9 @@ if type(token) ~= 'string' then
     tag = shared_tag_of(KEYS[1]) or false
   end
 end
-return {token, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2]), held, tag}
+local waiters, now = 0, now_ms()
+for _, entry in ipairs(redis.call('HVALS', KEYS[4])) do
+  local deadline = read_place(entry)
+  if deadline and deadline > now then waiters = waiters + 1 end
+end
+return {token, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2]), held, tag, waiters}

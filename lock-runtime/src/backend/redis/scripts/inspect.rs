@@ -1,4 +1,4 @@
-//! Who holds a key, for how long, and its last fencing token: `inspect.lua`.
+//! Who holds a key, for how long, its last fencing token and who queues for it: `inspect.lua`.
 
 use std::time::Duration;
 
@@ -6,16 +6,29 @@ use super::call::{Call, Script};
 use crate::backend::contract::{LockInfo, Permits, Share};
 use crate::key::LockKey;
 
-/// `KEYS[1]` lock, `KEYS[2]` fencing counter. Returns `{token or false, pttl, fence or false,
-/// live places or false, tag or false}` (the last two for readers or a semaphore: the count of
-/// live holders, and `#read` or `#permits=N`).
-pub const INSPECT_LUA: &str = concat!(include_str!("prelude.lua"), include_str!("inspect.lua"));
+/// `KEYS[1]` lock, `KEYS[2]` fencing counter, `KEYS[3..4]` the waiters' queue. Returns `{token
+/// or false, pttl, fence or false, live places or false, tag or false, live waiters}` (places
+/// and tag for readers or a semaphore: the count of live holders, and `#read` or
+/// `#permits=N`).
+pub const INSPECT_LUA: &str = concat!(
+    include_str!("prelude.lua"),
+    include_str!("queue.lua"),
+    include_str!("inspect.lua")
+);
 
 static SCRIPT: Script = Script::new(INSPECT_LUA);
 
 /// The script's call for `key`.
 pub(crate) fn call(key: &LockKey) -> Call {
-    Call::new(&SCRIPT, &[&key.redis_key, &key.fence_key])
+    Call::new(
+        &SCRIPT,
+        &[
+            &key.redis_key,
+            &key.fence_key,
+            &key.queue_key,
+            &key.queued_key,
+        ],
+    )
 }
 
 /// The script's reply.
@@ -25,11 +38,12 @@ pub(crate) type Reply = (
     Option<u64>,
     Option<u32>,
     Option<String>,
+    u32,
 );
 
 /// What the reply says. A set whose every place ran out is free, though its key has not
 /// expired yet.
-pub(crate) fn read((owner, pttl, fence, held, tag): Reply) -> LockInfo {
+pub(crate) fn read((owner, pttl, fence, held, tag, waiters): Reply) -> LockInfo {
     let shared = held
         .filter(|held| *held > 0)
         .zip(tag.as_deref().and_then(Share::from_tag));
@@ -45,5 +59,6 @@ pub(crate) fn read((owner, pttl, fence, held, tag): Reply) -> LockInfo {
             Some((held, Share::Read)) => Some(held),
             _ => None,
         },
+        waiters,
     }
 }
