@@ -27,7 +27,7 @@ pub use direct::{
     command_calls, command_counts, connection, fixture_has_set_ifeq, has_set_ifeq, raw, subscribers,
 };
 pub use locks::{
-    assert_lost, most_inside, multi_key_round, read_write_round, semaphore_round, spawn_hung_body,
+    assert_lost, most_inside, read_write_round, semaphore_round, spawn_hung_body,
     spawn_hung_body_holding, start_holder, warm_up, RENEWED_TTL,
 };
 pub use poll::eventually;

@@ -142,18 +142,3 @@ fn confirm_replicas_is_refused_where_it_cannot_hold_with_the_reason() {
         .build()
         .unwrap();
 }
-
-/// Each permit is confirmed by the replica like a lock, and so is each renewal.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn permits_are_confirmed_by_the_replica_like_locks() {
-    let (master, _replica) = master_and_replica();
-    let (a, b) = (confirming(&master, 1), confirming(&master, 1));
-    lock_tests::semaphore_round(&a, &b, "gpu-pool").await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn several_keys_are_confirmed_by_the_replica_together() {
-    let (master, _replica) = master_and_replica();
-    let (a, b) = (confirming(&master, 1), confirming(&master, 1));
-    lock_tests::multi_key_round(&a, &b, "account:1", "account:2").await;
-}

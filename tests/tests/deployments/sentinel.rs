@@ -438,27 +438,6 @@ fn sentinel_configuration_mistakes_are_refused_by_name() {
     assert!(!format!("{reg:?}").contains("s3cret"));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_semaphore_keeps_its_permits_on_the_master_the_sentinels_name() {
-    let deployment = RedisSentinels::start();
-    let (a, b) = (registry(&deployment), registry(&deployment));
-    lock_tests::semaphore_round(&a, &b, "gpu-pool").await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_read_write_lock_keeps_its_readers_on_the_master_the_sentinels_name() {
-    let deployment = RedisSentinels::start();
-    let (a, b) = (registry(&deployment), registry(&deployment));
-    lock_tests::read_write_round(&a, &b, "catalog").await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn several_keys_are_taken_together_on_the_master_the_sentinels_name() {
-    let deployment = RedisSentinels::start();
-    let (a, b) = (registry(&deployment), registry(&deployment));
-    lock_tests::multi_key_round(&a, &b, "account:1", "account:2").await;
-}
-
 /// `PUBSUB NUMSUB` on a server of any kind (the shared helper speaks plain TCP only).
 fn subscribers_on(server: &RedisServer, channel: &str) -> i64 {
     let counts: Vec<(String, i64)> = redis::cmd("PUBSUB")

@@ -9,14 +9,6 @@ use lock_tests::RedisServer;
 
 use super::support::{on_redis_and_memory, registry};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn several_keys_are_taken_all_or_none_and_released_together() {
-    on_redis_and_memory(|a, b| async move {
-        lock_tests::multi_key_round(&a, &b, "account:1", "account:2").await;
-    })
-    .await;
-}
-
 /// Half the tasks name the keys one way round, half the other: sorted and taken in one step,
 /// they never wait for each other in turn, and no key ever has two holders.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

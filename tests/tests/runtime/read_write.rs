@@ -11,14 +11,6 @@ use tokio::task::JoinHandle;
 
 use super::support::{on_redis_and_memory, registry};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn readers_share_the_key_and_a_writer_holds_it_alone() {
-    on_redis_and_memory(
-        |a, b| async move { lock_tests::read_write_round(&a, &b, "catalog").await },
-    )
-    .await;
-}
-
 /// A read lock on `catalog` through `a`, and a writer queued behind it through `b` (waiting
 /// up to `wait`); returns once new readers are held back by that writer.
 async fn reader_and_queued_writer(

@@ -8,12 +8,6 @@ use lock_tests::RedisServer;
 use super::support::{on_redis_and_memory, registry};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn n_permits_are_held_at_once_and_the_next_taker_waits_for_a_release() {
-    on_redis_and_memory(|a, b| async move { lock_tests::semaphore_round(&a, &b, "pool").await })
-        .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_tasks_in_several_registries_never_exceed_the_permits() {
     let server = RedisServer::start();
     let registries: Vec<_> = (0..4).map(|_| registry(&server)).collect();

@@ -1,0 +1,69 @@
+//! One contract, every store: each behaviour of `Store` (exclusion, owner-checked release and
+//! renewal, fencing, hand-over order, waiting without polling, leases lost and reported,
+//! permits, readers and writers, several keys, inspect, force-unlock) is written once in
+//! `conformance/behaviours.rs` and run on memory, a single node, a single node whose replica
+//! confirms every write, Sentinel, Cluster and Redlock: `conformance::<behaviour>::<store>`.
+//! What a store does not do it declares (`Store::lacks`), and the behaviour checks its refusal
+//! or weaker promise instead, printing the reason.
+
+mod conformance {
+    mod behaviours;
+    mod stores;
+
+    /// For each behaviour, a module with one test per store, each on a store of its own.
+    macro_rules! on_every_store {
+        ($($behaviour:ident),* $(,)?) => {$(
+            mod $behaviour {
+                use super::stores::{Kind, Store};
+
+                async fn check(kind: Kind) {
+                    super::behaviours::$behaviour(&Store::start(kind)).await;
+                }
+
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn memory() {
+                    check(Kind::Memory).await;
+                }
+
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn single_node() {
+                    check(Kind::SingleNode).await;
+                }
+
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn confirmed_by_a_replica() {
+                    check(Kind::Confirmed).await;
+                }
+
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn sentinel() {
+                    check(Kind::Sentinel).await;
+                }
+
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn cluster() {
+                    check(Kind::Cluster).await;
+                }
+
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn redlock() {
+                    check(Kind::Redlock).await;
+                }
+            }
+        )*};
+    }
+
+    on_every_store!(
+        exclusion,
+        release_and_renewal_are_owner_checked,
+        fencing_tokens_rise_with_every_holder,
+        waiters_are_served_first_come_first_served,
+        a_waiter_is_woken_by_the_release_without_polling,
+        a_lease_taken_away_is_lost_and_reported,
+        permits_are_held_up_to_their_number,
+        readers_share_and_a_writer_holds_alone,
+        several_keys_are_taken_all_or_none,
+        inspect_shows_owner_lease_fence_and_queue,
+        force_unlock_frees_any_holders_lock,
+    );
+}
