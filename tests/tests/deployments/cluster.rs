@@ -402,8 +402,11 @@ async fn a_lock_migrated_while_held_is_renewed_released_and_taken_again_on_its_t
     held.release().await.unwrap();
     assert_eq!(migration.on_target(&key), None);
 
-    // Without fencing the lock is one key, which the target serves during the migration.
-    let second = b.lock("deploy:7").ttl(ttl).acquire().await.unwrap();
+    // Without fencing the lock is one key, which the target serves during the migration. Its
+    // lease must outlive a loaded machine's slow renewals once the migration ends: it is only
+    // watched for one renewal there.
+    let second_ttl = 2 * ttl;
+    let second = b.lock("deploy:7").ttl(second_ttl).acquire().await.unwrap();
     assert_eq!(migration.on_target(&key).as_deref(), Some(second.token()));
     assert!(a.lock("deploy:7").acquire().await.unwrap_err().is_busy());
 
@@ -411,10 +414,13 @@ async fn a_lock_migrated_while_held_is_renewed_released_and_taken_again_on_its_t
     migration.finish();
     let target = cluster.nodes.iter().find(|n| n.port() == target).unwrap();
     let before = pttl(target, &key);
-    eventually(2 * ttl, "a renewal on the new owner", || async {
+    let renewed = eventually(2 * second_ttl, "a renewal on the new owner", || async {
         pttl(target, &key) > before
-    })
-    .await;
+    });
+    tokio::select! {
+        () = renewed => {}
+        lost = second.lost() => panic!("lost once the migration ended: {lost}"),
+    }
     assert_eq!(second.lost_reason(), None);
     second.release().await.unwrap();
     assert_eq!(pttl(target, &key), -2, "left behind");
