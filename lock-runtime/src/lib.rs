@@ -33,31 +33,13 @@
 //!
 //! # How it works
 //!
-//! - **Wire protocol.** One Redis string per lock, `SET lock:<key> <token> NX PX <ttl>`, the
-//!   convention of redis-py's `Lock`, redsync and node-redlock, so services in other languages
-//!   that lock the same key exclude ours. The token is `host:pid:` plus 128 bits from the OS
-//!   random source, fresh for every acquisition. Release and renewal are owner-checked scripts:
-//!   a lock is never released or extended by anyone but its owner.
-//! - **Any runtime.** Redis connections, notification subscribers and lease keepers run on the
-//!   library's own I/O thread, so one [`Registry`] serves every Tokio runtime of the process
-//!   (one per `#[tokio::test]`, say), whichever used it first and whether or not it still runs.
-//! - **Lease keeper.** One task per [`Registry`] renews every held lock at a third of its ttl,
-//!   batching renewals into one script call per batch. Each lease keeps a local deadline: the
-//!   send time of its last confirmed renewal plus ttl minus drift (1 % of ttl + 2 ms). When that
-//!   deadline passes unconfirmed, or Redis says the token is gone, the lease is lost, and with
-//!   [`OnLost::Cancel`] the body is dropped *before* the key can expire on the server.
-//! - **Waiting.** A busy lock is waited for by notification: each release publishes on the
-//!   lock's channel, one subscriber connection per registry serves every waiter, and each wait
-//!   is bounded by the holder's remaining lease, so a lost message costs at most one lease.
-//! - **Reentrancy.** Inside a guarded body, locking a key the task already holds re-enters the
-//!   existing lease. Spawned tasks do not inherit it.
-//! - **Cancel safety.** Dropping a guard or a guarded future releases the lock in the
-//!   background; the process keeps listing it as held until Redis confirmed the release.
-//! - **Fencing.** With `fencing`, each acquisition takes a number that strictly increases per
-//!   key (see [Fencing](#fencing-what-makes-a-lock-safe) for the exact promise), incremented in
-//!   the same script as the `SET`. Give it to the storage you write to, which rejects writes
-//!   older than the newest it has seen: that is what makes a lock safe against a holder that
-//!   paused past its lease (Kleppmann, "How to do distributed locking").
+//! A lock is one Redis string, `SET lock:<key> <token> NX PX <ttl>`, as redis-py, redsync and
+//! node-redlock take it, so services in other languages that lock the same key exclude ours;
+//! only its owner releases or extends it. A lease keeper renews what the process holds, waiters
+//! queue and are handed the lock by its release, and with [`OnLost::Cancel`] a body whose lease
+//! can no longer be confirmed is dropped before its key can expire. The details are in the
+//! [`guide`]: [how it works](guide::how_it_works), [deployments](guide::deployments) (single
+//! node, Sentinel, Cluster, Redlock, in memory), [metrics](guide::metrics).
 //!
 //! # Choosing the options
 //!
@@ -143,20 +125,6 @@
 //! ([`MemoryStore`]) the same rules hold on Tokio's clock, and a new counter starts above every
 //! token the store handed out.
 //!
-//! # Single node, Sentinel, Cluster or Redlock
-//!
-//! - **One Redis server** (`LOCK_REDIS_URL=redis://..`): the simplest, with fencing. A failover
-//!   to a replica that had not yet received the lock, or a restart without persistence, can let a
-//!   second holder in; the first learns at its next renewal. Fencing covers that gap.
-//! - **Redis Sentinel** (`LOCK_REDIS_SENTINEL=url,url` and `LOCK_REDIS_SENTINEL_MASTER=name`,
-//!   or [`RegistryBuilder::sentinel`]): one server, whichever the sentinels name as master; the
-//!   registry follows a failover on its own. The failover gap of one server applies.
-//! - **Redis Cluster** (`LOCK_REDIS_CLUSTER=seed,seed`): the same guarantees per shard, with
-//!   fencing; the lock, its counter and its notifications share the key's hash slot.
-//! - **Redlock** (`LOCK_REDIS_URL=url,url,url`): survives a minority of independent masters
-//!   failing, at N round trips per operation, and **without fencing** (no counter is monotonic
-//!   across independent nodes). Restart a failed node only after one max ttl.
-//!
 //! # Testing code that takes locks
 //!
 //! [`Registry::in_memory`] (or several registries sharing one [`MemoryStore`], one per simulated
@@ -178,19 +146,11 @@
 //! # }
 //! ```
 //!
-//! # Metrics
-//!
-//! With the `metrics` feature, acquisitions by outcome, wait and hold times, handoffs,
-//! renewals, losses by reason and the locks held now are reported through the
-//! [`metrics`](https://docs.rs/metrics) facade to whatever recorder the process installed,
-//! labeled by registry ([`RegistryBuilder::name`]) and key template
-//! ([`LockOptions::template`]; the attribute sets it), never by the rendered key. The README's
-//! "Metrics" section lists them.
-//!
 //! # Cargo features
 //!
 //! - `tls`: `rediss://` URLs (single node, Cluster, Sentinel, Redlock), through rustls.
-//! - `metrics`: the metrics above.
+//! - `metrics`: acquisitions, waits, holds, handoffs, renewals and losses through the
+//!   [`metrics`](https://docs.rs/metrics) facade ([`guide::metrics`]).
 
 #![warn(missing_docs)]
 
@@ -200,6 +160,7 @@ mod backoff;
 mod current;
 mod error;
 mod guard;
+pub mod guide;
 mod io;
 mod keeper;
 mod key;

@@ -1,19 +1,9 @@
 //! What the library measures, through the [`metrics`](https://docs.rs/metrics) facade (the
 //! `metrics` feature), so any exporter shows it. Without the feature every call here is empty.
 //!
-//! | metric | kind | labels | what |
-//! |---|---|---|---|
-//! | `distributed_lock_acquisitions_total` | counter | `outcome`: `acquired`, `busy`, `error`, `cancelled` | lock requests, by how they ended (re-entries are not requests) |
-//! | `distributed_lock_wait_seconds` | histogram | `outcome` | from the request to its outcome |
-//! | `distributed_lock_handoffs_total` | counter | | acquisitions completed by a release handing the lock over |
-//! | `distributed_lock_hold_seconds` | histogram | | from acquisition until the lease is no longer held (released, or let go of after its loss) |
-//! | `distributed_lock_held` | gauge | | leases held now |
-//! | `distributed_lock_renewals_total` | counter | `outcome`: `renewed`, `refused`, `failed` | renewals per lease: confirmed, answered "not yours" (the lease is lost), or unanswered (retried) |
-//! | `distributed_lock_lost_total` | counter | `reason`: see [`LostReason`] | leases lost |
-//!
-//! Every metric is labeled `registry` (see `RegistryBuilder::name`) and `lock` (the key's
-//! template, see [`LockOptions::template`](crate::LockOptions::template)), never with the
-//! rendered key: its values are unbounded, and so would be the exporter's memory.
+//! The metrics, their labels and what each counts are listed once, for users, in
+//! [`guide::metrics`](crate::guide::metrics). Labels never carry the rendered key: its values
+//! are unbounded, and so would be the exporter's memory.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -150,9 +150,10 @@ impl LockOptions {
     ///
     /// Permit waiters are woken by releases and retry; they do not queue, so they are not
     /// served first come, first served. On Redlock a permit must be held on more than a
-    /// majority (see the README): 2 or more permits over 3 nodes need every node, so one node
-    /// down stops new permits and a node that restarts empty loses every permit holder. An exclusive lock on the same key waits until every
-    /// permit is returned, and permit takers wait behind it once it queues.
+    /// majority (see [`guide::how_it_works`](crate::guide::how_it_works)): 2 or more permits
+    /// over 3 nodes need every node, so one node down stops new permits and a node that
+    /// restarts empty loses every permit holder. An exclusive lock on the same key waits until
+    /// every permit is returned, and permit takers wait behind it once it queues.
     #[must_use]
     pub const fn permits(mut self, permits: u32) -> Self {
         self.permits = Some(permits);

@@ -7,6 +7,8 @@ use std::path::{Path, PathBuf};
 /// Every module, bottom to top. A module may use the ones before it, never itself through its
 /// parent nor any after it.
 const LAYERS: &[&str] = &[
+    // Documentation only: it uses nothing.
+    "guide",
     "error",
     "options",
     "token",

@@ -1,7 +1,7 @@
 //! Fault injection: real faults (a TCP fault proxy, SIGSTOP/SIGCONT and kill -9 of servers and
 //! of client processes, restarts without persistence) against lock-runtime on real
-//! redis-server processes, with the invariants the lock promises checked at the end. The
-//! README's "Guarantees and limits" names the test behind each claim.
+//! redis-server processes, with the invariants the lock promises checked at the end.
+//! `GUARANTEES.md` names the test behind each claim.
 
 mod faults {
     mod checker;

@@ -1,5 +1,5 @@
-//! The README's "Guarantees and limits" names the test behind every claim. A claim whose test
-//! was renamed, moved or deleted would go on asserting what nothing checks: this fails then.
+//! `GUARANTEES.md` names the test behind every claim. A claim whose test was renamed, moved or
+//! deleted would go on asserting what nothing checks: this fails then.
 
 use std::path::{Path, PathBuf};
 
@@ -49,14 +49,14 @@ fn file_of(tests: &Path, path: &str) -> PathBuf {
 }
 
 #[test]
-fn every_test_named_in_guarantees_and_limits_exists() {
+fn every_test_named_in_the_guarantees_exists() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let readme = std::fs::read_to_string(root.join("../README.md")).expect("README.md");
-    let section = readme
+    let guarantees = std::fs::read_to_string(root.join("../GUARANTEES.md")).expect("GUARANTEES.md");
+    let section = guarantees
         .split("<!-- guarantees:start -->")
         .nth(1)
         .and_then(|rest| rest.split("<!-- guarantees:end -->").next())
-        .expect("the README marks its guarantees section");
+        .expect("GUARANTEES.md marks its claims");
     let paths = test_paths(section);
     assert!(
         paths.len() >= 30,
@@ -76,7 +76,7 @@ fn every_test_named_in_guarantees_and_limits_exists() {
         .collect();
     assert!(
         missing.is_empty(),
-        "the README names tests that do not exist:\n{}",
+        "GUARANTEES.md names tests that do not exist:\n{}",
         missing.join("\n")
     );
 }

@@ -69,7 +69,7 @@ async fn an_acl_user_limited_to_the_lock_keys_can_lock_wait_and_fence() {
     );
 }
 
-/// The lock user's ACL in a Redis Cluster, as README's Security section gives it: the single
+/// The lock user's ACL in a Redis Cluster, as GUARANTEES.md's Security section gives it: the single
 /// server's commands with the sharded notifications (`spublish`, `ssubscribe`, `sunsubscribe`)
 /// in place of the plain ones, plus the slot map (`cluster|slots`: the cluster client and the
 /// lease keeper read it), `asking` (commands that follow a migrating slot's keys) and `ping`
@@ -162,7 +162,7 @@ async fn in_a_cluster_a_lock_user_needs_the_sharded_and_cluster_commands_of_the_
             .arg("LOG")
             .query(&mut node.connection())
             .unwrap();
-        // `CLIENT SETINFO` (Redis 7.2+, Valkey) is refused harmlessly, as README says.
+        // `CLIENT SETINFO` (Redis 7.2+, Valkey) is refused harmlessly, as GUARANTEES.md says.
         let refused: Vec<&redis::Value> = log
             .iter()
             .filter(|entry| !format!("{entry:?}").contains("client|setinfo"))

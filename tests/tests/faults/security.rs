@@ -376,7 +376,7 @@ fn acl_setuser(con: &mut redis::Connection, commands: &[&str]) {
 
 /// Denials recorded since the last reset, as `command (reason)`, except `CLIENT SETINFO`: the
 /// client sends it on connecting and ignores a refusal, and servers that have it (Redis 7.2+,
-/// Valkey) log the refusal (see README, Security). Counting it would make every command of
+/// Valkey) log the refusal (see GUARANTEES.md, Security). Counting it would make every command of
 /// the minimal ACL look needed there.
 fn acl_denials(con: &mut redis::Connection) -> Vec<String> {
     let log: Vec<Vec<redis::Value>> = redis::cmd("ACL").arg("LOG").query(con).expect("ACL LOG");

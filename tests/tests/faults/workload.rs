@@ -117,7 +117,7 @@ fn single_schedule() -> Vec<Scheduled> {
 }
 
 /// Redlock over `n` masters: every fault on a minority and on a majority. A node restarted
-/// empty stays down longer than the ttl, as the README asks (restarting it sooner is a limit,
+/// empty stays down longer than the ttl, as the deployments guide asks (restarting it sooner is a limit,
 /// shown by `deployments::redlock::a_holder_learns_it_lost_when_a_majority_restarts_without_persistence`).
 fn redlock_schedule(n: usize) -> Vec<Scheduled> {
     let (minority, majority): (&'static [usize], &'static [usize]) = match n {
@@ -530,7 +530,7 @@ fn run_and_check(
         "--multi-keys".into(),
         MULTI_KEYS.into(),
         // The other kinds pause between sections: enough of them, at little cost to the
-        // register's, and writers leave room for readers (see README: readers wait while a
+        // register's, and writers leave room for readers (see the guide: readers wait while a
         // writer waits).
         "--kind-pause-ms".into(),
         "10".into(),

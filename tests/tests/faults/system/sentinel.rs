@@ -142,7 +142,7 @@ impl LockSystem for Sentinel {
                 let server = self.server(i);
                 // Back as the replica the sentinels would make of it, from its first moment: with
                 // no proxy to hold clients back, a registry reconnecting to its address could
-                // otherwise lock there before MONITOR watches it (a window the README names).
+                // otherwise lock there before MONITOR watches it (a window GUARANTEES.md names).
                 server.follow_on_restart(master_port);
                 super::restart_as(server, restart);
                 super::until_monitored(server.port());
