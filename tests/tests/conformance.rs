@@ -14,41 +14,21 @@ mod conformance {
     macro_rules! on_every_store {
         ($($behaviour:ident),* $(,)?) => {$(
             mod $behaviour {
-                use super::stores::{Kind, Store};
-
-                async fn check(kind: Kind) {
-                    super::behaviours::$behaviour(&Store::start(kind)).await;
-                }
-
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn memory() {
-                    check(Kind::Memory).await;
-                }
-
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn single_node() {
-                    check(Kind::SingleNode).await;
-                }
-
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn confirmed_by_a_replica() {
-                    check(Kind::Confirmed).await;
-                }
-
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn sentinel() {
-                    check(Kind::Sentinel).await;
-                }
-
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn cluster() {
-                    check(Kind::Cluster).await;
-                }
-
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn redlock() {
-                    check(Kind::Redlock).await;
-                }
+                on_every_store!(@stores $behaviour:
+                    memory: Memory,
+                    single_node: SingleNode,
+                    confirmed_by_a_replica: Confirmed,
+                    sentinel: Sentinel,
+                    cluster: Cluster,
+                    redlock: Redlock,
+                );
+            }
+        )*};
+        (@stores $behaviour:ident: $($store:ident: $kind:ident),* $(,)?) => {$(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $store() {
+                let store = super::stores::Store::start(super::stores::Kind::$kind);
+                super::behaviours::$behaviour(&store).await;
             }
         )*};
     }
