@@ -10,7 +10,8 @@
 //! - [`direct`]: raw connections and server counters, behind the library's back;
 //! - [`registry`]: registries with test timeouts;
 //! - [`locks`]: lock steps tests share;
-//! - [`poll`]: waiting for state that has no event.
+//! - [`poll`]: waiting for state that has no event;
+//! - [`records`]: what the fault suite's worker process writes, and the tests read back.
 
 #![allow(missing_docs)]
 
@@ -19,6 +20,7 @@ pub mod direct;
 pub mod locks;
 pub mod poll;
 pub mod proxy;
+pub mod records;
 pub mod registry;
 pub mod sentinel;
 pub mod server;

@@ -3,28 +3,21 @@
 //! `fault-worker workload --lock-url U --store-url S --key K --ttl-ms T --id N [..]` loops over
 //! a lock-protected read-modify-write of a register held in a *fenced store* (a Lua script on a
 //! second, unfaulted redis-server at `S`: an operation carrying a fencing token lower than the
-//! highest it has seen is rejected). It prints one `begin` line when a critical section starts
-//! and one `end` line when it is over, so the test can check the invariants across processes:
-//!
-//! ```text
-//! begin w=3.0 seq=7 token=host:123:9f.. fence=41 start=1795371742252358
-//! end w=3.0 seq=7 token=host:123:9f.. fence=41 start=.. end=.. outcome=ok lost_seen=0 read=ok write=acc
-//! ```
-//!
-//! Times are `CLOCK_REALTIME` microseconds (comparable across processes on one machine, and with
-//! the server's `MONITOR` timestamps). `end` is the body's last instruction, or the moment the
-//! body future was dropped. `lost_seen` is whether `CurrentLock::is_lost` said so when the body
-//! finished. `over` repeats `end` and `lost_seen` the moment the body is over, before the lock
-//! is released (a process killed after its release but before its `end` line is not mistaken
-//! for one killed inside its section). Other lines: `stall` (the runtime did not run a 10 ms heartbeat on time), `drop`
-//! (how long dropping a guard or a guarded future took), `err` (a failed acquisition), `done`.
-//! The loop stops when stdin closes.
+//! highest it has seen is rejected). Everything it prints is a [`Record`], one JSON line each
+//! (`lock_tests::records` says what each means): a `begin` record when a critical section
+//! starts, `over` the moment its body is over (before the lock is released), and `end` once
+//! the acquisition returned, so the test can check the invariants across processes; besides
+//! those `ready`, `err` (a failed acquisition), `drop` (how long dropping a guard or a guarded
+//! future took), `stall` (the runtime did not run a 10 ms heartbeat on time) and `done`. The
+//! loop stops when stdin closes.
 //!
 //! `fault-worker victim ..` takes the lock once, reads the register, stops itself with SIGSTOP
 //! in the middle of the critical section (the worst-timed process pause), and after SIGCONT
-//! writes (or returns at once with `--after-pause return`); it prints what happened.
+//! writes (or returns at once with `--after-pause return`); it prints what happened (`pausing`,
+//! `resumed`, `wrote`, `outcome`, `exit`).
 //!
-//! `fault-worker tokens --count N` prints N lock tokens (for the randomness checks).
+//! `fault-worker tokens --count N` prints N lock tokens (`token` records, for the randomness
+//! checks).
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -35,6 +28,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures_util::future::join_all;
 use lock_runtime::{LockError, Mode, OnLost, Registry};
+use lock_tests::records::{Dropped, LockKind, Outcome, Record, StoreCall};
 use redis::aio::MultiplexedConnection;
 
 /// Wall-clock microseconds, comparable across processes and with Redis' MONITOR timestamps.
@@ -194,31 +188,49 @@ impl Store {
     }
 }
 
+/// What a body knows of its call to the fenced store, once the store answered (or failed to).
+fn store_call(answer: &redis::RedisResult<Option<i64>>) -> StoreCall {
+    match answer {
+        Ok(Some(_)) => StoreCall::Accepted,
+        Ok(None) => StoreCall::Rejected,
+        Err(_) => StoreCall::Failed,
+    }
+}
+
 /// One critical section as the worker saw it.
-#[derive(Default)]
 struct Section {
     token: String,
     fence: u64,
     /// When the acquisition began.
     called: i64,
+    /// When the body began; 0 until it does.
     start: i64,
     end: Option<i64>,
     stopped: Option<i64>,
     lost_seen: bool,
-    read: &'static str,
-    write: &'static str,
-    /// What is locked: `kind=<lock|read|write|permit|multi> keys=<redis key>[,<redis key>..]`.
-    what: String,
+    read: StoreCall,
+    write: StoreCall,
+    /// What is locked: the kind of lock, and its Redis keys.
+    kind: LockKind,
+    keys: Vec<String>,
 }
 
 type Shared = Arc<Mutex<Section>>;
 
-/// A section of `what` (see [`Section::what`]) about to be called.
-fn shared(what: String) -> Shared {
+/// A section of `kind` on the Redis keys `keys`, about to be called.
+fn shared(kind: LockKind, keys: Vec<String>) -> Shared {
     Arc::new(Mutex::new(Section {
+        token: String::new(),
+        fence: 0,
         called: now_us(),
-        what,
-        ..Section::default()
+        start: 0,
+        end: None,
+        stopped: None,
+        lost_seen: false,
+        read: StoreCall::NotMade,
+        write: StoreCall::NotMade,
+        kind,
+        keys,
     }))
 }
 
@@ -238,37 +250,40 @@ impl Drop for StopStamp {
     }
 }
 
-fn out(line: &str) {
+/// Writes `record` as one line on stdout.
+fn out(record: &Record) {
     use std::io::Write;
     let mut stdout = std::io::stdout().lock();
     // A closed pipe means the test is gone: stop quietly.
-    if writeln!(stdout, "{line}").is_err() {
+    if writeln!(stdout, "{}", record.line()).is_err() {
         std::process::exit(0);
     }
 }
 
 fn begin(w: &str, seq: u64, s: &Shared, token: &str, fence: u64, hold: Duration) {
     let start = now_us();
-    {
+    let record = {
         let mut g = lock(s);
         g.token = token.to_owned();
         g.fence = fence;
         g.start = start;
-        g.read = "none";
-        g.write = "none";
-    }
-    let (called, what) = {
-        let g = lock(s);
-        (g.called, g.what.clone())
+        Record::Begin {
+            w: w.to_owned(),
+            seq,
+            token: token.to_owned(),
+            fence,
+            called: g.called,
+            start,
+            kind: g.kind,
+            keys: g.keys.clone(),
+            hold_ms: millis(hold),
+        }
     };
-    out(&format!(
-        "begin w={w} seq={seq} token={token} fence={fence} called={called} start={start} {what} hold_ms={}",
-        hold.as_millis()
-    ));
+    out(&record);
 }
 
 /// The body is over (its last instruction ran, or it is about to be dropped): recorded and
-/// printed *before* the lock is released, so a kill between the release and the `end` line
+/// printed *before* the lock is released, so a kill between the release and the `end` record
 /// still leaves the section's true end on record.
 fn body_over(w: &str, seq: u64, s: &Shared, end: i64, lost_seen: bool) {
     {
@@ -276,40 +291,64 @@ fn body_over(w: &str, seq: u64, s: &Shared, end: i64, lost_seen: bool) {
         g.end = Some(end);
         g.lost_seen = lost_seen;
     }
-    out(&format!(
-        "over w={w} seq={seq} end={end} lost_seen={}",
-        u8::from(lost_seen)
-    ));
+    out(&Record::Over {
+        w: w.to_owned(),
+        seq,
+        end,
+        lost_seen,
+    });
 }
 
-fn end_line(w: &str, seq: u64, s: &Shared, outcome: &str) {
-    let g = lock(s);
-    let end = g.end.or(g.stopped).unwrap_or_else(now_us);
-    out(&format!(
-        "end w={w} seq={seq} token={} fence={} start={} end={end} outcome={outcome} lost_seen={} read={} write={} {}",
-        g.token,
-        g.fence,
-        g.start,
-        u8::from(g.lost_seen),
-        g.read,
-        g.write,
-        g.what
-    ));
+fn end_record(w: &str, seq: u64, s: &Shared, outcome: Outcome) {
+    let record = {
+        let g = lock(s);
+        Record::End {
+            w: w.to_owned(),
+            seq,
+            token: g.token.clone(),
+            fence: g.fence,
+            start: g.start,
+            end: g.end.or(g.stopped).unwrap_or_else(now_us),
+            outcome,
+            lost_seen: g.lost_seen,
+            read: g.read,
+            write: g.write,
+            kind: g.kind,
+            keys: g.keys.clone(),
+        }
+    };
+    out(&record);
 }
 
-/// Prints how section `seq` of task `w` ended: its `end` line, or `err` if it never began.
+/// An acquisition of section `seq` of task `w` failed before its body began.
+fn err_record(w: &str, seq: u64, e: &LockError) {
+    out(&Record::Err {
+        w: w.to_owned(),
+        seq,
+        at: now_us(),
+        outcome: Outcome::from(e),
+        msg: e.to_string(),
+    });
+}
+
+/// Prints how section `seq` of task `w` ended: its `end` record, or `err` if it never began.
 fn finish(w: &str, seq: u64, s: &Shared, outcome: &Result<(), LockError>) {
     let started = lock(s).start != 0;
     match (outcome, started) {
-        (Ok(()), _) => end_line(w, seq, s, "ok"),
-        (Err(e), true) => end_line(w, seq, s, &outcome_of(e)),
-        (Err(e), false) => out(&format!(
-            "err w={w} seq={seq} at={} kind={} msg={}",
-            now_us(),
-            outcome_of(e),
-            e.to_string().replace('\n', " ")
-        )),
+        (Ok(()), _) => end_record(w, seq, s, Outcome::Ok),
+        (Err(e), true) => end_record(w, seq, s, Outcome::from(e)),
+        (Err(e), false) => err_record(w, seq, e),
     }
+}
+
+/// `d` in whole milliseconds.
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).expect("fits in u64")
+}
+
+/// `d` in whole microseconds.
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).expect("fits in u64")
 }
 
 /// The lock kinds besides the register's exclusive lock, each looped on by a task of its own.
@@ -328,12 +367,13 @@ enum Kind {
 impl Kind {
     const ALL: [Self; 4] = [Self::Read, Self::Write, Self::Permit, Self::Multi];
 
-    fn name(self) -> &'static str {
+    /// What the records call it.
+    fn lock_kind(self) -> LockKind {
         match self {
-            Self::Read => "read",
-            Self::Write => "write",
-            Self::Permit => "permit",
-            Self::Multi => "multi",
+            Self::Read => LockKind::Read,
+            Self::Write => LockKind::Write,
+            Self::Permit => LockKind::Permit,
+            Self::Multi => LockKind::Multi,
         }
     }
 
@@ -373,15 +413,6 @@ impl Kinds {
             multi: multi.try_into().expect("--multi-keys names three keys"),
             pause: args.ms("kind-pause-ms", 0),
         })
-    }
-}
-
-fn outcome_of(err: &LockError) -> String {
-    match err {
-        LockError::Lost { reason, .. } => format!("lost-{reason:?}").to_lowercase(),
-        LockError::Busy { .. } => "busy".into(),
-        LockError::Backend { .. } => "backend".into(),
-        _ => "error".into(),
     }
 }
 
@@ -454,23 +485,15 @@ impl Workload {
             begin(&w, seq, &s, current.token(), fence, hold);
             let _stamp = StopStamp(s.clone());
             let read = store.call(fence, "read", 0).await;
-            lock(&s).read = match read {
-                Ok(Some(_)) => "ok",
-                Ok(None) => "rej",
-                Err(_) => "err",
-            };
+            lock(&s).read = store_call(&read);
             tokio::time::sleep(hold).await;
             // Without fencing, a write after a reported loss would be a lost update that no
             // lock can prevent: a careful body checks first.
             let may_write = fencing || !current.is_lost();
             if let (Ok(Some(value)), true) = (read, may_write) {
-                lock(&s).write = "inflight";
+                lock(&s).write = StoreCall::InFlight;
                 let written = store.call(fence, "write", value + 1).await;
-                lock(&s).write = match written {
-                    Ok(Some(_)) => "acc",
-                    Ok(None) => "rej",
-                    Err(_) => "err",
-                };
+                lock(&s).write = store_call(&written);
             }
             body_over(&w, seq, &s, now_us(), current.is_lost());
             Ok(())
@@ -478,7 +501,7 @@ impl Workload {
     }
 
     async fn section(&self, w: &str, seq: u64, on_lost: OnLost, forced: Option<(usize, u64)>) {
-        let s = shared(self.what());
+        let s = self.register_section();
         let outcome = self
             .registry
             .lock(self.key.clone())
@@ -491,9 +514,9 @@ impl Workload {
         finish(w, seq, &s, &outcome);
     }
 
-    /// What the register's sections lock.
-    fn what(&self) -> String {
-        format!("kind=lock keys=lock:{}", self.key)
+    /// A section of the register's lock, about to be called.
+    fn register_section(&self) -> Shared {
+        shared(LockKind::Lock, vec![format!("lock:{}", self.key)])
     }
 
     /// One section of another lock kind: a short body (now and then one that outlasts the
@@ -521,11 +544,7 @@ impl Workload {
             }
         };
         let redis_keys: Vec<String> = keys.iter().map(|k| format!("lock:{k}")).collect();
-        let s = shared(format!(
-            "kind={} keys={}",
-            kind.name(),
-            redis_keys.join(",")
-        ));
+        let s = shared(kind.lock_kind(), redis_keys);
         let hold = if rand_below(40) == 0 {
             self.ttl * 3 / 2
         } else {
@@ -559,7 +578,7 @@ impl Workload {
     /// Cancellation: a guarded future dropped mid-body, or a guard dropped without release.
     /// Either must return at once, whatever the network does.
     async fn drop_test(&self, w: &str, seq: u64) {
-        let s = shared(self.what());
+        let s = self.register_section();
         if seq.is_multiple_of(2) {
             let (started_tx, started) = tokio::sync::oneshot::channel::<()>();
             let store = self.store.clone();
@@ -587,11 +606,7 @@ impl Workload {
                         *body_held.lock().unwrap_or_else(PoisonError::into_inner) =
                             Some(current.clone());
                         let _stamp = StopStamp(body_state.clone());
-                        lock(&body_state).read = match store.call(fence, "read", 0).await {
-                            Ok(Some(_)) => "ok",
-                            Ok(None) => "rej",
-                            Err(_) => "err",
-                        };
+                        lock(&body_state).read = store_call(&store.call(fence, "read", 0).await);
                         let _ = started_tx.send(());
                         std::future::pending::<Result<(), LockError>>().await
                     }),
@@ -601,8 +616,8 @@ impl Workload {
                 outcome = &mut run => {
                     match outcome {
                         Ok(()) => unreachable!("the body never finishes"),
-                        Err(e) if lock(&s).start != 0 => end_line(w, seq, &s, &outcome_of(&e)),
-                        Err(e) => out(&format!("err w={w} seq={seq} at={} kind={} msg={}", now_us(), outcome_of(&e), e)),
+                        Err(e) if lock(&s).start != 0 => end_record(w, seq, &s, Outcome::from(&e)),
+                        Err(e) => err_record(w, seq, &e),
                     }
                     return;
                 }
@@ -617,12 +632,13 @@ impl Workload {
             let at = std::time::Instant::now();
             drop(run);
             let took = at.elapsed();
-            out(&format!(
-                "drop w={w} at={} kind=future took_us={}",
-                now_us(),
-                took.as_micros()
-            ));
-            end_line(w, seq, &s, "dropped");
+            out(&Record::Drop {
+                w: w.to_owned(),
+                at: now_us(),
+                dropped: Dropped::Future,
+                took_us: micros(took),
+            });
+            end_record(w, seq, &s, Outcome::Dropped);
         } else {
             let guard = match self
                 .registry
@@ -635,12 +651,7 @@ impl Workload {
             {
                 Ok(g) => g,
                 Err(e) => {
-                    out(&format!(
-                        "err w={w} seq={seq} at={} kind={} msg={}",
-                        now_us(),
-                        outcome_of(&e),
-                        e
-                    ));
+                    err_record(w, seq, &e);
                     return;
                 }
             };
@@ -651,12 +662,13 @@ impl Workload {
             let at = std::time::Instant::now();
             drop(guard);
             let took = at.elapsed();
-            out(&format!(
-                "drop w={w} at={} kind=guard took_us={}",
-                now_us(),
-                took.as_micros()
-            ));
-            end_line(w, seq, &s, "dropped");
+            out(&Record::Drop {
+                w: w.to_owned(),
+                at: now_us(),
+                dropped: Dropped::Guard,
+                took_us: micros(took),
+            });
+            end_record(w, seq, &s, Outcome::Dropped);
         }
     }
 
@@ -689,11 +701,11 @@ async fn heartbeat(w: String, stop: Arc<AtomicBool>) -> Duration {
         let late = tokio::time::Instant::now().saturating_duration_since(next);
         worst = worst.max(late);
         if late > Duration::from_millis(50) {
-            out(&format!(
-                "stall w={w} at={} late_ms={}",
-                now_us(),
-                late.as_millis()
-            ));
+            out(&Record::Stall {
+                w: w.clone(),
+                at: now_us(),
+                late_ms: millis(late),
+            });
         }
         next = tokio::time::Instant::now() + period;
     }
@@ -734,7 +746,10 @@ async fn workload(args: Args) {
         stop: stop.clone(),
         long_requests,
     };
-    out(&format!("ready w={id} pid={}", std::process::id()));
+    out(&Record::Ready {
+        w: id.clone(),
+        pid: std::process::id(),
+    });
     let tasks = usize::try_from(args.num("tasks", 2).clamp(1, 2)).expect("small");
     let kinds = Kinds::from(&args);
     let mut loops: Vec<std::pin::Pin<Box<dyn Future<Output = u64> + '_>>> = Vec::new();
@@ -754,11 +769,11 @@ async fn workload(args: Args) {
         }
     }
     let (counts, worst) = tokio::join!(join_all(loops), heartbeat(id.clone(), stop.clone()));
-    out(&format!(
-        "done w={id} iterations={} worst_heartbeat_ms={}",
-        counts.iter().sum::<u64>(),
-        worst.as_millis()
-    ));
+    out(&Record::Done {
+        w: id,
+        iterations: counts.iter().sum::<u64>(),
+        worst_heartbeat_ms: millis(worst),
+    });
 }
 
 /// Stops this very process (SIGSTOP) until someone sends SIGCONT: a pause at an exact point.
@@ -802,12 +817,11 @@ async fn victim(args: Args) {
                 store.plain_read().await.expect("store")
             };
             if pause {
-                out(&format!("pausing fence={fence} read={read}"));
+                out(&Record::Pausing { fence, read });
                 pause_self();
-                out(&format!(
-                    "resumed lost_seen={}",
-                    u8::from(current.is_lost())
-                ));
+                out(&Record::Resumed {
+                    lost_seen: current.is_lost(),
+                });
             }
             if write_after {
                 // The process stopped in the middle of sending its write: once it resumes the
@@ -816,16 +830,17 @@ async fn victim(args: Args) {
                 let store = store.clone();
                 let (done, written) = tokio::sync::oneshot::channel();
                 let write = tokio::spawn(async move {
-                    let result = if fencing {
-                        match store.call(fence, "write", read + 1).await.expect("store") {
-                            Some(_) => "accepted",
-                            None => "rejected",
-                        }
+                    let accepted = if fencing {
+                        store
+                            .call(fence, "write", read + 1)
+                            .await
+                            .expect("store")
+                            .is_some()
                     } else {
                         store.plain_write(read + 1).await.expect("store");
-                        "accepted"
+                        true
                     };
-                    out(&format!("wrote {result}"));
+                    out(&Record::Wrote { accepted });
                     let _ = done.send(());
                 });
                 *in_flight.lock().expect("not poisoned") = Some(write);
@@ -839,12 +854,13 @@ async fn victim(args: Args) {
     if let Some(write) = write {
         write.await.expect("the write task");
     }
-    match outcome {
-        Ok(()) => out("outcome ok"),
-        Err(e) => out(&format!("outcome {}", outcome_of(&e))),
-    }
-    // Whatever the store got from this process was sent before this line.
-    out("exit");
+    out(&Record::Outcome {
+        outcome: outcome
+            .as_ref()
+            .map_or_else(Outcome::from, |()| Outcome::Ok),
+    });
+    // Whatever the store got from this process was sent before this record.
+    out(&Record::Exit);
 }
 
 async fn tokens(args: Args) {
@@ -855,7 +871,9 @@ async fn tokens(args: Args) {
             .acquire()
             .await
             .expect("in-memory lock");
-        out(guard.token());
+        out(&Record::Token {
+            token: guard.token().to_owned(),
+        });
         guard.release().await.expect("release");
     }
 }

@@ -3,8 +3,11 @@
 //! the summary every run prints.
 
 use std::collections::{BTreeMap, HashMap};
+use std::fmt;
 use std::io::Write as _;
 use std::time::Duration;
+
+use lock_tests::records::{LockKind, Outcome, Record, StoreCall};
 
 use super::model::{self, History};
 use super::workers::Line;
@@ -45,25 +48,57 @@ struct Section {
     fence: u64,
     start: i64,
     end: i64,
-    outcome: String,
+    outcome: Ending,
     lost_seen: bool,
-    write: String,
+    write: StoreCall,
     hold_ms: u64,
-    /// `lock` (the register's fenced lock), `read`, `write`, `permit` or `multi`.
-    kind: String,
+    kind: LockKind,
     /// The Redis keys it held.
     keys: Vec<String>,
+}
+
+/// How a section ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ending {
+    /// As its `end` record says.
+    Reported(Outcome),
+    /// Its worker was killed before it wrote the `end` record.
+    Killed,
+}
+
+impl Ending {
+    /// Returned `Ok`, by the `end` record.
+    fn ok(self) -> bool {
+        self == Self::Reported(Outcome::Ok)
+    }
+
+    /// Returned `LockError::Lost`, by the `end` record.
+    fn lost(self) -> bool {
+        matches!(self, Self::Reported(Outcome::Lost(_)))
+    }
+}
+
+impl fmt::Display for Ending {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Reported(outcome) => write!(f, "{outcome}"),
+            Self::Killed => f.write_str("killed"),
+        }
+    }
 }
 
 impl Section {
     /// Whether it held its keys alone (a writer), not side by side (a reader, a permit).
     fn exclusive(&self) -> bool {
-        matches!(self.kind.as_str(), "lock" | "write" | "multi")
+        matches!(
+            self.kind,
+            LockKind::Lock | LockKind::Write | LockKind::Multi
+        )
     }
 
     /// A section of the register's fenced lock.
     fn on_register(&self) -> bool {
-        self.kind == "lock"
+        self.kind == LockKind::Lock
     }
 
     /// Whether its body was cancelled when the lease was lost: every task but the register's
@@ -73,67 +108,88 @@ impl Section {
     }
 }
 
-fn fields(text: &str) -> HashMap<&str, &str> {
-    text.split(' ')
-        .filter_map(|kv| kv.split_once('='))
-        .collect()
-}
-
 fn sections(lines: &[Line], killed: &HashMap<u32, i64>) -> Vec<Section> {
-    let mut open: BTreeMap<(String, String), Section> = BTreeMap::new();
-    let mut over: HashMap<(String, String), (i64, bool)> = HashMap::new();
+    let mut open: BTreeMap<(&str, u64), Section> = BTreeMap::new();
+    let mut over: HashMap<(&str, u64), (i64, bool)> = HashMap::new();
     let mut done = Vec::new();
     for line in lines {
-        let kind = line.text.split(' ').next().unwrap_or_default();
-        let f = fields(&line.text);
-        if kind == "over" {
-            over.insert(
-                (f["w"].to_owned(), f["seq"].to_owned()),
-                (f["end"].parse().expect("end"), f["lost_seen"] == "1"),
-            );
-        }
-        if kind != "begin" && kind != "end" {
-            continue;
-        }
-        let id = (f["w"].to_owned(), f["seq"].to_owned());
-        let section = Section {
-            worker: line.worker,
-            task: f["w"].to_owned(),
-            token: f["token"].to_owned(),
-            fence: f["fence"].parse().expect("fence"),
-            start: f["start"].parse().expect("start"),
-            end: f.get("end").map_or(0, |e| e.parse().expect("end")),
-            outcome: f.get("outcome").map_or("", |o| o).to_owned(),
-            lost_seen: f.get("lost_seen") == Some(&"1"),
-            write: f.get("write").map_or("", |o| o).to_owned(),
-            hold_ms: f.get("hold_ms").map_or(0, |h| h.parse().expect("hold_ms")),
-            kind: f.get("kind").map_or("lock", |k| k).to_owned(),
-            // Lines that name no keys are the register's.
-            keys: f
-                .get("keys")
-                .map_or("lock:register", |k| k)
-                .split(',')
-                .map(str::to_owned)
-                .collect(),
-        };
-        if kind == "begin" {
-            open.insert(id, section);
-        } else {
-            let began = open.remove(&id);
-            done.push(Section {
-                hold_ms: began.map_or(0, |b| b.hold_ms),
-                ..section
-            });
+        match &line.record {
+            Record::Over {
+                w,
+                seq,
+                end,
+                lost_seen,
+            } => {
+                over.insert((w, *seq), (*end, *lost_seen));
+            }
+            Record::Begin {
+                w,
+                seq,
+                token,
+                fence,
+                start,
+                kind,
+                keys,
+                hold_ms,
+                ..
+            } => {
+                // Still open at the end only if its worker was killed first (see below).
+                let section = Section {
+                    worker: line.worker,
+                    task: w.clone(),
+                    token: token.clone(),
+                    fence: *fence,
+                    start: *start,
+                    end: 0,
+                    outcome: Ending::Killed,
+                    lost_seen: false,
+                    write: StoreCall::NotMade,
+                    hold_ms: *hold_ms,
+                    kind: *kind,
+                    keys: keys.clone(),
+                };
+                open.insert((w, *seq), section);
+            }
+            Record::End {
+                w,
+                seq,
+                token,
+                fence,
+                start,
+                end,
+                outcome,
+                lost_seen,
+                write,
+                kind,
+                keys,
+                ..
+            } => {
+                let began = open.remove(&(w.as_str(), *seq));
+                done.push(Section {
+                    worker: line.worker,
+                    task: w.clone(),
+                    token: token.clone(),
+                    fence: *fence,
+                    start: *start,
+                    end: *end,
+                    outcome: Ending::Reported(*outcome),
+                    lost_seen: *lost_seen,
+                    write: *write,
+                    hold_ms: began.map_or(0, |b| b.hold_ms),
+                    kind: *kind,
+                    keys: keys.clone(),
+                });
+            }
+            _ => {}
         }
     }
     for (id, mut s) in open {
-        // Killed before its `end` line: its effects stop where the body said it was over (the
-        // kill came during the release), else at the kill (it came inside the section).
+        // Killed before its `end` record: its effects stop where the body said it was over
+        // (the kill came during the release), else at the kill (it came inside the section).
         let at = killed
             .get(&s.worker)
             .unwrap_or_else(|| panic!("section {} of worker {} never ended", s.fence, s.worker));
         (s.end, s.lost_seen) = over.get(&id).copied().unwrap_or((*at, false));
-        s.outcome = "killed".into();
         done.push(s);
     }
     done.sort_by_key(|s| s.start);
@@ -321,8 +377,10 @@ impl<'a> Facts<'a> {
         let workers_by_pid = i
             .lines
             .iter()
-            .filter(|l| l.text.starts_with("ready "))
-            .filter_map(|l| Some((fields(&l.text).get("pid")?.parse().ok()?, l.worker)))
+            .filter_map(|l| match l.record {
+                Record::Ready { pid, .. } => Some((pid, l.worker)),
+                _ => None,
+            })
             .collect();
         Self {
             i,
@@ -351,9 +409,12 @@ impl<'a> Facts<'a> {
 
     /// Sections the library did not report lost: they must have held the lock throughout.
     fn trusted(&self) -> impl Iterator<Item = &Section> {
-        self.secs
-            .iter()
-            .filter(|s| matches!(s.outcome.as_str(), "ok" | "dropped" | "killed") && !s.lost_seen)
+        self.secs.iter().filter(|s| {
+            matches!(
+                s.outcome,
+                Ending::Reported(Outcome::Ok | Outcome::Dropped) | Ending::Killed
+            ) && !s.lost_seen
+        })
     }
 
     /// Whether `worker` was itself stopped (SIGSTOP) at some moment of `[from, to]`.
@@ -437,7 +498,7 @@ fn trusted_sections_never_overlap(f: &Facts<'_>, r: &mut Report) {
                         p.task, p.kind, p.fence, p.start, p.end, s.task, s.kind, s.fence, s.start, s.end
                     ),
                 );
-            } else if s.kind == "permit" && inside.len() >= f.i.permits {
+            } else if s.kind == LockKind::Permit && inside.len() >= f.i.permits {
                 let held: Vec<String> = inside
                     .iter()
                     .chain([&s])
@@ -548,11 +609,20 @@ fn the_register_counts_every_accepted_increment(f: &Facts<'_>, r: &mut Report) {
 /// whose outcome their worker could not know (in flight, failed, or killed).
 fn the_store_accepted_what_the_workers_saw(f: &Facts<'_>, r: &mut Report) {
     let accepted = f.accepted();
-    let acc_seen = i64::try_from(f.secs.iter().filter(|s| s.write == "acc").count()).expect("fits");
+    let acc_seen = i64::try_from(
+        f.secs
+            .iter()
+            .filter(|s| s.write == StoreCall::Accepted)
+            .count(),
+    )
+    .expect("fits");
     let unsure = i64::try_from(
         f.secs
             .iter()
-            .filter(|s| matches!(s.write.as_str(), "inflight" | "err") || s.outcome == "killed")
+            .filter(|s| {
+                matches!(s.write, StoreCall::InFlight | StoreCall::Failed)
+                    || s.outcome == Ending::Killed
+            })
             .count(),
     )
     .expect("fits");
@@ -727,7 +797,7 @@ fn cancel_mode_bodies_never_return_ok_after_a_loss(f: &Facts<'_>, r: &mut Report
     for s in f
         .secs
         .iter()
-        .filter(|s| s.outcome == "ok" && s.lost_seen && s.cancels())
+        .filter(|s| s.outcome.ok() && s.lost_seen && s.cancels())
     {
         r.fail(
             "a",
@@ -759,24 +829,28 @@ fn the_run_exercised_what_it_claims(
     let renewals: usize = f.i.histories.iter().map(|h| h.renewals).sum();
     let holder_hits = f.i.faults.iter().filter(|fault| fault.held).count();
     let asking: usize = f.i.histories.iter().map(|h| h.asking).sum();
-    let of_kind = |kind: &str| f.secs.iter().filter(|s| s.kind == kind).count();
+    let of_kind = |kind: LockKind| f.secs.iter().filter(|s| s.kind == kind).count();
     for (what, seen, least) in [
         ("critical sections", f.secs.len(), m.sections),
         (
             "critical sections of the register",
-            of_kind("lock"),
+            of_kind(LockKind::Lock),
             m.register,
         ),
-        ("sections of readers", of_kind("read"), m.per_kind),
+        ("sections of readers", of_kind(LockKind::Read), m.per_kind),
         (
             "sections of writers beside readers",
-            of_kind("write"),
+            of_kind(LockKind::Write),
             m.per_kind,
         ),
-        ("sections holding a permit", of_kind("permit"), m.per_kind),
+        (
+            "sections holding a permit",
+            of_kind(LockKind::Permit),
+            m.per_kind,
+        ),
         (
             "sections holding several keys",
-            of_kind("multi"),
+            of_kind(LockKind::Multi),
             m.per_kind,
         ),
         (
@@ -819,11 +893,7 @@ fn cancelled_bodies_stop_before_their_key_expires<'s>(
         checked: 0,
         paused: Vec::new(),
     };
-    for s in f
-        .secs
-        .iter()
-        .filter(|s| s.outcome.starts_with("lost") && s.cancels())
-    {
+    for s in f.secs.iter().filter(|s| s.outcome.lost() && s.cancels()) {
         if f.paused_during(s.worker, s.start, s.end) {
             out.paused.push(s);
             continue;
@@ -883,14 +953,20 @@ fn drops_never_block_the_runtime(f: &Facts<'_>, r: &mut Report) -> Drops {
         count: 0,
         slowest: 0,
     };
-    for line in f.i.lines.iter().filter(|l| l.text.starts_with("drop ")) {
+    for line in f.i.lines {
+        let Record::Drop { took_us, .. } = line.record else {
+            continue;
+        };
         out.count += 1;
-        let took: i64 = fields(&line.text)["took_us"].parse().expect("took_us");
+        let took = i64::try_from(took_us).expect("fits");
         out.slowest = out.slowest.max(took);
         if took > us(DROP_BOUND) {
             r.fail(
                 "g",
-                format!("a drop blocked the runtime for {took} µs: {}", line.text),
+                format!(
+                    "a drop blocked the runtime for {took} µs: {}",
+                    line.record.line()
+                ),
             );
         }
     }
@@ -901,16 +977,17 @@ fn drops_never_block_the_runtime(f: &Facts<'_>, r: &mut Report) -> Drops {
 /// itself was stopped. Returns the worst delay (µs).
 fn the_runtime_never_stalls(f: &Facts<'_>, r: &mut Report) -> i64 {
     let mut worst_stall = 0i64;
-    for line in f.i.lines.iter().filter(|l| l.text.starts_with("stall ")) {
-        let fields = fields(&line.text);
-        let at: i64 = fields["at"].parse().expect("at");
-        let late: i64 = fields["late_ms"].parse::<i64>().expect("late") * 1000;
+    for line in f.i.lines {
+        let Record::Stall { at, late_ms, .. } = line.record else {
+            continue;
+        };
+        let late = i64::try_from(late_ms).expect("fits") * 1000;
         if f.paused_during(line.worker, at - late, at) {
             continue;
         }
         worst_stall = worst_stall.max(late);
         if late > us(STALL_BOUND) {
-            r.fail("g", format!("the runtime stalled: {}", line.text));
+            r.fail("g", format!("the runtime stalled: {}", line.record.line()));
         }
     }
     worst_stall
@@ -930,15 +1007,15 @@ struct Figures<'s> {
 fn summary(f: &Facts<'_>, figures: &Figures<'_>) -> Vec<String> {
     let i = f.i;
     let secs = &f.secs;
-    let mut outcomes: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut outcomes: BTreeMap<String, usize> = BTreeMap::new();
     for s in secs {
-        *outcomes.entry(s.outcome.as_str()).or_default() += 1;
+        *outcomes.entry(s.outcome.to_string()).or_default() += 1;
     }
     let mut errors: BTreeMap<String, usize> = BTreeMap::new();
-    for line in i.lines.iter().filter(|l| l.text.starts_with("err ")) {
-        *errors
-            .entry(format!("acquire-{}", fields(&line.text)["kind"]))
-            .or_default() += 1;
+    for line in i.lines {
+        if let Record::Err { outcome, .. } = line.record {
+            *errors.entry(format!("acquire-{outcome}")).or_default() += 1;
+        }
     }
     let mut kinds: BTreeMap<&str, usize> = BTreeMap::new();
     for fault in i.faults {
@@ -957,15 +1034,12 @@ fn summary(f: &Facts<'_>, figures: &Figures<'_>) -> Vec<String> {
         .collect();
     let long_kept = long
         .iter()
-        .filter(|s| s.outcome == "ok" && !s.lost_seen)
+        .filter(|s| s.outcome.ok() && !s.lost_seen)
         .count();
-    let long_lost = long
-        .iter()
-        .filter(|s| s.outcome.starts_with("lost"))
-        .count();
+    let long_lost = long.iter().filter(|s| s.outcome.lost()).count();
     let long_continued = long
         .iter()
-        .filter(|s| s.outcome == "ok" && s.lost_seen)
+        .filter(|s| s.outcome.ok() && s.lost_seen)
         .count();
     let holder_hits = i.faults.iter().filter(|fault| fault.held).count();
     let Figures {
@@ -981,7 +1055,7 @@ fn summary(f: &Facts<'_>, figures: &Figures<'_>) -> Vec<String> {
     let scripts: usize = i.histories.iter().map(|h| h.scripts).sum();
     let mut by_kind: BTreeMap<&str, usize> = BTreeMap::new();
     for s in secs {
-        *by_kind.entry(s.kind.as_str()).or_default() += 1;
+        *by_kind.entry(s.kind.name()).or_default() += 1;
     }
     let mut lines = vec![
         format!("mode: {}", i.name),
@@ -1076,23 +1150,128 @@ fn monitored<S: AsRef<str>>(lines: impl IntoIterator<Item = S>) -> Vec<super::mo
         .collect()
 }
 
+/// A critical section of a synthetic run, to write as its worker would: by default a section
+/// of the register's lock (seq 1) that returned `Ok` with its write accepted.
+#[cfg(test)]
+struct Synthetic {
+    worker: u32,
+    w: &'static str,
+    seq: u64,
+    token: &'static str,
+    fence: u64,
+    start: i64,
+    end: i64,
+    outcome: Outcome,
+    lost_seen: bool,
+    write: StoreCall,
+    kind: LockKind,
+    keys: &'static [&'static str],
+}
+
+#[cfg(test)]
+impl Synthetic {
+    /// Task `w` of `worker` held `token` with `fence` over `[start, end]`.
+    fn new(
+        worker: u32,
+        w: &'static str,
+        token: &'static str,
+        fence: u64,
+        (start, end): (i64, i64),
+    ) -> Self {
+        Self {
+            worker,
+            w,
+            seq: 1,
+            token,
+            fence,
+            start,
+            end,
+            outcome: Outcome::Ok,
+            lost_seen: false,
+            write: StoreCall::Accepted,
+            kind: LockKind::Lock,
+            keys: &["lock:register"],
+        }
+    }
+
+    fn keys(&self) -> Vec<String> {
+        self.keys.iter().map(|&k| k.to_owned()).collect()
+    }
+
+    /// Its `begin` record.
+    fn begin(&self) -> Line {
+        Line {
+            worker: self.worker,
+            record: Record::Begin {
+                w: self.w.to_owned(),
+                seq: self.seq,
+                token: self.token.to_owned(),
+                fence: self.fence,
+                called: self.start,
+                start: self.start,
+                kind: self.kind,
+                keys: self.keys(),
+                hold_ms: 0,
+            },
+        }
+    }
+
+    /// Its `end` record.
+    fn end(&self) -> Line {
+        Line {
+            worker: self.worker,
+            record: Record::End {
+                w: self.w.to_owned(),
+                seq: self.seq,
+                token: self.token.to_owned(),
+                fence: self.fence,
+                start: self.start,
+                end: self.end,
+                outcome: self.outcome,
+                lost_seen: self.lost_seen,
+                read: StoreCall::Accepted,
+                write: self.write,
+                kind: self.kind,
+                keys: self.keys(),
+            },
+        }
+    }
+}
+
 #[test]
 fn the_checks_catch_overlaps_lost_increments_slow_hand_overs_late_cancels_blocking_drops_and_idle_runs(
 ) {
-    let line = |worker: u32, text: &str| Line {
-        worker,
-        text: text.to_owned(),
-    };
+    let first = Synthetic::new(1, "1.0", "h:1:a", 1, (10_000_100, 10_500_000));
     let lines = [
-        line(1, "begin w=1.0 seq=1 token=h:1:a fence=1 start=10000100 hold_ms=0"),
-        line(1, "end w=1.0 seq=1 token=h:1:a fence=1 start=10000100 end=10500000 outcome=ok lost_seen=0 read=ok write=acc"),
+        first.begin(),
+        first.end(),
         // Overlaps the first, and the server never gave it the lock.
-        line(2, "end w=2.0 seq=1 token=h:2:b fence=2 start=10400000 end=10600000 outcome=ok lost_seen=0 read=ok write=acc"),
+        Synthetic::new(2, "2.0", "h:2:b", 2, (10_400_000, 10_600_000)).end(),
         // Cancelled half a second after its key expired.
-        line(2, "end w=2.0 seq=2 token=h:2:c fence=3 start=12000100 end=13500000 outcome=lost-expired lost_seen=0 read=ok write=none"),
-        line(1, "drop w=1 at=14000000 kind=guard took_us=200000"),
+        Synthetic {
+            seq: 2,
+            outcome: Outcome::Lost(lock_runtime::LostReason::Expired),
+            write: StoreCall::NotMade,
+            ..Synthetic::new(2, "2.0", "h:2:c", 3, (12_000_100, 13_500_000))
+        }
+        .end(),
+        Line {
+            worker: 1,
+            record: Record::Drop {
+                w: "1".into(),
+                at: 14_000_000,
+                dropped: lock_tests::records::Dropped::Guard,
+                took_us: 200_000,
+            },
+        },
         // A cancel-mode body that saw its loss, and yet run() returned Ok.
-        line(1, "end w=1.0 seq=2 token=h:1:d fence=4 start=15000000 end=15000100 outcome=ok lost_seen=1 read=ok write=none"),
+        Synthetic {
+            seq: 2,
+            lost_seen: true,
+            write: StoreCall::NotMade,
+            ..Synthetic::new(1, "1.0", "h:1:d", 4, (15_000_000, 15_000_100))
+        }
+        .end(),
     ];
     let events = monitored([
         r#"+10.000000 [0 127.0.0.1:1] "evalsha" "s" "2" "lock:register" "fence:{lock:register}" "h:1:a" "1000" "1""#,
@@ -1145,14 +1324,8 @@ fn the_checks_catch_overlaps_lost_increments_slow_hand_overs_late_cancels_blocki
 
 #[test]
 fn a_section_is_trusted_while_a_quorum_holds_it_even_if_the_nodes_change_midway() {
-    let line = |text: &str| Line {
-        worker: 1,
-        text: text.to_owned(),
-    };
     // Node 1's grant lands just after the section began; node 2 is lost in the middle.
-    let lines = [line(
-        "end w=1.1 seq=1 token=h:1:a fence=0 start=10001000 end=11500000 outcome=ok lost_seen=0 read=ok write=acc",
-    )];
+    let lines = [Synthetic::new(1, "1.1", "h:1:a", 0, (10_001_000, 11_500_000)).end()];
     let node = |events: &[&[String]]| -> History {
         model::rebuild(
             &[monitored(events.iter().copied().flatten())],
@@ -1231,30 +1404,25 @@ fn the_checks_report_the_models_findings_and_lock_keys_left_without_a_ttl() {
 
 #[test]
 fn a_section_killed_during_its_release_ends_where_its_body_was_over() {
-    let line = |worker: u32, text: &str| Line {
-        worker,
-        text: text.to_owned(),
-    };
     let lines = [
-        // Over (and then released) before the kill, which came before the `end` line.
-        line(
-            1,
-            "begin w=1.0 seq=1 token=h:1:a fence=1 start=100 hold_ms=0",
-        ),
-        line(1, "over w=1.0 seq=1 end=200 lost_seen=0"),
+        // Over (and then released) before the kill, which came before the `end` record.
+        Synthetic::new(1, "1.0", "h:1:a", 1, (100, 0)).begin(),
+        Line {
+            worker: 1,
+            record: Record::Over {
+                w: "1.0".into(),
+                seq: 1,
+                end: 200,
+                lost_seen: false,
+            },
+        },
         // Killed inside its body.
-        line(
-            2,
-            "begin w=2.0 seq=1 token=h:2:b fence=2 start=300 hold_ms=0",
-        ),
+        Synthetic::new(2, "2.0", "h:2:b", 2, (300, 0)).begin(),
     ];
     let killed = HashMap::from([(1, 900), (2, 1000)]);
     let secs = sections(&lines, &killed);
-    let ends: Vec<(u64, i64, &str)> = secs
-        .iter()
-        .map(|s| (s.fence, s.end, s.outcome.as_str()))
-        .collect();
-    assert_eq!(ends, [(1, 200, "killed"), (2, 1000, "killed")]);
+    let ends: Vec<(u64, i64, Ending)> = secs.iter().map(|s| (s.fence, s.end, s.outcome)).collect();
+    assert_eq!(ends, [(1, 200, Ending::Killed), (2, 1000, Ending::Killed)]);
 }
 
 #[test]
@@ -1280,14 +1448,14 @@ fn fences_follow_the_servers_order_of_tenures_also_when_a_token_was_granted_twic
         .flatten(),
     );
     let histories = [model::rebuild(&[events], "lock:", false)];
-    let line = |worker: u32, text: &str| Line {
-        worker,
-        text: text.to_owned(),
-    };
     let run = |fences: (u64, u64)| {
+        let section = |worker, w, token, fence, during| Synthetic {
+            write: StoreCall::NotMade,
+            ..Synthetic::new(worker, w, token, fence, during)
+        };
         let lines = [
-            line(2, &format!("end w=2.0 seq=1 token=h:2:b fence={} start=12000100 end=12000200 outcome=ok lost_seen=0 read=ok write=none", fences.0)),
-            line(1, &format!("end w=1.0 seq=1 token=h:1:a fence={} start=14000100 end=14000200 outcome=ok lost_seen=0 read=ok write=none", fences.1)),
+            section(2, "2.0", "h:2:b", fences.0, (12_000_100, 12_000_200)).end(),
+            section(1, "1.0", "h:1:a", fences.1, (14_000_100, 14_000_200)).end(),
         ];
         check(&Inputs::synthetic(&lines, &histories)).violations
     };
@@ -1297,58 +1465,87 @@ fn fences_follow_the_servers_order_of_tenures_also_when_a_token_was_granted_twic
 
 #[test]
 fn the_checks_judge_readers_writers_permits_and_multi_key_sections_per_key() {
-    let line = |worker: u32, text: &str| Line {
-        worker,
-        text: text.to_owned(),
+    let section = |w, kind, keys: &'static [&'static str], token, during| {
+        Synthetic {
+            write: StoreCall::NotMade,
+            kind,
+            keys,
+            ..Synthetic::new(1, w, token, 0, during)
+        }
+        .end()
     };
-    let section = |w: &str, kind: &str, keys: &str, token: &str, start: u64, end: u64| {
-        line(
-            1,
-            &format!(
-                "end w={w} seq=1 token={token} fence=0 start={start} end={end} outcome=ok \
-                 lost_seen=0 read=none write=none kind={kind} keys={keys}"
-            ),
-        )
-    };
+    let (read, write, permit, multi) = (
+        LockKind::Read,
+        LockKind::Write,
+        LockKind::Permit,
+        LockKind::Multi,
+    );
     let lines = [
         // Readers side by side: fine. A writer beside one of them: not.
-        section("1.r", "read", "lock:rw", "h:1:r1", 10_000_000, 10_400_000),
-        section("2.r", "read", "lock:rw", "h:2:r2", 10_100_000, 10_300_000),
-        section("3.w", "write", "lock:rw", "h:3:w1", 10_350_000, 10_500_000),
+        section(
+            "1.r",
+            read,
+            &["lock:rw"],
+            "h:1:r1",
+            (10_000_000, 10_400_000),
+        ),
+        section(
+            "2.r",
+            read,
+            &["lock:rw"],
+            "h:2:r2",
+            (10_100_000, 10_300_000),
+        ),
+        section(
+            "3.w",
+            write,
+            &["lock:rw"],
+            "h:3:w1",
+            (10_350_000, 10_500_000),
+        ),
         // Three permits of two at once.
         section(
-            "1.p", "permit", "lock:sem", "h:1:p1", 11_000_000, 11_300_000,
+            "1.p",
+            permit,
+            &["lock:sem"],
+            "h:1:p1",
+            (11_000_000, 11_300_000),
         ),
         section(
-            "2.p", "permit", "lock:sem", "h:2:p2", 11_100_000, 11_400_000,
+            "2.p",
+            permit,
+            &["lock:sem"],
+            "h:2:p2",
+            (11_100_000, 11_400_000),
         ),
         section(
-            "3.p", "permit", "lock:sem", "h:3:p3", 11_200_000, 11_250_000,
+            "3.p",
+            permit,
+            &["lock:sem"],
+            "h:3:p3",
+            (11_200_000, 11_250_000),
         ),
         // Two multi-key locks sharing `lock:b`, and one on other keys beside them.
         section(
             "1.m",
-            "multi",
-            "lock:a,lock:b",
+            multi,
+            &["lock:a", "lock:b"],
             "h:1:m1",
-            12_000_000,
-            12_300_000,
+            (12_000_000, 12_300_000),
         ),
         section(
             "2.m",
-            "multi",
-            "lock:b,lock:c",
+            multi,
+            &["lock:b", "lock:c"],
             "h:2:m2",
-            12_200_000,
-            12_400_000,
+            (12_200_000, 12_400_000),
         ),
         section(
             "3.m",
-            "multi",
-            "lock:c,lock:d",
+            multi,
+            &["lock:c", "lock:d"],
             "h:3:m3",
-            12_500_000,
-            12_600_000,
+            (12_500_000, 12_600_000),
         ),
     ];
     let report = check(&Inputs::synthetic(&lines, &[History::default()]));
@@ -1373,15 +1570,13 @@ fn the_checks_judge_readers_writers_permits_and_multi_key_sections_per_key() {
 
 #[test]
 fn a_lock_handed_to_a_stopped_or_dead_processs_waiter_is_not_a_hand_over() {
-    let line = |worker: u32, text: &str| Line {
+    let lines = [(1, 11), (2, 22), (3, 33)].map(|(worker, pid)| Line {
         worker,
-        text: text.to_owned(),
-    };
-    let lines = [
-        line(1, "ready w=1 pid=11"),
-        line(2, "ready w=2 pid=22"),
-        line(3, "ready w=3 pid=33"),
-    ];
+        record: Record::Ready {
+            w: worker.to_string(),
+            pid,
+        },
+    });
     // The holder (worker 1) is killed at 10 s; at 10.9 s the lock goes to a waiter of worker 2,
     // which is stopped from 9.5 s to 13 s; worker 3 takes it at 12 s.
     let events = monitored([

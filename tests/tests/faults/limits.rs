@@ -7,7 +7,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use lock_runtime::LockError;
+use lock_runtime::{LockError, LostReason};
+use lock_tests::records::{Outcome, Record};
 use lock_tests::RedisServer;
 use redis::AsyncCommands;
 
@@ -17,7 +18,7 @@ use super::support::{is_stopped, raw, registry, signal, spawn_hung_body};
 /// `pause = true`) stops itself with SIGSTOP in the middle of the critical section.
 struct Victim {
     child: Child,
-    lines: mpsc::Receiver<String>,
+    records: mpsc::Receiver<Record>,
 }
 
 impl Victim {
@@ -31,26 +32,28 @@ impl Victim {
             .spawn()
             .expect("start fault-worker victim");
         let stdout = child.stdout.take().expect("piped");
-        let (tx, lines) = mpsc::channel();
+        let (tx, records) = mpsc::channel();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                let _ = tx.send(line);
+                let record = Record::parse(&line)
+                    .unwrap_or_else(|e| panic!("the victim wrote {line:?}, not a record: {e}"));
+                let _ = tx.send(record);
             }
         });
-        Self { child, lines }
+        Self { child, records }
     }
 
-    fn next_line(&self) -> String {
-        self.lines
+    fn next_record(&self) -> Record {
+        self.records
             .recv_timeout(Duration::from_secs(30))
             .expect("the victim said nothing for 30 s")
     }
 
-    /// Every line until the process exits.
-    fn finish(mut self) -> Vec<String> {
+    /// Every record until the process exits.
+    fn finish(mut self) -> Vec<Record> {
         let mut all = Vec::new();
-        while let Ok(line) = self.lines.recv_timeout(Duration::from_secs(30)) {
-            all.push(line);
+        while let Ok(record) = self.records.recv_timeout(Duration::from_secs(30)) {
+            all.push(record);
         }
         let status = self.child.wait().expect("wait");
         assert!(status.success(), "victim failed: {status} after {all:?}");
@@ -59,19 +62,10 @@ impl Victim {
 
     /// Waits for the self-inflicted SIGSTOP; returns the fence and value it read.
     fn wait_paused(&self) -> (u64, i64) {
-        let line = self.next_line();
-        let rest = line
-            .strip_prefix("pausing ")
-            .unwrap_or_else(|| panic!("{line}"));
-        let mut fence = 0;
-        let mut read = 0;
-        for kv in rest.split(' ') {
-            match kv.split_once('=') {
-                Some(("fence", v)) => fence = v.parse().unwrap(),
-                Some(("read", v)) => read = v.parse().unwrap(),
-                _ => {}
-            }
-        }
+        let record = self.next_record();
+        let Record::Pausing { fence, read } = record else {
+            panic!("the victim did not pause first: {record:?}");
+        };
         let pid = self.child.id();
         let deadline = Instant::now() + Duration::from_secs(10);
         while !is_stopped(pid) {
@@ -82,8 +76,13 @@ impl Victim {
     }
 }
 
+/// What the victim returns when its lease ran out in its pause.
+const LOST_EXPIRED: Record = Record::Outcome {
+    outcome: Outcome::Lost(LostReason::Expired),
+};
+
 /// Runs a second holder (another process) through the same critical section, no pause.
-fn second_holder(lock_url: &str, store_url: &str, fencing: bool) -> Vec<String> {
+fn second_holder(lock_url: &str, store_url: &str, fencing: bool) -> Vec<Record> {
     let fencing = if fencing { "1" } else { "0" };
     Victim::start(
         lock_url,
@@ -147,7 +146,10 @@ fn a_paused_holder_process_writes_after_its_lease_ended_and_only_fencing_rejects
     assert_eq!(read, 0);
     // While the holder is stopped its lease runs out and another process takes the lock.
     let second = second_holder(&server.url(), &store.url(), true);
-    assert!(second.contains(&"wrote accepted".to_owned()), "{second:?}");
+    assert!(
+        second.contains(&Record::Wrote { accepted: true }),
+        "{second:?}"
+    );
     signal(victim.child.id(), "CONT");
     // The paused holder resumes in the middle of its critical section and sends its write
     // before anything can stop it: fencing is what refuses it.
@@ -159,13 +161,10 @@ fn a_paused_holder_process_writes_after_its_lease_ended_and_only_fencing_rejects
     assert!(log[0].starts_with(&format!("{}:", fence + 1)), "{log:?}");
     assert_eq!(rejected, 1, "the stale write arrived and was refused");
     assert!(
-        lines.contains(&"resumed lost_seen=1".to_owned()),
+        lines.contains(&Record::Resumed { lost_seen: true }),
         "{lines:?}"
     );
-    assert!(
-        lines.contains(&"outcome lost-expired".to_owned()),
-        "{lines:?}"
-    );
+    assert!(lines.contains(&LOST_EXPIRED), "{lines:?}");
 }
 
 #[test]
@@ -180,7 +179,10 @@ fn without_fencing_a_paused_holders_late_write_overwrites_the_next_holders() {
     let (_, read) = victim.wait_paused();
     assert_eq!(read, 0);
     let second = second_holder(&server.url(), &store.url(), false);
-    assert!(second.contains(&"wrote accepted".to_owned()), "{second:?}");
+    assert!(
+        second.contains(&Record::Wrote { accepted: true }),
+        "{second:?}"
+    );
     signal(victim.child.id(), "CONT");
     wait_for_store(&store, |(_, log, _)| log.len() >= 2);
     let lines = victim.finish();
@@ -189,10 +191,7 @@ fn without_fencing_a_paused_holders_late_write_overwrites_the_next_holders() {
     // which the paused process no longer held, could not prevent.
     assert_eq!(log, ["plain:1", "plain:1"]);
     assert_eq!(register, 1);
-    assert!(
-        lines.contains(&"outcome lost-expired".to_owned()),
-        "{lines:?}"
-    );
+    assert!(lines.contains(&LOST_EXPIRED), "{lines:?}");
 }
 
 #[test]
@@ -223,15 +222,12 @@ fn a_body_that_outlived_its_lease_in_a_pause_is_reported_lost_not_ok() {
     signal(victim.child.id(), "CONT");
     let lines = victim.finish();
     assert!(
-        lines.contains(&"resumed lost_seen=1".to_owned()),
+        lines.contains(&Record::Resumed { lost_seen: true }),
         "{lines:?}"
     );
     // The body finished after its lease ended: with on_lost = cancel the caller must hear
     // `Lost`, not `Ok`, or it believes the work ran under the lock.
-    assert!(
-        lines.contains(&"outcome lost-expired".to_owned()),
-        "{lines:?}"
-    );
+    assert!(lines.contains(&LOST_EXPIRED), "{lines:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -189,6 +189,74 @@ fn a_kept_history_reads_back_as_it_was() {
     assert!(matches!(read_event("# lost 12"), Event::Lost { at_us: 12 }));
 }
 
+#[test]
+fn a_kept_run_reads_back_the_workers_records_as_they_were() {
+    use lock_tests::records::{LockKind, Outcome, Record, StoreCall};
+    let lines = vec![
+        Line {
+            worker: 1,
+            record: Record::Ready {
+                w: "1".into(),
+                pid: 11,
+            },
+        },
+        Line {
+            worker: 1,
+            record: Record::End {
+                w: "1.0".into(),
+                seq: 1,
+                token: "h:11:a".into(),
+                fence: 1,
+                start: 100,
+                end: 200,
+                outcome: Outcome::Lost(lock_runtime::LostReason::Expired),
+                lost_seen: true,
+                read: StoreCall::Accepted,
+                write: StoreCall::InFlight,
+                kind: LockKind::Lock,
+                keys: vec!["lock:register".into()],
+            },
+        },
+    ];
+    let kept = Kept {
+        name: "records round trip".into(),
+        fencing: false,
+        quorum: 1,
+        permits: 2,
+        minimums: Minimums {
+            sections: 0,
+            register: 0,
+            cancelled: 0,
+            hand_overs: 0,
+            renewals: 0,
+            holder_hits: 0,
+            asking: 0,
+            per_kind: 0,
+        },
+        seed: None,
+        bad_exits: Vec::new(),
+        lines: lines.clone(),
+        killed: HashMap::new(),
+        faults: Vec::new(),
+        register: 0,
+        rejected: 0,
+        log: Vec::new(),
+        leftover_without_ttl: Vec::new(),
+        proxy: (0, 0),
+        ran_for: Duration::from_secs(1),
+        ifeq: false,
+        servers: Vec::new(),
+        events: Vec::new(),
+    };
+    let dir = kept.save();
+    let again = Kept::load(&dir);
+    std::fs::remove_dir_all(&dir).expect("remove the kept run");
+    let records = |lines: &[Line]| -> Vec<(u32, Record)> {
+        lines.iter().map(|l| (l.worker, l.record.clone())).collect()
+    };
+    assert_eq!(records(&again.lines), records(&lines));
+}
+
 /// Runs the checks again on a run a failed workload kept (see the module's documentation).
 #[test]
 #[ignore = "replays a kept run: LOCK_FAULT_REPLAY=<dir> cargo test -p lock-tests --test faults -- --ignored"]

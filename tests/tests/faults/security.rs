@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lock_runtime::{LockError, Registry};
+use lock_tests::records::Record;
 use lock_tests::{subscribers, RedisServer};
 use redis::AsyncCommands;
 
@@ -71,16 +72,17 @@ async fn tokens_carry_128_unbiased_random_bits_that_owe_nothing_to_time_or_proce
         let b = s.spawn(run);
         (a.join().unwrap(), b.join().unwrap())
     });
-    let a: Vec<String> = String::from_utf8(a.stdout)
-        .unwrap()
-        .lines()
-        .map(str::to_owned)
-        .collect();
-    let b: Vec<String> = String::from_utf8(b.stdout)
-        .unwrap()
-        .lines()
-        .map(str::to_owned)
-        .collect();
+    let tokens = |out: std::process::Output| -> Vec<String> {
+        String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .map(|line| match Record::parse(line) {
+                Ok(Record::Token { token }) => token,
+                other => panic!("not a token record: {line:?} ({other:?})"),
+            })
+            .collect()
+    };
+    let (a, b) = (tokens(a), tokens(b));
     assert_eq!((a.len(), b.len()), (2000, 2000));
     let a_bits: HashSet<u128> = a.iter().map(|t| random_bits(t)).collect();
     assert!(b.iter().all(|t| !a_bits.contains(&random_bits(t))));

@@ -7,13 +7,15 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::{mpsc, Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use lock_tests::records::{LockKind, Record};
+
 use super::support::{now_us, signal};
 
-/// One line a worker printed, tagged with the worker that printed it.
+/// One record a worker printed, tagged with the worker that printed it.
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Line {
     pub worker: u32,
-    pub text: String,
+    pub record: Record,
 }
 
 pub struct Worker {
@@ -66,7 +68,10 @@ impl Pool {
         std::thread::spawn(move || {
             let mut ready_tx = Some(ready_tx);
             for text in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if text.starts_with("ready ") {
+                // The worker writes nothing else: a line that is no record is a bug on one side.
+                let record = Record::parse(&text)
+                    .unwrap_or_else(|e| panic!("worker {id} wrote {text:?}, not a record: {e}"));
+                if matches!(record, Record::Ready { .. }) {
                     if let Some(tx) = ready_tx.take() {
                         let _ = tx.send(());
                     }
@@ -74,7 +79,7 @@ impl Pool {
                 lines
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
-                    .push(Line { worker: id, text });
+                    .push(Line { worker: id, record });
             }
         });
         ready
@@ -92,18 +97,19 @@ impl Pool {
     }
 
     /// Asks task `task` of every live worker to hold its next critical section for `hold`, and
-    /// waits until one of them began it (its `begin` line); the others' requests are withdrawn.
-    /// Returns whether that happened within `limit`.
+    /// waits until one of them began it (its `begin` record); the others' requests are
+    /// withdrawn. Returns whether that happened within `limit`.
     pub fn long_section(&mut self, task: usize, hold: Duration, limit: Duration) -> bool {
         let seen = self.lines().len();
-        self.tell_all(&format!("long {} {task}", hold.as_millis()));
-        let wanted = format!(".{task} ");
-        let hold = format!("hold_ms={}", hold.as_millis());
+        let hold_ms = u64::try_from(hold.as_millis()).expect("a hold of some seconds");
+        self.tell_all(&format!("long {hold_ms} {task}"));
+        let wanted = format!(".{task}");
         let deadline = std::time::Instant::now() + limit;
         let mut started = false;
         while !started && std::time::Instant::now() < deadline {
             started = self.lines()[seen..].iter().any(|l| {
-                l.text.starts_with("begin ") && l.text.contains(&wanted) && l.text.ends_with(&hold)
+                matches!(&l.record, Record::Begin { w, hold_ms: held, .. }
+                    if w.ends_with(&wanted) && *held == hold_ms)
             });
             if !started {
                 std::thread::sleep(Duration::from_millis(5));
@@ -203,7 +209,7 @@ impl Pool {
             let done = self
                 .lines()
                 .iter()
-                .filter(|l| l.text.starts_with("done "))
+                .filter(|l| matches!(l.record, Record::Done { .. }))
                 .count();
             if done >= expected || std::time::Instant::now() > deadline {
                 break;
@@ -219,22 +225,25 @@ impl Pool {
     pub fn wait_for_sections(&self, least: &super::checker::Minimums, limit: Duration) {
         let deadline = std::time::Instant::now() + limit;
         while std::time::Instant::now() < deadline {
-            let mut ended: HashMap<&str, usize> = HashMap::new();
+            let mut ended: HashMap<LockKind, usize> = HashMap::new();
             let lines = self.lines.lock().unwrap_or_else(PoisonError::into_inner);
-            for line in lines.iter().filter(|l| l.text.starts_with("end ")) {
-                let kind = line
-                    .text
-                    .split(' ')
-                    .find_map(|field| field.strip_prefix("kind="))
-                    .unwrap_or("lock");
-                *ended.entry(kind).or_default() += 1;
+            for line in lines.iter() {
+                if let Record::End { kind, .. } = line.record {
+                    *ended.entry(kind).or_default() += 1;
+                }
             }
-            let enough = |kind: &str, least: usize| ended.get(kind).copied().unwrap_or(0) >= least;
+            let enough =
+                |kind: LockKind, least: usize| ended.get(&kind).copied().unwrap_or(0) >= least;
             if ended.values().sum::<usize>() >= least.sections
-                && enough("lock", least.register)
-                && ["read", "write", "permit", "multi"]
-                    .iter()
-                    .all(|kind| enough(kind, least.per_kind))
+                && enough(LockKind::Lock, least.register)
+                && [
+                    LockKind::Read,
+                    LockKind::Write,
+                    LockKind::Permit,
+                    LockKind::Multi,
+                ]
+                .into_iter()
+                .all(|kind| enough(kind, least.per_kind))
             {
                 return;
             }

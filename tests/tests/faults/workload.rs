@@ -411,7 +411,7 @@ impl Run<'_> {
             let lines = self.pool.lines();
             let tail: Vec<String> = lines[lines.len().saturating_sub(20)..]
                 .iter()
-                .map(|l| format!("  worker {}: {}", l.worker, l.text))
+                .map(|l| format!("  worker {}: {}", l.worker, l.record.line()))
                 .collect();
             panic!(
                 "no worker's task {task} started a long section in 20 s; the workers' last lines:\n{}",
