@@ -102,6 +102,7 @@ async fn in_a_cluster_a_lock_user_needs_the_sharded_and_cluster_commands_of_the_
         "+hset",
         "+hget",
         "+hdel",
+        "+hvals",
         "+spublish",
         "+ssubscribe",
         "+sunsubscribe",

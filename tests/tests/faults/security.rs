@@ -352,6 +352,7 @@ const MINIMAL_COMMANDS: &[&str] = &[
     "hset",
     "hget",
     "hdel",
+    "hvals",
 ];
 
 fn acl_setuser(con: &mut redis::Connection, commands: &[&str]) {
