@@ -41,9 +41,21 @@ pub(crate) struct WaitHub {
     follow_within: Duration,
 }
 
-#[derive(Default)]
 struct Slots {
     by_channel: Mutex<HashMap<String, SlotEntry>>,
+    /// How many feeds must announce a tenure's release before it wakes a waiter: a majority of
+    /// Redlock's nodes, whose releases reach them one by one (woken by the first, a waiter
+    /// would race the release still on its way to the others, and lose); one elsewhere.
+    wake_after: usize,
+}
+
+impl Default for Slots {
+    fn default() -> Self {
+        Self {
+            by_channel: Mutex::default(),
+            wake_after: 1,
+        }
+    }
 }
 
 struct SlotEntry {
@@ -57,9 +69,10 @@ struct Slot {
     /// the slot lives), and the signal that it did.
     followed: AtomicBool,
     now_followed: Notify,
-    /// The tenures whose release woke a waiter here, newest last: one release arrives once
-    /// per node that held it, within moments of each other.
-    released: Mutex<VecDeque<String>>,
+    /// The tenures whose release was announced here, newest last, with how many feeds have
+    /// announced it: one release arrives once per node that held it, within moments of each
+    /// other.
+    released: Mutex<VecDeque<(String, usize)>>,
     /// The waiters here that a release may hand the lock to, by the name of their tenure.
     handoffs: Mutex<HashMap<String, Arc<Handoff>>>,
 }
@@ -124,7 +137,7 @@ impl<'a> Message<'a> {
 const REMEMBERED: usize = 8;
 
 impl Slot {
-    fn released(&self) -> MutexGuard<'_, VecDeque<String>> {
+    fn released(&self) -> MutexGuard<'_, VecDeque<(String, usize)>> {
         self.released.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -132,9 +145,9 @@ impl Slot {
         self.handoffs.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn deliver(&self, message: &Message<'_>) {
+    fn deliver(&self, message: &Message<'_>, wake_after: usize) {
         match *message {
-            Message::Freed { released } => self.wake_one(released),
+            Message::Freed { released } => self.wake_one(released, wake_after),
             Message::HandedOver { next, grant } => {
                 if let Some(handoff) = self.handoffs().get(next) {
                     *handoff.grant.lock().unwrap_or_else(PoisonError::into_inner) = Some(grant);
@@ -144,17 +157,27 @@ impl Slot {
         }
     }
 
-    /// Wakes one waiter, unless this notification names a tenure whose release already did.
-    fn wake_one(&self, tenure: Option<&str>) {
+    /// Wakes one waiter once `wake_after` feeds announced the release of this notification's
+    /// tenure, and never again for it; a notification that names no tenure wakes one at once.
+    fn wake_one(&self, tenure: Option<&str>, wake_after: usize) {
         if let Some(tenure) = tenure {
             let mut released = self.released();
-            if released.iter().any(|seen| seen == tenure) {
+            let announced = match released.iter_mut().find(|(seen, _)| seen == tenure) {
+                Some((_, count)) => {
+                    *count += 1;
+                    *count
+                }
+                None => {
+                    if released.len() == REMEMBERED {
+                        released.pop_front();
+                    }
+                    released.push_back((tenure.to_owned(), 1));
+                    1
+                }
+            };
+            if announced != wake_after {
                 return;
             }
-            if released.len() == REMEMBERED {
-                released.pop_front();
-            }
-            released.push_back(tenure.to_owned());
         }
         self.notify.notify_one();
     }
@@ -188,7 +211,7 @@ impl Slots {
     fn deliver(&self, channel: &str, message: &Message<'_>) {
         let slot = self.lock().get(channel).map(|entry| entry.slot.clone());
         if let Some(slot) = slot {
-            slot.deliver(message);
+            slot.deliver(message, self.wake_after);
         }
     }
 
@@ -354,8 +377,8 @@ impl WaitHub {
         }
     }
 
-    /// Notifications come from these feeds, all waking the same waiters (a release on any
-    /// Redlock node wakes them). Each is built from its hold on the waiters, and started on
+    /// Notifications come from these feeds, all waking the same waiters (a release announced
+    /// by a majority of Redlock's nodes wakes them). Each is built from its hold on the waiters, and started on
     /// first use. A waiter relies on them once one follows its channel, and waits for that at
     /// most `follow_within` before it backs off instead.
     pub(crate) fn fed_by<I, M, F>(feeds: I, follow_within: Duration) -> Self
@@ -364,7 +387,11 @@ impl WaitHub {
         M: FnOnce(Waiters) -> F,
         F: Future<Output = ()> + Send + 'static,
     {
-        let shared = Arc::<Slots>::default();
+        let feeds: Vec<M> = feeds.into_iter().collect();
+        let shared = Arc::new(Slots {
+            wake_after: feeds.len() / 2 + 1,
+            ..Slots::default()
+        });
         let feeds = feeds
             .into_iter()
             .map(|make| {
@@ -407,7 +434,7 @@ impl WaitHub {
         let slot = self.shared.lock().get(channel).map(|e| e.slot.clone());
         slot.is_some_and(|slot| {
             let tenure = tenure_name(token);
-            slot.released().iter().any(|seen| *seen == tenure)
+            slot.released().iter().any(|(seen, _)| *seen == tenure)
         })
     }
 
@@ -488,12 +515,11 @@ mod tests {
         assert!(!names_a_tenure(&tenure_name("x").to_uppercase()));
     }
 
-    /// A hub, and the hold on its waiters a feed would have.
-    fn hub_without_feeds() -> (WaitHub, Waiters) {
-        let hub = WaitHub::fed_by(
-            Vec::<fn(Waiters) -> std::future::Ready<()>>::new(),
-            Duration::ZERO,
-        );
+    /// A hub of `nodes` feeds that deliver nothing themselves, and the hold on its waiters a
+    /// feed would have.
+    fn hub_fed_by(nodes: usize) -> (WaitHub, Waiters) {
+        let feeds = (0..nodes).map(|_| |_: Waiters| std::future::ready(()));
+        let hub = WaitHub::fed_by(feeds, Duration::ZERO);
         let waiters = Waiters {
             slots: Arc::downgrade(&hub.shared),
             changed: Arc::default(),
@@ -501,23 +527,26 @@ mod tests {
         (hub, waiters)
     }
 
+    /// Redlock's nodes each announce a release as it reaches them: a waiter woken by the first
+    /// would race the release still on its way to the others, and lose.
     #[tokio::test]
-    async fn a_tenure_announced_by_several_nodes_wakes_one_waiter() {
-        let (hub, waiters) = hub_without_feeds();
+    async fn a_tenure_announced_by_several_nodes_wakes_one_waiter_once_a_majority_did() {
+        let (hub, waiters) = hub_fed_by(3);
         let far = Instant::now() + Duration::from_secs(60);
         let (first, second) = (hub.interest("k", far).await, hub.interest("k", far).await);
         let tenure = tenure_name("holder-token");
         assert!(!hub.released_recently("k", "holder-token"));
-        for _ in 0..3 {
-            assert!(waiters.deliver("k", &tenure));
-        }
-        assert!(hub.released_recently("k", "holder-token"));
         let woken = |interest: &Interest<'_>| {
             let notified = interest.slot.notify.notified();
             futures_util::FutureExt::now_or_never(notified).is_some()
         };
-        assert!(woken(&first), "the first announcement wakes a waiter");
-        assert!(!woken(&second), "its copies from other nodes wake nobody");
+        assert!(waiters.deliver("k", &tenure));
+        assert!(hub.released_recently("k", "holder-token"));
+        assert!(!woken(&first), "one node of three announced it");
+        assert!(waiters.deliver("k", &tenure));
+        assert!(woken(&first), "a majority announced it: one waiter wakes");
+        assert!(waiters.deliver("k", &tenure));
+        assert!(!woken(&second), "the last copy wakes nobody");
         // Messages that name no tenure wake a waiter each time.
         waiters.deliver("k", "released");
         assert!(woken(&second));
@@ -525,7 +554,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_handed_over_lock_reaches_its_waiter_alone() {
-        let (hub, waiters) = hub_without_feeds();
+        let (hub, waiters) = hub_fed_by(1);
         let far = Instant::now() + Duration::from_secs(60);
         let (mut chosen, mut other) = (hub.interest("k", far).await, hub.interest("k", far).await);
         chosen.expect_handoff("chosen-token");
