@@ -75,7 +75,7 @@ async fn an_acl_user_limited_to_the_lock_keys_can_lock_wait_and_fence() {
 /// lease keeper read it), `asking` (commands that follow a migrating slot's keys) and `ping`
 /// (the cluster client checks its connections with it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn in_a_cluster_a_lock_user_needs_the_sharded_and_cluster_commands_of_the_readme() {
+async fn in_a_cluster_a_lock_user_needs_the_sharded_and_cluster_commands_documented() {
     let cluster = lock_tests::cluster::RedisCluster::start(3, 0);
     let user = ["SETUSER", "locker", "reset", "on", ">s3cret-pw"];
     let commands = [
