@@ -55,13 +55,25 @@ pub fn command_calls(con: &mut redis::Connection) -> std::collections::HashMap<S
 /// # Panics
 /// When the server does not answer.
 pub async fn subscribers(url: &str, channel: &str) -> i64 {
+    count_subscribers(url, "NUMSUB", channel).await
+}
+
+/// Subscribers of shard channel `channel` on the cluster node at `url` (`PUBSUB SHARDNUMSUB`).
+///
+/// # Panics
+/// When the node does not answer.
+pub async fn shard_subscribers(url: &str, channel: &str) -> i64 {
+    count_subscribers(url, "SHARDNUMSUB", channel).await
+}
+
+async fn count_subscribers(url: &str, subcommand: &str, channel: &str) -> i64 {
     let mut con = raw(url).await;
     let n: Vec<(String, i64)> = redis::cmd("PUBSUB")
-        .arg("NUMSUB")
+        .arg(subcommand)
         .arg(channel)
         .query_async(&mut con)
         .await
-        .expect("PUBSUB NUMSUB");
+        .unwrap_or_else(|e| panic!("PUBSUB {subcommand}: {e}"));
     n.first().map_or(0, |(_, n)| *n)
 }
 

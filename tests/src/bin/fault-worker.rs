@@ -299,6 +299,21 @@ fn body_over(w: &str, seq: u64, s: &Shared, end: i64, lost_seen: bool) {
     });
 }
 
+/// Drops `held` (a guard or a guarded future) and records how long the drop took, then the
+/// section's end.
+fn drop_timed<T>(w: &str, seq: u64, s: &Shared, dropped: Dropped, held: T) {
+    let at = std::time::Instant::now();
+    drop(held);
+    let took = at.elapsed();
+    out(&Record::Drop {
+        w: w.to_owned(),
+        at: now_us(),
+        dropped,
+        took_us: micros(took),
+    });
+    end_record(w, seq, s, Outcome::Dropped);
+}
+
 fn end_record(w: &str, seq: u64, s: &Shared, outcome: Outcome) {
     let record = {
         let g = lock(s);
@@ -629,16 +644,7 @@ impl Workload {
                 .as_ref()
                 .is_some_and(lock_runtime::CurrentLock::is_lost);
             body_over(w, seq, &s, now_us(), lost);
-            let at = std::time::Instant::now();
-            drop(run);
-            let took = at.elapsed();
-            out(&Record::Drop {
-                w: w.to_owned(),
-                at: now_us(),
-                dropped: Dropped::Future,
-                took_us: micros(took),
-            });
-            end_record(w, seq, &s, Outcome::Dropped);
+            drop_timed(w, seq, &s, Dropped::Future, run);
         } else {
             let guard = match self
                 .registry
@@ -659,16 +665,7 @@ impl Workload {
             begin(w, seq, &s, guard.token(), guard.fence().unwrap_or(0), hold);
             tokio::time::sleep(hold).await;
             body_over(w, seq, &s, now_us(), guard.is_lost());
-            let at = std::time::Instant::now();
-            drop(guard);
-            let took = at.elapsed();
-            out(&Record::Drop {
-                w: w.to_owned(),
-                at: now_us(),
-                dropped: Dropped::Guard,
-                took_us: micros(took),
-            });
-            end_record(w, seq, &s, Outcome::Dropped);
+            drop_timed(w, seq, &s, Dropped::Guard, guard);
         }
     }
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 use lock_runtime::{MemoryStore, Registry};
 use lock_tests::cluster::RedisCluster;
 use lock_tests::sentinel::{RedisSentinels, SERVICE};
-use lock_tests::{command_calls, eventually, RedisServer};
+use lock_tests::{command_calls, eventually, shard_subscribers, subscribers, RedisServer};
 
 /// How long a test waits for an event before it fails.
 pub const LIMIT: Duration = Duration::from_secs(20);
@@ -172,7 +172,12 @@ impl Store {
                     }
                 }
                 for url in &servers {
-                    if subscribers(url, &redis_key, sharded).await != n {
+                    let listening = if sharded {
+                        shard_subscribers(url, &redis_key).await
+                    } else {
+                        subscribers(url, &redis_key).await
+                    };
+                    if usize::try_from(listening).ok() != Some(n) {
                         return false;
                     }
                 }
@@ -199,16 +204,4 @@ impl Store {
         });
         Some(sent.sum())
     }
-}
-
-/// Subscribers of `channel` on the server at `url` (its shard channel in a cluster).
-async fn subscribers(url: &str, channel: &str, sharded: bool) -> usize {
-    let mut con = lock_tests::raw(url).await;
-    let counts: Vec<(String, usize)> = redis::cmd("PUBSUB")
-        .arg(if sharded { "SHARDNUMSUB" } else { "NUMSUB" })
-        .arg(channel)
-        .query_async(&mut con)
-        .await
-        .expect("PUBSUB NUMSUB");
-    counts.first().map_or(0, |(_, n)| *n)
 }
