@@ -238,7 +238,7 @@ impl RegistryBuilder {
     /// trip, on a connection of its own (a `WAIT` blocks its connection; writes asked for while
     /// one is pending share the next one). Locking stops while fewer than `replicas` replicas
     /// answer, right after a failover too, until a replica has joined the new master. An
-    /// acquisition that is not acknowledged within ttl/20 is released and retried within
+    /// acquisition that is not acknowledged within ttl/5 is released and retried within
     /// `wait`, then fails naming the key, the node and the count; a renewal that is not
     /// acknowledged within ttl/6 is retried, never turned into a delete, and the lease is lost
     /// at its deadline (both waits at most half the command timeout).

@@ -47,6 +47,7 @@ pub async fn release_and_renewal_are_owner_checked(s: &Store) {
         .lock("job")
         .ttl(Duration::from_millis(300))
         .renew(false)
+        .wait(LIMIT)
         .acquire()
         .await
         .expect("a free lock");

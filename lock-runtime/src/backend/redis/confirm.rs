@@ -131,8 +131,9 @@ impl Confirmer {
         } else {
             scripts::acquire_all::call(attempt).cmd()
         };
-        // Small against the ttl: the lease's deadline runs from before the acquisition was sent.
-        let wait = attempt.ttl / 20;
+        // A fifth of the ttl: the lease's deadline runs from before the acquisition was sent, so
+        // the wait only shortens it, and a replica slowed for a few ms must not fail a free lock.
+        let wait = attempt.ttl / 5;
         let confirmed = self
             .send(cmd, Some(wait), "acquire", Some(&attempt.key.name))
             .await?;
