@@ -23,32 +23,6 @@ use crate::metrics::{Labels, Refused};
 use crate::state::RegistryInner;
 use crate::{error::LockError, options::LockOptions, token};
 
-/// [`acquire_lease`] as a task on the I/O runtime, cancelled when the caller stops waiting. A
-/// lock taken just as the caller gave up is released, never left held with no guard.
-pub(crate) async fn acquire_on_io(
-    inner: Arc<RegistryInner>,
-    keys: Vec<String>,
-    options: LockOptions,
-) -> Result<Arc<Lease>, LockError> {
-    struct AbortOnDrop(tokio::task::AbortHandle);
-    impl Drop for AbortOnDrop {
-        fn drop(&mut self) {
-            self.0.abort();
-        }
-    }
-    let (deliver, delivered) = tokio::sync::oneshot::channel();
-    let task = crate::io::spawn(async move {
-        let outcome = acquire_lease(inner.clone(), keys, options).await;
-        if let Err(Ok(lease)) = deliver.send(outcome) {
-            inner.keeper.release_in_background(lease.id);
-        }
-    });
-    let _cancel_with_the_caller = AbortOnDrop(task.abort_handle());
-    delivered
-        .await
-        .unwrap_or_else(|_| panic!("lock-runtime: the acquisition task ended without an outcome"))
-}
-
 /// Acquires, waiting for notifications while the lock is busy; counts the outcome.
 pub(crate) async fn acquire_lease(
     inner: Arc<RegistryInner>,

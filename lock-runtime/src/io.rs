@@ -1,12 +1,14 @@
-//! The library's own I/O runtime: one thread that runs every Redis connection, subscriber and
-//! Redis lease keeper, whichever runtime the callers use; and where each registry's background
-//! work runs.
+//! The library's own I/O runtime: one thread that runs every Redis connection's driver, the
+//! subscribers and the Redis lease keepers, whichever runtime the callers use; and where each
+//! registry's background work runs.
 //!
 //! redis-rs spawns each connection's driver (and each reconnection) with `tokio::spawn` on the
 //! runtime that happens to be current. A registry is process-wide while runtimes come and go
 //! (one per `#[tokio::test]`; a current-thread runtime runs its tasks only inside `block_on`),
 //! so a connection made from one runtime would die with it, or stall while it idles. Here every
-//! command is sent from a task on this runtime; callers only await the reply, from anywhere.
+//! connection is made, and made again, by a task on this runtime. Callers send on those
+//! connections from their own tasks (a channel into the driver, and the reply back), so a
+//! command costs the caller no hop to this thread beyond the driver's own wake-up.
 
 use std::cell::Cell;
 use std::future::Future;

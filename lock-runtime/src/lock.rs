@@ -130,15 +130,7 @@ impl LockRequest {
                 });
             }
         }
-        let lease = if inner.on_caller_runtime() {
-            acquisition::acquire_lease(inner.clone(), self.keys, self.options).await?
-        } else {
-            // The whole acquisition (attempts, subscribing, waiting) runs on the I/O runtime,
-            // next to the connections: a release notification wakes the waiter there and its
-            // next attempt goes out at once, with no other thread to wake in between; only the
-            // outcome crosses over to the caller.
-            acquisition::acquire_on_io(inner.clone(), self.keys, self.options).await?
-        };
+        let lease = acquisition::acquire_lease(inner.clone(), self.keys, self.options).await?;
         Ok(LockGuard::new(inner, lease))
     }
 

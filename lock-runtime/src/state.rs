@@ -6,7 +6,6 @@ use std::sync::{Arc, OnceLock};
 
 use crate::backend::{Backend, Store};
 use crate::error::LockError;
-use crate::io::Home;
 use crate::keeper::Keeper;
 use crate::key::LockKey;
 use crate::lease::Lease;
@@ -82,12 +81,7 @@ impl RegistryInner {
         self.next_id.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// Whether this registry's work runs on its callers' runtime (see [`Home`]).
-    pub(crate) fn on_caller_runtime(&self) -> bool {
-        self.backend.home() == Home::Caller
-    }
-
-    /// Runs background work where it cannot die with a caller's runtime (see [`Home`]).
+    /// Runs background work where it cannot die with a caller's runtime (see [`crate::io::Home`]).
     pub(crate) fn spawn_background<F>(&self, task: F)
     where
         F: std::future::Future<Output = ()> + Send + 'static,

@@ -16,8 +16,9 @@ use crate::{error::LockError, error::LostReason};
 /// keeper that renews what this process holds there. Cheap to clone; clones share everything.
 ///
 /// The connections, the keeper and the notification subscriber are started on first use. For
-/// Redis they run on the library's own I/O thread, so one registry serves every Tokio runtime
-/// of the process, one after the other or at the same time (one per `#[tokio::test]`).
+/// Redis they run on the library's own I/O thread, while callers send on the connections from
+/// their own tasks, so one registry serves every Tokio runtime of the process, one after the
+/// other or at the same time (one per `#[tokio::test]`).
 #[derive(Clone)]
 pub struct Registry {
     pub(crate) inner: Arc<RegistryInner>,

@@ -231,8 +231,8 @@ async fn waiters_cancelled_while_subscribing_leave_no_subscription_behind() {
     last.abort();
 }
 
-/// A waiting acquisition runs next to the connections, on the library's I/O thread; when its
-/// caller stops waiting it must stop too, never take the lock later for nobody.
+/// A waiting acquisition is subscribed to its key's releases; when its caller stops waiting it
+/// must stop too and unsubscribe, never take the lock later for nobody.
 #[tokio::test]
 async fn a_cancelled_wait_never_takes_the_lock_afterwards() {
     let server = RedisServer::start();

@@ -24,16 +24,15 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use futures_util::future::{join_all, select_ok};
-use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::aio::ConnectionLike;
 use redis::{
     Cmd, ConnectionAddr, ConnectionInfo, ErrorKind, Pipeline, RedisFuture, ServerErrorKind, Value,
 };
 use tokio::time::Instant;
 
 use super::config::ClusterSeeds;
-use super::connection::OnIo;
 use super::errors::timed_out;
-use super::manager::manager_config;
+use super::manager::{manager, ServerConnection};
 use super::renewal::{renew_chunk, Answers, IfEq, Round, RENEW_CHUNK};
 use super::scripts;
 use crate::backend::contract::Renewal;
@@ -58,7 +57,7 @@ pub(crate) struct ClusterNodes {
     timeouts: Timeouts,
     /// `None` when stale.
     map: Mutex<Option<Arc<SlotMap>>>,
-    connections: Mutex<HashMap<Addr, OnIo<ConnectionManager>>>,
+    connections: Mutex<HashMap<Addr, ServerConnection>>,
     /// Per master: whether it renews exclusive locks with `SET .. IFEQ`.
     ifeq: Mutex<HashMap<Addr, Arc<IfEq>>>,
     reading: tokio::sync::Mutex<()>,
@@ -285,7 +284,7 @@ impl ClusterNodes {
     }
 
     /// This master's own connection, made on first use with the seeds' login and TLS.
-    async fn connection(&self, master: &Addr) -> redis::RedisResult<OnIo<ConnectionManager>> {
+    async fn connection(&self, master: &Addr) -> redis::RedisResult<ServerConnection> {
         let known = self
             .connections
             .lock()
@@ -296,8 +295,7 @@ impl ClusterNodes {
             return Ok(con);
         }
         let client = self.client(self.info(master))?;
-        let config = manager_config(self.timeouts);
-        let con = OnIo(io::run(ConnectionManager::new_with_config(client, config)).await?);
+        let con = manager(client, self.timeouts).await?;
         self.connections
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -344,11 +342,7 @@ impl ClusterNodes {
 }
 
 /// `cmd` on `con`, after `ASKING` in the same write when `asking`; a server's refusal as `Err`.
-async fn send(
-    con: &mut OnIo<ConnectionManager>,
-    cmd: &Cmd,
-    asking: bool,
-) -> redis::RedisResult<Value> {
+async fn send(con: &mut ServerConnection, cmd: &Cmd, asking: bool) -> redis::RedisResult<Value> {
     let reply = if asking {
         let mut pipe = redis::pipe();
         pipe.cmd("ASKING").add_command(cmd.clone());

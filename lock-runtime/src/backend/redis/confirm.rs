@@ -26,7 +26,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use futures_util::future::join_all;
 
-use super::connection::{Connection, OnIo, SharedConnection};
+use super::connection::{Connection, SharedConnection};
 use super::errors;
 use super::renewal::{Round, RENEW_CHUNK};
 use super::scripts;
@@ -85,11 +85,11 @@ pub(crate) enum Route {
 }
 
 impl Route {
-    async fn get(&self, what: &'static str) -> Result<OnIo<Connection>, LockError> {
+    async fn get(&self, what: &'static str) -> Result<Connection, LockError> {
         match self {
             Self::Server(own) => own.get(what, None).await,
             Self::Sentinel(shared) => match shared.get(what, None).await? {
-                OnIo(Connection::Sentinel(con)) => Ok(OnIo(Connection::Sentinel(con.confirming()))),
+                Connection::Sentinel(con) => Ok(Connection::Sentinel(con.confirming())),
                 other => Ok(other),
             },
         }

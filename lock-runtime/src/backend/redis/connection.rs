@@ -1,16 +1,18 @@
 //! The connection a deployment's operations share: made once by a task on the I/O runtime,
-//! awaited by every caller, and replaced when a cluster client's view has gone wrong.
+//! where its drivers run, awaited by every caller, and replaced when a cluster client's view
+//! has gone wrong. Callers send on it from their own tasks: each kind is a channel into drivers
+//! on the I/O runtime (see `manager`), so no request crosses to another thread on its own.
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use futures_util::future::{BoxFuture, FutureExt, Shared};
-use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::aio::ConnectionLike;
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 
 use super::config::Topology;
 use super::errors::{connect_hint, timed_out};
-use super::manager::manager;
+use super::manager::{manager, ServerConnection};
 use super::sentinel::SentinelConnection;
 use super::stall::Stall;
 use crate::error::LockError;
@@ -20,7 +22,7 @@ use crate::timeouts::Timeouts;
 /// The multiplexed connection of any kind; the scripts run on each.
 #[derive(Clone)]
 pub(crate) enum Connection {
-    Server(ConnectionManager),
+    Server(ServerConnection),
     /// With the watch that tells when this cluster client must be replaced.
     Cluster(ClusterConnection, Arc<Stall>),
     Sentinel(SentinelConnection),
@@ -54,36 +56,6 @@ impl ConnectionLike for Connection {
             Self::Cluster(c, _) => c.get_db(),
             Self::Sentinel(c) => c.get_db(),
         }
-    }
-}
-
-/// A connection whose every request runs on the I/O runtime.
-#[derive(Clone)]
-pub(crate) struct OnIo<C>(pub C);
-
-impl<C> ConnectionLike for OnIo<C>
-where
-    C: ConnectionLike + Clone + Send + Sync + 'static,
-{
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        let (mut con, cmd) = (self.0.clone(), cmd.clone());
-        Box::pin(io::run(async move { con.req_packed_command(&cmd).await }))
-    }
-
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        pipeline: &'a Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> RedisFuture<'a, Vec<Value>> {
-        let (mut con, pipeline) = (self.0.clone(), pipeline.clone());
-        Box::pin(io::run(async move {
-            con.req_packed_commands(&pipeline, offset, count).await
-        }))
-    }
-
-    fn get_db(&self) -> i64 {
-        self.0.get_db()
     }
 }
 
@@ -131,11 +103,11 @@ impl SharedConnection {
         &self,
         command: &'static str,
         key: Option<&str>,
-    ) -> Result<OnIo<Connection>, LockError> {
+    ) -> Result<Connection, LockError> {
         let attempt = {
             let mut slot = lock(&self.slot);
             if let Some(con) = self.usable(&mut slot) {
-                return Ok(OnIo(con));
+                return Ok(con);
             }
             match &slot.connecting {
                 Some(attempt) if attempt.peek().is_none() => attempt.clone(),
@@ -154,7 +126,7 @@ impl SharedConnection {
             source,
         };
         match tokio::time::timeout(self.timeouts.connect, attempt).await {
-            Ok(Ok(con)) => Ok(OnIo(con)),
+            Ok(Ok(con)) => Ok(con),
             Ok(Err(e)) => {
                 let hint = connect_hint(&e, self.topology.tls());
                 Err(failure(format!("could not connect: {e}{hint}"), Some(e)))

@@ -40,7 +40,7 @@ use cluster_nodes::{ClusterNodes, Following};
 use coalesce::{Coalescer, Op, Turn};
 use config::Topology;
 use confirm::{Confirmer, Route};
-use connection::{Connection, OnIo, SharedConnection};
+use connection::{Connection, SharedConnection};
 use renewal::{renew_chunk, IfEq, Round, RENEW_CHUNK};
 use subscriber::Source;
 
@@ -169,7 +169,7 @@ impl RedisBackend {
     /// whose keys are not all on one node (`TRYAGAIN`): a caller then goes without the queue.
     async fn acquire_script(
         &self,
-        con: &mut Following<'_, OnIo<Connection>>,
+        con: &mut Following<'_, Connection>,
         attempt: &Acquire<'_>,
         queued: bool,
     ) -> redis::RedisResult<Vec<Value>> {
@@ -209,7 +209,7 @@ impl RedisBackend {
     /// The release script on `con`, as [`Self::acquire_script`] names keys.
     async fn release_script(
         &self,
-        con: &mut Following<'_, OnIo<Connection>>,
+        con: &mut Following<'_, Connection>,
         key: &LockKey,
         token: &str,
         queued: bool,
@@ -233,7 +233,7 @@ impl RedisBackend {
         &self,
         command: &'static str,
         key: Option<&str>,
-    ) -> Result<Following<'_, OnIo<Connection>>, LockError> {
+    ) -> Result<Following<'_, Connection>, LockError> {
         let con = self.connection.get(command, key).await?;
         Ok(Following::new(con, self.nodes.as_ref()))
     }

@@ -25,7 +25,6 @@
 //! sent on), the confirming lane of the same [`SentinelConnection`]: both lanes always talk to
 //! the master the sentinels named last, and a failure on either moves both.
 
-use redis::aio::ConnectionManager;
 use redis::sentinel::{SentinelClientBuilder, SentinelServerType};
 use redis::{
     Cmd, ConnectionAddr, ConnectionInfo, ErrorKind, Pipeline, RedisFuture, ServerErrorKind, Value,
@@ -34,7 +33,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use super::errors::unanswered;
-use super::manager::manager;
+use super::manager::{manager, ServerConnection};
 use crate::timeouts::Timeouts;
 
 /// Where Sentinel mode finds its master: the sentinels, the service's name, and how to log in
@@ -129,8 +128,8 @@ struct Shared {
 struct Master {
     client: redis::Client,
     addr: ConnectionAddr,
-    shared: ConnectionManager,
-    confirming: Option<ConnectionManager>,
+    shared: ServerConnection,
+    confirming: Option<ServerConnection>,
 }
 
 impl SentinelConnection {
@@ -167,7 +166,7 @@ impl SentinelConnection {
     }
 
     /// This lane's connection to the current master, made first if the lane has none yet.
-    async fn current(&self) -> redis::RedisResult<ConnectionManager> {
+    async fn current(&self) -> redis::RedisResult<ServerConnection> {
         let client = {
             let master = self.shared.master();
             match (self.lane, &master.confirming) {
@@ -211,10 +210,10 @@ impl SentinelConnection {
     fn rediscover(&self) {
         if !self.shared.rediscovering.swap(true, Ordering::AcqRel) {
             let shared = self.shared.clone();
-            tokio::spawn(async move {
+            drop(crate::io::spawn(async move {
                 shared.rediscover().await;
                 shared.rediscovering.store(false, Ordering::Release);
-            });
+            }));
         }
     }
 }

@@ -4,15 +4,15 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
+use std::time::Duration;
 
-use redis::aio::ConnectionManager;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{ProtocolVersion, PushInfo, PushKind};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::config::{node_name, ClusterSeeds};
 use super::errors::unanswered;
-use super::manager::manager_config;
 use super::sentinel::SentinelSetup;
 use crate::backoff::Backoff;
 use crate::timeouts::Timeouts;
@@ -242,7 +242,13 @@ impl Subscriber {
 
     /// A RESP3 connection manager to one server that resubscribes on its own when it can.
     async fn subscriber(&self, client: redis::Client) -> redis::RedisResult<Connection> {
-        let config = manager_config(self.timeouts)
+        // It runs on the I/O runtime, so its own reconnections do too.
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(self.timeouts.connect))
+            .set_response_timeout(Some(self.timeouts.command))
+            .set_number_of_retries(2)
+            .set_min_delay(Duration::from_millis(50))
+            .set_max_delay(Duration::from_secs(1))
             .set_push_sender(self.push_sender())
             .set_automatic_resubscription();
         ConnectionManager::new_with_config(client, config)
