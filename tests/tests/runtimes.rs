@@ -136,3 +136,46 @@ fn an_in_memory_registry_renews_in_a_second_runtime_after_the_first_is_gone() {
         guard.release().await.unwrap();
     });
 }
+
+/// Callers send straight into the registry's connection from their own runtime; a connection
+/// that breaks while one of them uses it is made again on the library's I/O thread, never on
+/// that runtime: once the runtime that saw the break is gone, the next one still gets a lock
+/// at its first attempt.
+#[test]
+fn a_connection_remade_while_one_runtime_used_it_outlives_that_runtime() {
+    let server = RedisServer::start();
+    let registry = Registry::from_url(&server.url()).expect("registry");
+    let first = runtime();
+    first.block_on(async {
+        let guard = registry.lock("k").acquire().await.expect("connected");
+        guard.release().await.expect("released");
+    });
+    // The registry's connection is cut (the killing connection itself is skipped).
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("normal")
+        .query(&mut server.connection())
+        .expect("CLIENT KILL");
+    assert!(killed >= 1, "the registry's connection was cut");
+    // The first runtime's next acquisition meets the cut connection, and a new one is made
+    // while it waits and retries.
+    first.block_on(async {
+        let guard = registry
+            .lock("k")
+            .wait(Duration::from_secs(10))
+            .acquire()
+            .await
+            .expect("taken on a new connection");
+        guard.release().await.expect("released");
+    });
+    drop(first);
+    runtime().block_on(async {
+        let guard = registry
+            .lock("k")
+            .acquire()
+            .await
+            .expect("the new connection outlived the runtime that made the request");
+        guard.release().await.expect("released");
+    });
+}
