@@ -338,6 +338,14 @@ impl Data {
 
     /// The next token for `fence_key`, with the same rules as Redis: the counter expires a day
     /// after its last use, and a new one starts above every earlier token.
+    /// The counter's last fence, unless it expired.
+    fn live_fence(&self, fence_key: &str, now: Instant) -> Option<u64> {
+        self.fences
+            .get(fence_key)
+            .filter(|f| f.expires_at > now)
+            .map(|f| f.last)
+    }
+
     fn next_fence(&mut self, fence_key: &str, now: Instant) -> u64 {
         let expires_at = now + Duration::from_millis(FENCE_EXPIRY_MS);
         let fence = match self.fences.get_mut(fence_key) {
@@ -492,7 +500,8 @@ impl Store for MemoryStore {
                     at: 0,
                 }
             }
-            _ => {
+            owner => {
+                let again = owner.is_some_and(|o| o == attempt.token);
                 data.leave_queue(&key.redis_key, attempt.token);
                 data.locks.insert(
                     key.redis_key.clone(),
@@ -501,9 +510,13 @@ impl Store for MemoryStore {
                         expires_at: Some(now + attempt.ttl),
                     },
                 );
+                // A holder asking again keeps its fence (see queue.lua's `own_fence`).
                 let fence = attempt
                     .fencing
-                    .then(|| data.next_fence(&key.fence_key, now));
+                    .then(|| match data.live_fence(&key.fence_key, now) {
+                        Some(fence) if again => fence,
+                        _ => data.next_fence(&key.fence_key, now),
+                    });
                 Attempt::Acquired { fence }
             }
         };

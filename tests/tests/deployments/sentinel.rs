@@ -454,10 +454,13 @@ async fn a_lock_is_taken_renewed_and_handed_over_through_tls_sentinels_on_a_tls_
     assert!(deployment.urls().iter().all(|u| u.starts_with("rediss://")));
     let (a, b) = (registry(&deployment), registry(&deployment));
     let ttl = Duration::from_secs(1);
+    // Its first connection (TLS to a sentinel, then to the master) may take longer than the
+    // 300 ms connect timeout on a loaded machine: tried again within `wait`.
     let guard = a
         .lock("tls:7")
         .fencing(true)
         .ttl(ttl)
+        .wait(Duration::from_secs(10))
         .acquire()
         .await
         .unwrap();

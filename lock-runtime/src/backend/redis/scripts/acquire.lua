@@ -46,7 +46,7 @@ end
 if owner == token then
   redis.call('PEXPIRE', KEYS[1], ttl)
   leave_queue(token)
-  return {1, take_fence(ARGV[3])}
+  return {1, own_fence(ARGV[3])}
 end
 if not owner then
   local waiter, waiter_deadline, fencing, place = oldest_live_waiter()

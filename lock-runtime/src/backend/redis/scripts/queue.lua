@@ -17,6 +17,16 @@ local function take_fence(wanted)
   keep_fence(KEYS[2], fence)
   return fence
 end
+-- The fence of a holder whose attempt finds its own token (its reply was lost, or a handoff came
+-- while the attempt was on its way): the one it was given, still the counter's, since nobody else
+-- took the lock since. Its tenure goes on; a new fence would only skip the one it was handed.
+local function own_fence(wanted)
+  if wanted ~= '1' then return 0 end
+  local fence = tonumber(redis.call('GET', KEYS[2]))
+  if not fence then return take_fence(wanted) end
+  keep_fence(KEYS[2], fence)
+  return fence
+end
 local function leave_queue(token)
   if #KEYS < 4 or redis.call('ZREM', KEYS[3], token) == 0 then return false end
   redis.call('HDEL', KEYS[4], token)
