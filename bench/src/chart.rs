@@ -46,7 +46,7 @@ pub fn render(
         .collect();
     let ping = rtt.get(Lib::Runtime).micros();
     cycles.push(Curve {
-        name: "PING round trip (ConnectionManager)".to_owned(),
+        name: "PING round trip (MultiplexedConnection)".to_owned(),
         color: RGBColor(150, 150, 150),
         dashed: true,
         values: ping.clone(),

@@ -17,7 +17,7 @@ use crate::stats::{Rng, Samples};
 
 pub struct Handoff {
     pub samples: PerLib<Samples>,
-    /// PING on a ConnectionManager after the same idle time as a lock-runtime handoff.
+    /// PING on lock-runtime's kind of client after the same idle time as a lock-runtime handoff.
     pub cold_rtt: Samples,
     /// lock-runtime's holder: from the start of its release to the release returning, in the
     /// same handoffs (the release's own round trip, through the library).

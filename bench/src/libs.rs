@@ -40,8 +40,9 @@ impl Lib {
     /// The Redis client the library talks through.
     pub fn client_kind(self) -> &'static str {
         match self {
-            Lib::Runtime | Lib::Arl => "ConnectionManager",
-            Lib::Rslock => "MultiplexedConnection",
+            // lock-runtime's `ServerConnection` is a multiplexed connection it remakes itself.
+            Lib::Runtime | Lib::Rslock => "MultiplexedConnection",
+            Lib::Arl => "ConnectionManager",
         }
     }
 
@@ -159,13 +160,13 @@ impl Pinger {
     pub async fn connect(lib: Lib, url: &str) -> Pinger {
         let client = redis::Client::open(url).expect("url");
         match lib {
-            Lib::Runtime | Lib::Arl => Pinger::Manager(
+            Lib::Arl => Pinger::Manager(
                 client
                     .get_connection_manager()
                     .await
                     .expect("connection manager"),
             ),
-            Lib::Rslock => Pinger::Multiplexed(
+            Lib::Runtime | Lib::Rslock => Pinger::Multiplexed(
                 client
                     .get_multiplexed_async_connection()
                     .await

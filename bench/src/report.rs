@@ -62,7 +62,7 @@ impl Results {
                 target: "",
                 met: None,
             });
-            // The same two commands sent by hand on a plain ConnectionManager: what the protocol
+            // The same two commands sent by hand on a plain MultiplexedConnection: what the protocol
             // costs over this client, without any library.
             let by_hand =
                 u.cycle.get(Lib::Runtime).median().as_secs_f64() / u.raw.median().as_secs_f64();
@@ -298,7 +298,7 @@ impl Results {
             let _ = writeln!(
                 out,
                 "- lock-runtime's two commands sent by hand (`SET NX PX`, release script) on a plain \
-                 ConnectionManager: {} = {:.2} × 2 RTT",
+                 MultiplexedConnection: {} = {:.2} × 2 RTT",
                 spread(&u.raw),
                 u.raw.median().as_secs_f64() / (2.0 * u.rtt.get(Lib::Runtime).median().as_secs_f64())
             );
@@ -327,8 +327,8 @@ impl Results {
             let _ = writeln!(
                 out,
                 "- lock-runtime's holder, from the start of its release to `release()` returning, in the \
-                 same handoffs: {} (the release's round trip through the library's I/O thread; the \
-                 waiter's notification comes with its reply)",
+                 same handoffs: {} (the release's round trip; the waiter's notification comes with \
+                 its reply)",
                 spread(&handoff.release)
             );
             out.push('\n');
@@ -472,11 +472,11 @@ pub const METHOD: &str = "\
 All three libraries run in the same process against the same redis-server, with their default
 settings unless stated; lock-runtime uses its manual API (`registry.lock(key)...`), except item 8.
 
-1. `PING` on the kind of connection the library uses (lock-runtime and async-redis-lock: a
-   `ConnectionManager`; rslock: a `MultiplexedConnection`), interleaved with item 2.
+1. `PING` on the kind of connection the library uses (lock-runtime and rslock: a
+   `MultiplexedConnection`; async-redis-lock: a `ConnectionManager`), interleaved with item 2.
 2. Acquire + release of one free key, back to back; ratio to twice the library's own RTT, and
    lock-runtime's cycle to its two commands (`SET NX PX`, the release script) sent by hand on a
-   plain `ConnectionManager`, interleaved.
+   plain `MultiplexedConnection`, interleaved.
 3. A second client of the same library waits for a held key; the holder releases 5 ms plus a
    uniform share of the waiter's poll period (rslock 200 ms, async-redis-lock 100 ms, lock-runtime
    5 ms) after the waiter started. Measured from just before the holder's release call to the

@@ -6,14 +6,14 @@
 //! each rather than one library.
 //!
 //! Each round also runs lock-runtime's two commands by hand (`SET NX PX` and its release
-//! script, no library) on one plain `ConnectionManager`: what redis-rs and the server cost for
+//! script, no library) on one plain `MultiplexedConnection`: what redis-rs and the server cost for
 //! the protocol alone, the ceiling for any library that sends these two commands.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redis::aio::ConnectionManager;
+use redis::aio::MultiplexedConnection;
 
 use crate::libs::{Client, Lib, PerLib};
 use crate::procfs;
@@ -48,7 +48,7 @@ impl Throughput {
 enum Cycler {
     Lib(Arc<Client>),
     /// `SET NX PX` and the release script on a shared plain connection.
-    Raw(ConnectionManager, Arc<redis::Script>),
+    Raw(MultiplexedConnection, Arc<redis::Script>),
 }
 
 impl Cycler {
@@ -100,9 +100,9 @@ pub async fn measure(url: &str, tasks: usize, window: Duration, rounds: usize) -
     let raw = Cycler::Raw(
         redis::Client::open(url)
             .expect("url")
-            .get_connection_manager()
+            .get_multiplexed_async_connection()
             .await
-            .expect("connection manager"),
+            .expect("multiplexed connection"),
         Arc::new(redis::Script::new(lock_runtime::protocol::RELEASE_LUA)),
     );
     let mut raw_out = Throughput::default();

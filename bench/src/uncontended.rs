@@ -2,7 +2,7 @@
 //! acquire + release of one key, interleaved so that both see the same machine state.
 //!
 //! Next to lock-runtime's cycle the same two commands are also sent without any library on a
-//! plain `ConnectionManager`: `SET key token NX PX ttl` and lock-runtime's release script (its
+//! plain `MultiplexedConnection`: `SET key token NX PX ttl` and lock-runtime's release script (its
 //! wire protocol). That is the floor the protocol itself sets, whatever the client does.
 
 use lock_runtime::protocol::RELEASE_LUA;
@@ -22,8 +22,8 @@ pub struct Uncontended {
 
 /// `SET NX PX` and the release script on a plain connection.
 async fn raw_cycle(con: &mut Pinger, script: &redis::Script) -> std::time::Duration {
-    let Pinger::Manager(con) = con else {
-        unreachable!("lock-runtime uses a ConnectionManager")
+    let Pinger::Multiplexed(con) = con else {
+        unreachable!("lock-runtime uses a MultiplexedConnection")
     };
     let started = std::time::Instant::now();
     let set: Option<String> = redis::cmd("SET")
