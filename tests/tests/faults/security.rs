@@ -215,13 +215,16 @@ async fn no_other_client_can_release_or_extend_a_lock_with_a_stale_or_forged_tok
 
 /// Waits up to 2 s for `check` (a denied command never makes it true: the caller then sees
 /// the denial in the ACL log).
-async fn until(mut check: impl AsyncFnMut() -> bool) {
-    for _ in 0..400 {
-        if check().await {
-            return;
+/// Whether `check` held within `limit`, polling.
+async fn within(limit: Duration, mut check: impl AsyncFnMut() -> bool) -> bool {
+    let until = tokio::time::Instant::now() + limit;
+    while !check().await {
+        if tokio::time::Instant::now() >= until {
+            return false;
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+    true
 }
 
 /// Every operation the library performs, as the user `url` names; returns what failed.
@@ -268,7 +271,18 @@ async fn exercise(url: &str, observe: &str) -> Vec<String> {
                         .await
                 }
             });
-            until(async || subscribers(observe, "lock:fenced").await > 0).await;
+            // Queued and subscribed, or given up (a command it needs is missing). Generous:
+            // under load a new registry's subscriber may take seconds to connect, and releasing
+            // before the waiter queued would leave the queue's commands unexercised (`hget`
+            // once looked unneeded that way).
+            let ready = within(Duration::from_secs(30), async || {
+                waiter.is_finished() || subscribers(observe, "lock:fenced").await > 0
+            })
+            .await;
+            assert!(
+                ready,
+                "the waiter neither subscribed nor gave up within 30 s"
+            );
             if let Err(e) = g.release().await {
                 failed.push(format!("release fenced: {e}"));
             }
@@ -276,7 +290,11 @@ async fn exercise(url: &str, observe: &str) -> Vec<String> {
                 Ok(g) => drop(g),
                 Err(e) => failed.push(format!("wait: {e}")),
             }
-            until(async || subscribers(observe, "lock:fenced").await == 0).await;
+            // Without `unsubscribe` the subscription stays (the denial is logged): no wait then.
+            within(Duration::from_secs(2), async || {
+                subscribers(observe, "lock:fenced").await == 0
+            })
+            .await;
         }
         Err(e) => failed.push(format!("fenced acquire: {e}")),
     }
