@@ -9,7 +9,7 @@
 //! right after a refused `SET NX`, and the owner-checked scripts run `PEXPIRE`/`DEL` only after
 //! their `GET` matched. A plain `SET NX` (no script) is judged by the key's expiry.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use super::monitor::{Entry, Event};
 
@@ -117,11 +117,45 @@ struct Builder<'a> {
     /// Whether the history is a master's merged with its replicas' (a replica takes over when
     /// the master is lost, with what replication gave it).
     replicated: bool,
+    /// When the server was last lost (killed), and the lock keys the history has shown written
+    /// since (see [`Builder::revealed`]).
+    last_loss_us: Option<i64>,
+    written_since_loss: HashSet<Vec<u8>>,
 }
 
 impl Builder<'_> {
     fn is_lock_key(&self, key: &[u8]) -> bool {
         key.starts_with(self.prefix)
+    }
+
+    /// The owner that an owner-checked write by script `call` on `key` shows, where the history
+    /// cannot know it: a server killed and started again from its append-only file restores
+    /// writes that `MONITOR` never reported (its last output before `kill -9` is lost, while
+    /// the file kept the write), so until the history shows `key` written again, a script that
+    /// read the key and then extended or deleted it as its owner tells who owned it. `None`
+    /// where the history knows (then such a write by another is a violation), and for a
+    /// master with replicas, whose replicas' histories show what they hold.
+    fn revealed(&self, key: &[u8], call: &Entry) -> Option<String> {
+        if self.last_loss_us.is_none() || self.replicated || self.written_since_loss.contains(key) {
+            return None;
+        }
+        let numkeys: usize = call.arg_str(2).parse().ok()?;
+        let keys = call.args.get(3..3 + numkeys)?;
+        let argv = call.args.get(3 + numkeys..)?;
+        let at = keys.iter().position(|k| k.as_slice() == key)?;
+        let known = self
+            .owner(key)
+            .is_some_and(|o| argv.iter().any(|a| a.as_slice() == o.as_bytes()));
+        if known {
+            return None;
+        }
+        // The renew script takes a (token, ttl) pair per key; the release script one token.
+        let token = if argv.len() == 2 * numkeys {
+            argv.get(2 * at)?
+        } else {
+            argv.first()?
+        };
+        Some(String::from_utf8_lossy(token).into_owned())
     }
 
     /// Ends the tenure of `key` if it expired by `at_us`.
@@ -272,8 +306,20 @@ impl Builder<'_> {
         renewed
     }
 
+    /// `key` was found holding `token` at `at_us` (see [`Self::revealed`]): the tenure the history
+    /// knew of ended by the loss, unseen, and `token`'s is counted from now.
+    fn restored(&mut self, key: &[u8], token: &str, at_us: i64, px_ms: i64) {
+        if let (Some(previous), Some(lost_us)) = (self.live.remove(key), self.last_loss_us) {
+            let t = &mut self.history.tenures[previous.index];
+            t.ended_us = Some(lost_us.min((previous.expiry_ms + 1) * 1000));
+            t.ended_by = "server lost";
+        }
+        self.acquired(key, token, at_us, px_ms, "a restored key");
+    }
+
     /// A `SET` of `key` to `token` took effect.
     fn acquired(&mut self, key: &[u8], token: &str, at_us: i64, px_ms: i64, how: &str) {
+        self.written_since_loss.insert(key.to_vec());
         if let Some(previous) = self.live.remove(key) {
             let now_ms = at_us / 1000;
             let t = &mut self.history.tenures[previous.index];
@@ -318,6 +364,7 @@ impl Builder<'_> {
     /// The owner extended live lock `key` at `at_us` by `ms`.
     fn renewed(&mut self, key: &[u8], at_us: i64, ms: i64) {
         self.survived(key);
+        self.written_since_loss.insert(key.to_vec());
         let live = self.live.get_mut(key).expect("owned, so live");
         let new_expiry = at_us / 1000 + ms;
         if new_expiry + SLACK_MS < live.expiry_ms {
@@ -557,6 +604,9 @@ impl Builder<'_> {
                 "PEXPIRE" => {
                     self.expire(&key, cmd.at_us);
                     let ms = cmd.arg_str(2).parse::<i64>().unwrap_or(0);
+                    if let Some(token) = self.revealed(&key, call) {
+                        self.restored(&key, &token, cmd.at_us, ms);
+                    }
                     let owner = self.owner(&key).map(str::to_owned);
                     let caller_owns = owner
                         .as_deref()
@@ -587,6 +637,10 @@ impl Builder<'_> {
                     let checked = body[..i]
                         .iter()
                         .any(|p| p.name() == "GET" && p.arg(1) == key.as_slice());
+                    if let Some(token) = self.revealed(&key, call).filter(|_| checked) {
+                        self.restored(&key, &token, cmd.at_us, 1);
+                    }
+                    self.written_since_loss.insert(key.clone());
                     let owner = self.owner(&key).map(str::to_owned);
                     let caller_owns = owner
                         .as_deref()
@@ -773,6 +827,8 @@ pub fn rebuild(streams: &[Vec<Event>], prefix: &str, ifeq: bool) -> History {
         places: HashMap::new(),
         tags: HashMap::new(),
         replicated: streams.len() > 1,
+        last_loss_us: None,
+        written_since_loss: HashSet::new(),
     };
     let mut merged: Vec<Unit<'_>> = streams.iter().flat_map(|s| units(s)).collect();
     // Stable: a server's own units keep their order when stamps tie.
@@ -782,6 +838,8 @@ pub fn rebuild(streams: &[Vec<Event>], prefix: &str, ifeq: bool) -> History {
         match unit {
             Unit::Lost { at_us } => {
                 b.history.server_losses += 1;
+                b.last_loss_us = Some(at_us);
+                b.written_since_loss.clear();
                 for live in b
                     .live
                     .values_mut()
@@ -940,6 +998,50 @@ mod tests {
         // Lost with its server, but nobody could hold it beside C before D took it.
         assert_eq!((c.ended_us, c.ended_by), (Some(10_400_010), "server lost"));
         assert_eq!(by_token["D"][0].since_us, 10_400_010);
+    }
+
+    #[test]
+    fn a_key_restored_from_disk_with_a_write_the_history_missed_shows_its_owner_by_its_renewal() {
+        // A holds lock:k; the server is killed after B took it (unseen: MONITOR's last output
+        // is lost with the process, the append-only file kept the write) and restarted from
+        // disk; B's owner-checked renewal and release show that B held it.
+        let mut events = events(&[
+            r#"10.000000 [0 127.0.0.1:1] "evalsha" "s" "2" "lock:k" "fence:{lock:k}" "A" "1000" "0""#,
+            r#"10.000010 [0 lua] "SET" "lock:k" "A" "NX" "PX" "1000""#,
+        ]);
+        events.push(Event::Lost { at_us: 10_100_000 });
+        events.extend(self::events(&[
+            r#"10.500000 [0 127.0.0.1:2] "evalsha" "r" "2" "lock:j" "lock:k" "C" "1000" "B" "1000""#,
+            r#"10.500010 [0 lua] "GET" "lock:k""#,
+            r#"10.500020 [0 lua] "PEXPIRE" "lock:k" "1000""#,
+            r#"10.600000 [0 127.0.0.1:2] "evalsha" "x" "1" "lock:k" "B" "PUBLISH""#,
+            r#"10.600010 [0 lua] "GET" "lock:k""#,
+            r#"10.600020 [0 lua] "DEL" "lock:k""#,
+        ]));
+        let history = rebuild(&[events.clone()], "lock:", false);
+        assert!(history.violations.is_empty(), "{:?}", history.violations);
+        let by_token = history.by_token();
+        assert_eq!(
+            by_token["A"][0].ended_us,
+            Some(10_100_000),
+            "ended by the loss"
+        );
+        let b = by_token["B"][0];
+        assert_eq!((b.since_us, b.ended_us), (10_500_020, Some(10_600_020)));
+        // Without the loss the history knows the owner: the same renewal is a violation.
+        let known: Vec<Event> = events
+            .into_iter()
+            .filter(|e| !matches!(e, Event::Lost { .. }))
+            .collect();
+        let history = rebuild(&[known], "lock:", false);
+        assert!(
+            history
+                .violations
+                .iter()
+                .any(|v| v.starts_with("(d) PEXPIRE of lock:k")),
+            "{:?}",
+            history.violations
+        );
     }
 
     #[test]
