@@ -336,8 +336,6 @@ impl Data {
         })
     }
 
-    /// The next token for `fence_key`, with the same rules as Redis: the counter expires a day
-    /// after its last use, and a new one starts above every earlier token.
     /// The counter's last fence, unless it expired.
     fn live_fence(&self, fence_key: &str, now: Instant) -> Option<u64> {
         self.fences
@@ -346,6 +344,8 @@ impl Data {
             .map(|f| f.last)
     }
 
+    /// The next token for `fence_key`, with the same rules as Redis: the counter expires a day
+    /// after its last use, and a new one starts above every earlier token.
     fn next_fence(&mut self, fence_key: &str, now: Instant) -> u64 {
         let expires_at = now + Duration::from_millis(FENCE_EXPIRY_MS);
         let fence = match self.fences.get_mut(fence_key) {

@@ -137,9 +137,7 @@ impl ServerConnection {
                 }
                 Current::Connecting(_, generation) | Current::None(generation) => {
                     let generation = generation + 1;
-                    let attempt = connect(Arc::downgrade(&self.0), generation);
-                    *current = Current::Connecting(attempt.clone(), generation);
-                    (attempt, generation)
+                    (self.start(&mut current, generation), generation)
                 }
             }
         };
@@ -154,6 +152,13 @@ impl ServerConnection {
         }
     }
 
+    /// Starts making connection `generation` and makes it the current attempt.
+    fn start(&self, current: &mut Current, generation: u64) -> Attempt {
+        let attempt = connect(Arc::downgrade(&self.0), generation);
+        *current = Current::Connecting(attempt.clone(), generation);
+        attempt
+    }
+
     /// After a request failed: a connection that can no longer be used (dropped, or out of step
     /// with the server) is made again at once, unless a newer one replaced it already.
     fn failed<T>(&self, generation: u64, result: redis::RedisResult<T>) -> redis::RedisResult<T> {
@@ -161,8 +166,8 @@ impl ServerConnection {
             if e.is_unrecoverable_error() {
                 let mut current = self.0.current();
                 if matches!(*current, Current::Ready(_, g) if g == generation) {
-                    let next = generation + 1;
-                    *current = Current::Connecting(connect(Arc::downgrade(&self.0), next), next);
+                    // Kept as the current attempt; its task runs on the I/O runtime.
+                    drop(self.start(&mut current, generation + 1));
                 }
             }
         }
