@@ -442,11 +442,28 @@ impl<'a> Facts<'a> {
     /// Whether at every moment of `[from, to]` at least a quorum of nodes held `key` for
     /// `token`. Not necessarily the same nodes throughout: a straggling node's grant may land
     /// just after the section began, and another node may be lost in the middle of it.
+    ///
+    /// A node lost with `kill -9` right after it granted (its last output before the kill is
+    /// lost) counts from the grant the other nodes show until it is back: down, it grants
+    /// nobody else (Redlock restarts a node empty only after a ttl, as the deployments guide
+    /// asks), and its grant is a write its history cannot show. Only where the same attempt
+    /// (the token is new per attempt) reached another node while that node's output was lost.
     fn held_by_a_quorum_throughout(&self, token: &str, key: &str, from: i64, to: i64) -> bool {
-        let held: Vec<Vec<(i64, i64)>> = self
+        let mut held: Vec<Vec<(i64, i64)>> = self
             .tenures_of(token, key)
             .map(|ts| ts.iter().map(|t| (t.since_us, t.held_until())).collect())
             .collect();
+        let granted = held.iter().flatten().map(|&(since, _)| since).min();
+        if let Some(granted) = granted {
+            for (node, history) in held.iter_mut().zip(self.i.histories) {
+                let hidden = history.outages.iter().find(|o| {
+                    o.seen_until_us <= granted && granted <= o.lost_us + MONITOR_SLACK_US
+                });
+                if let Some(o) = hidden {
+                    node.push((granted, o.back_us));
+                }
+            }
+        }
         let holders_at = |at: i64| {
             held.iter()
                 .filter(|node| node.iter().any(|&(since, until)| since <= at && at < until))
@@ -468,6 +485,10 @@ impl<'a> Facts<'a> {
         i64::try_from(self.log.len()).expect("fits")
     }
 }
+
+/// How far apart two servers' `MONITOR` stamps of one moment can be (their clocks are one
+/// machine's, read at different points of the event loop).
+const MONITOR_SLACK_US: i64 = 2_000;
 
 fn us(d: Duration) -> i64 {
     i64::try_from(d.as_micros()).expect("fits")
@@ -1375,6 +1396,46 @@ fn a_section_is_trusted_while_a_quorum_holds_it_even_if_the_nodes_change_midway(
         violations.contains("(a) 1.1 (lock) fence 0") && violations.contains("on a quorum"),
         "{violations}"
     );
+}
+
+/// Redlock over three nodes: node 0 shows the grant, node 1 refused, and node 2 was killed
+/// (and restarted empty after a ttl) right after the same attempt reached node 0.
+#[test]
+fn a_node_killed_right_after_it_may_have_granted_counts_while_it_is_down() {
+    let lines = [Synthetic::new(1, "1.1", "h:1:a", 0, (10_003_000, 10_006_000)).end()];
+    let grant = [
+        r#"+10.000500 [0 127.0.0.1:1] "evalsha" "s" "1" "lock:register" "h:1:a" "1000" "0""#,
+        r#"+10.000510 [0 lua] "SET" "lock:register" "h:1:a" "NX" "PX" "1000""#,
+    ];
+    let other = |at: &str| [format!(r#"+{at} [0 127.0.0.1:2] "GET" "lock:other""#)];
+    // Node 2's history shows its last command at `seen`, then its loss; back 1.4 s later.
+    let killed = |seen: &str| {
+        let mut events = monitored(other(seen));
+        events.push(super::monitor::Event::Lost { at_us: 10_001_000 });
+        events.extend(monitored(other("11.400000")));
+        model::rebuild(&[events], "lock:", false)
+    };
+    let check_with = |node_2: History| {
+        let histories = [
+            model::rebuild(&[monitored(grant)], "lock:", false),
+            model::rebuild(&[], "lock:", false),
+            node_2,
+        ];
+        check(&Inputs {
+            quorum: 2,
+            fencing: false,
+            log: &["0:1".to_owned()],
+            register: 1,
+            ..Inputs::synthetic(&lines, &histories)
+        })
+        .violations
+        .join("\n")
+    };
+    // Its output from 9.999 s until the kill at 10.001 s is lost: the grant may be in it.
+    assert_eq!(check_with(killed("9.999000")), "");
+    // It showed a command after the grant: the grant would show too.
+    let violations = check_with(killed("10.000800"));
+    assert!(violations.contains("on a quorum"), "{violations}");
 }
 
 #[test]

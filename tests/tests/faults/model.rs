@@ -80,6 +80,20 @@ pub struct History {
     pub server_losses: usize,
     /// `ASKING`: commands redirected to a slot's new master while the slot migrated.
     pub asking: usize,
+    /// The server's losses (`kill -9`, failover), in order.
+    pub outages: Vec<Outage>,
+}
+
+/// One loss of the server: what it did from its last command the history shows until it was
+/// lost is unknown (`MONITOR`'s last output before `kill -9` is lost), and it answered nobody
+/// until it was back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Outage {
+    /// The last command the history shows before the loss (µs).
+    pub seen_until_us: i64,
+    pub lost_us: i64,
+    /// The first command the history shows after it (`i64::MAX`: none).
+    pub back_us: i64,
 }
 
 impl History {
@@ -834,9 +848,15 @@ pub fn rebuild(streams: &[Vec<Event>], prefix: &str, ifeq: bool) -> History {
     // Stable: a server's own units keep their order when stamps tie.
     merged.sort_by_key(Unit::at_us);
     let refused = refused_plain_sets(&merged);
+    let mut seen_until_us = i64::MIN;
     for (i, unit) in merged.into_iter().enumerate() {
         match unit {
             Unit::Lost { at_us } => {
+                b.history.outages.push(Outage {
+                    seen_until_us,
+                    lost_us: at_us,
+                    back_us: i64::MAX,
+                });
                 b.history.server_losses += 1;
                 b.last_loss_us = Some(at_us);
                 b.written_since_loss.clear();
@@ -849,6 +869,12 @@ pub fn rebuild(streams: &[Vec<Event>], prefix: &str, ifeq: bool) -> History {
                 }
             }
             Unit::Command(e, body) => {
+                seen_until_us = body.last().map_or(e.at_us, |c| c.at_us);
+                if let Some(outage) = b.history.outages.last_mut() {
+                    if outage.back_us == i64::MAX {
+                        outage.back_us = e.at_us;
+                    }
+                }
                 b.history.commands += 1;
                 if e.name() == "ASKING" {
                     b.history.asking += 1;
