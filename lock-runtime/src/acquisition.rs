@@ -20,8 +20,9 @@ use crate::backoff::Backoff;
 use crate::key::LockKey;
 use crate::lease::Lease;
 use crate::metrics::{Labels, Refused};
+use crate::options::{LockOptions, Share};
 use crate::state::RegistryInner;
-use crate::{error::LockError, options::LockOptions, token};
+use crate::{error::LockError, token};
 
 /// Acquires, waiting for notifications while the lock is busy; counts the outcome.
 pub(crate) async fn acquire_lease(
@@ -104,11 +105,18 @@ async fn take_lease(
             token = token::new_token();
         }
         // Armed while the attempt is on its way: cancelled there, it may still take the lock.
-        let_go.arm(inner, &key, &token);
+        let_go.arm(inner, &key, &token, share);
         let sent_at = Instant::now();
         if queue {
             places.sent(attempts, sent_at);
         }
+        // Besides this waiter, if it is one: a multi-key lock counts them on any of its keys.
+        let others_wait = key
+            .keys()
+            .iter()
+            .map(|k| hub.interested(k.channel()))
+            .sum::<usize>()
+            > usize::from(interest.is_some());
         let attempt = inner
             .backend
             .acquire(&Acquire {
@@ -118,6 +126,8 @@ async fn take_lease(
                 fencing: options.fencing,
                 attempt: attempts,
                 queue,
+                waits: !options.wait.is_zero(),
+                others_wait,
                 share,
             })
             .await;
@@ -347,17 +357,17 @@ async fn admitted(
 /// gave up, failed or was cancelled): takes it out of the waiters' queue, and releases the lock
 /// if it holds it after all (a reply was lost, an attempt was cancelled on its way, or a release
 /// handed it over just now), so it goes on to the next waiter instead of sitting out its ttl.
-struct LetGo(Option<(Arc<RegistryInner>, LockKey, String)>);
+struct LetGo(Option<(Arc<RegistryInner>, LockKey, String, Share)>);
 
 impl LetGo {
-    fn arm(&mut self, inner: &Arc<RegistryInner>, key: &LockKey, token: &str) {
+    fn arm(&mut self, inner: &Arc<RegistryInner>, key: &LockKey, token: &str, share: Share) {
         match &mut self.0 {
-            Some((_, _, armed)) if armed == token => {}
-            Some((_, _, armed)) => {
+            Some((_, _, armed, _)) if armed == token => {}
+            Some((_, _, armed, _)) => {
                 // Redlock's fresh token per attempt; the earlier ones are undone by Redlock.
                 *armed = token.to_owned();
             }
-            None => self.0 = Some((inner.clone(), key.clone(), token.to_owned())),
+            None => self.0 = Some((inner.clone(), key.clone(), token.to_owned(), share)),
         }
     }
 
@@ -373,10 +383,10 @@ impl LetGo {
 
 impl Drop for LetGo {
     fn drop(&mut self) {
-        if let Some((inner, key, token)) = self.0.take() {
+        if let Some((inner, key, token, share)) = self.0.take() {
             let task = inner.clone();
             inner.spawn_background(async move {
-                let _ = task.backend.release(&key, &token).await;
+                let _ = task.backend.release(&key, &token, share).await;
             });
         }
     }

@@ -164,7 +164,13 @@ impl LockGuard {
                     Err(e) => Err(e),
                 }
             }
-            None => self.inner.backend.release(&lease.key, &lease.token).await,
+            None => {
+                let share = lease.options.share();
+                self.inner
+                    .backend
+                    .release(&lease.key, &lease.token, share)
+                    .await
+            }
         };
         unfinished.armed = false;
         match outcome {

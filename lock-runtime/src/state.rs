@@ -119,7 +119,8 @@ impl RegistryInner {
         // A failed release leaves the lock to its ttl, as a shutdown does.
         let _ = tokio::time::timeout(
             self.timeouts.round(),
-            self.backend.release(&lease.key, &lease.token),
+            self.backend
+                .release(&lease.key, &lease.token, lease.options.share()),
         )
         .await;
         Err(LockError::ShutDown {

@@ -29,6 +29,7 @@ const LAYERS: &[&str] = &[
     "backend::redis::scripts::inspect",
     "backend::redis::scripts::force_unlock",
     "backend::redis::scripts",
+    "backend::redis::native",
     "backend::redis::manager",
     "backend::redis::stall",
     "backend::redis::sentinel",

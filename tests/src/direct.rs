@@ -25,6 +25,21 @@ pub fn connection(url: &str) -> redis::Connection {
         .expect("connect to the test redis-server")
 }
 
+/// Whether the server knows `command` (`COMMAND INFO` answers nil for one it does not), e.g.
+/// Valkey 9's `DELIFEQ`.
+///
+/// # Panics
+/// When the server does not answer.
+#[must_use]
+pub fn has_command(con: &mut redis::Connection, command: &str) -> bool {
+    let info: Vec<redis::Value> = redis::cmd("COMMAND")
+        .arg("INFO")
+        .arg(command)
+        .query(con)
+        .expect("COMMAND INFO");
+    !matches!(info.as_slice(), [] | [redis::Value::Nil])
+}
+
 /// Calls per command name from `INFO commandstats` (e.g. `"evalsha" -> 12`).
 ///
 /// # Panics

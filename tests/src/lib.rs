@@ -26,8 +26,8 @@ pub mod sentinel;
 pub mod server;
 
 pub use direct::{
-    command_calls, command_counts, connection, fixture_has_set_ifeq, has_set_ifeq, raw,
-    shard_subscribers, subscribers,
+    command_calls, command_counts, connection, fixture_has_set_ifeq, has_command, has_set_ifeq,
+    raw, shard_subscribers, subscribers,
 };
 pub use locks::{
     assert_lost, most_inside, read_write_round, semaphore_round, spawn_hung_body,

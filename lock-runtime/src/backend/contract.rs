@@ -78,15 +78,21 @@ pub(crate) struct Acquire<'a> {
     /// Queue up when busy, where the store hands locks over (see `RELEASE_LUA`): set while the
     /// caller is prepared to wait.
     pub queue: bool,
+    /// The caller waits when the lock is busy: a busy reply marks the holder's value, so that
+    /// its release wakes whoever waits (an unmarked one is a plain delete).
+    pub waits: bool,
+    /// Other tasks of this process wait for the lock (one release wakes one of them): taken,
+    /// it is marked at once, so that its release wakes the next.
+    pub others_wait: bool,
     /// The lock itself, a read lock or a permit.
     pub share: Share,
 }
 
 impl Acquire<'_> {
     /// Whether the attempt starts with a plain `SET NX PX`: an exclusive lock's first attempt
-    /// without fencing, which usually finds the lock free.
+    /// without fencing, which usually finds the lock free, unless others here wait for it.
     pub(crate) fn plain_set_first(&self) -> bool {
-        self.attempt == 1 && !self.fencing && self.share == Share::Exclusive
+        self.attempt == 1 && !self.fencing && self.share == Share::Exclusive && !self.others_wait
     }
 }
 
@@ -148,10 +154,12 @@ pub(crate) trait Store: Send + Sync {
     ) -> impl Future<Output = Result<Attempt, LockError>> + Send;
 
     /// Deletes the lock if it is still ours and wakes waiters; `Ok(false)` if it was not ours.
+    /// `share`: how it was taken (a store may release a lock held alone more cheaply).
     fn release(
         &self,
         key: &LockKey,
         token: &str,
+        share: Share,
     ) -> impl Future<Output = Result<bool, LockError>> + Send;
 
     /// Sets the expiry of each lock that is still ours. Per lock: what the store found, or

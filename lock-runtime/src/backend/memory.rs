@@ -527,7 +527,7 @@ impl Store for MemoryStore {
         Ok(outcome)
     }
 
-    async fn release(&self, key: &LockKey, token: &str) -> Result<bool, LockError> {
+    async fn release(&self, key: &LockKey, token: &str, _: Share) -> Result<bool, LockError> {
         // Every key is let go of, also after one that was not ours.
         let mut all = true;
         for key in key.keys() {

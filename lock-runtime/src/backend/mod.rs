@@ -6,6 +6,7 @@ use std::time::Duration;
 use crate::error::LockError;
 use crate::io::Home;
 use crate::key::LockKey;
+use crate::options::Share;
 use crate::timeouts::Timeouts;
 use crate::waiting::WaitHub;
 
@@ -149,8 +150,8 @@ impl Store for Backend {
         each!(self, s => s.acquire(attempt).await)
     }
 
-    async fn release(&self, key: &LockKey, token: &str) -> Result<bool, LockError> {
-        each!(self, s => s.release(key, token).await)
+    async fn release(&self, key: &LockKey, token: &str, share: Share) -> Result<bool, LockError> {
+        each!(self, s => s.release(key, token, share).await)
     }
 
     async fn renew(

@@ -234,6 +234,7 @@ impl Redlock {
     ) {
         let (verdict, decided) = watch::channel(Verdict::Pending);
         let (ttl, share, number) = (attempt.ttl, attempt.share, attempt.attempt);
+        let (waits, others_wait) = (attempt.waits, attempt.others_wait);
         self.on_the_way.sent(attempt.token, self.nodes.len());
         let (key, token) = (attempt.key.clone(), attempt.token.to_owned());
         let on_the_way = self.on_the_way.clone();
@@ -248,13 +249,15 @@ impl Redlock {
                     fencing: false,
                     attempt: number,
                     queue: false,
+                    waits,
+                    others_wait,
                     share,
                 };
                 let outcome = node.acquire(&attempt).await;
                 on_the_way.landed(&token, i);
                 // Refused: nothing was written. An error may have landed all the same.
                 if !matches!(outcome, Ok(Attempt::Busy { .. })) {
-                    drop(io::spawn(settle(node, key, token, decided)));
+                    drop(io::spawn(settle(node, key, token, share, decided)));
                 }
                 outcome
             }
@@ -402,13 +405,13 @@ impl Store for Redlock {
 
     /// `Ok` once a quorum answered (whether any of them still held our token); an error when
     /// fewer did, so the caller retries: the lock may still stand on a majority.
-    async fn release(&self, key: &LockKey, token: &str) -> Result<bool, LockError> {
+    async fn release(&self, key: &LockKey, token: &str, share: Share) -> Result<bool, LockError> {
         let mut replies = self.fan_out(self.timeouts.command, |i, node| {
             let (key, token) = (key.clone(), token.to_owned());
             let on_the_way = self.on_the_way.clone();
             async move {
                 on_the_way.arrived(&token, i).await;
-                node.release(&key, &token).await
+                node.release(&key, &token, share).await
             }
         });
         let (mut answered, mut released, mut errors) = (0, false, Vec::new());
@@ -585,6 +588,7 @@ async fn settle(
     node: Arc<RedisBackend>,
     key: LockKey,
     token: String,
+    share: Share,
     mut decided: watch::Receiver<Verdict>,
 ) {
     let verdict = decided
@@ -593,7 +597,7 @@ async fn settle(
         .map_or(Verdict::Undo { announce: false }, |v| v.clone());
     let _ = match verdict {
         Verdict::Pending | Verdict::Keep => return,
-        Verdict::Undo { announce: true } => node.release(&key, &token).await,
+        Verdict::Undo { announce: true } => node.release(&key, &token, share).await,
         Verdict::Undo { announce: false } => node.undo(&key, &token).await,
     };
 }

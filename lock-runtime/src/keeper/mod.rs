@@ -261,7 +261,12 @@ async fn release_dropped(keeper: Arc<Keeper>, lease: Arc<Lease>) {
     let give_up = lease.state().deadline + lease.options.ttl;
     let mut backoff = Backoff::new();
     loop {
-        match keeper.backend.release(&lease.key, &lease.token).await {
+        let share = lease.options.share();
+        match keeper
+            .backend
+            .release(&lease.key, &lease.token, share)
+            .await
+        {
             Ok(released) => {
                 tracing::debug!(
                     key = %crate::error::shown(&lease.key.name),

@@ -9,6 +9,7 @@ use futures_util::future::join_all;
 
 use crate::backend::{LockInfo, Store};
 use crate::lock::LockRequest;
+use crate::options::Share;
 use crate::state::RegistryInner;
 use crate::{error::LockError, error::LostReason};
 
@@ -147,7 +148,13 @@ impl Registry {
     /// [`LockError::Backend`] when Redis fails; [`LockError::InvalidKey`] for a bad key.
     pub async fn force_unlock_owned_by(&self, key: &str, owner: &str) -> Result<bool, LockError> {
         let key = self.inner.lock_key(key.to_owned())?;
-        let deleted = self.inner.backend.release(&key, owner).await?;
+        // How `owner` holds it is not known here: a lock held shared is released by the
+        // script all the same.
+        let deleted = self
+            .inner
+            .backend
+            .release(&key, owner, Share::Exclusive)
+            .await?;
         tracing::warn!(key = %crate::error::shown(&key.name), deleted, "lock force-unlocked (owner-checked)");
         Ok(deleted)
     }
@@ -198,7 +205,7 @@ impl Registry {
             if self
                 .inner
                 .backend
-                .release(&lease.key, &lease.token)
+                .release(&lease.key, &lease.token, lease.options.share())
                 .await
                 .is_ok()
             {

@@ -110,10 +110,13 @@ async fn in_a_cluster_a_lock_user_needs_the_sharded_and_cluster_commands_documen
         "+asking",
         "+ping",
     ];
+    // Valkey 9: the release of a lock nobody waited for, as GUARANTEES.md says.
+    let delifeq = lock_tests::has_command(&mut cluster.nodes[0].connection(), "DELIFEQ");
     let rules: Vec<&str> = user
         .into_iter()
         .chain(KEYS_AND_CHANNELS)
         .chain(commands)
+        .chain(delifeq.then_some("+delifeq"))
         .collect();
     for node in &cluster.nodes {
         let mut con = node.connection();

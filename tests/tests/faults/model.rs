@@ -115,7 +115,14 @@ struct Live {
     /// Set when the server holding the key was lost (killed, failed over): whether the key
     /// survived (persistence, replication) shows in the next command that touches it.
     lost_at: Option<i64>,
+    /// The value is the owner's token marked as waited for ([`WAITED`]): a `SET .. IFEQ` or
+    /// `DELIFEQ` of the bare token leaves it alone.
+    marked: bool,
 }
+
+/// What the scripts append to a holder's token once someone waited for the lock
+/// (`prelude.lua`): the owner is the token without it.
+const WAITED: &str = "+w";
 
 struct Builder<'a> {
     prefix: &'a [u8],
@@ -301,6 +308,7 @@ impl Builder<'_> {
                     index,
                     expiry_ms: deadline,
                     lost_at: None,
+                    marked: false,
                 },
             );
             let permits = self
@@ -331,8 +339,9 @@ impl Builder<'_> {
         self.acquired(key, token, at_us, px_ms, "a restored key");
     }
 
-    /// A `SET` of `key` to `token` took effect.
-    fn acquired(&mut self, key: &[u8], token: &str, at_us: i64, px_ms: i64, how: &str) {
+    /// A `SET` of `key` to `value` (a token, marked or not) took effect.
+    fn acquired(&mut self, key: &[u8], value: &str, at_us: i64, px_ms: i64, how: &str) {
+        let token = value.strip_suffix(WAITED).unwrap_or(value);
         self.written_since_loss.insert(key.to_vec());
         if let Some(previous) = self.live.remove(key) {
             let now_ms = at_us / 1000;
@@ -371,6 +380,7 @@ impl Builder<'_> {
                 index: self.history.tenures.len() - 1,
                 expiry_ms,
                 lost_at: None,
+                marked: token != value,
             },
         );
     }
@@ -438,6 +448,7 @@ impl Builder<'_> {
                     if self.ifeq
                         && e.arg_str(2) == expected
                         && self.owner(&key) == Some(expected.as_str())
+                        && !self.live.get(&key).is_some_and(|l| l.marked)
                     {
                         self.renewed(&key, e.at_us, px);
                         self.history.renewals += 1;
@@ -460,6 +471,15 @@ impl Builder<'_> {
             "DEL" | "UNLINK" => {
                 self.end_places(&key, e.at_us, "deleted by a client");
                 self.end(&key, e.at_us, "deleted by a client");
+            }
+            "DELIFEQ" => {
+                // A release of a lock nobody waited for: it deletes only the bare token.
+                self.expire(&key, e.at_us);
+                let bare = self.live.get(&key).is_some_and(|l| !l.marked);
+                if bare && self.owner(&key) == Some(e.arg_str(2).as_str()) {
+                    self.written_since_loss.insert(key.clone());
+                    self.end(&key, e.at_us, "released");
+                }
             }
             "PERSIST" => self.history.violations.push(format!(
                 "(f) PERSIST of lock key {} at {}",
@@ -503,6 +523,28 @@ impl Builder<'_> {
             }
             let name = cmd.name();
             match name.as_str() {
+                "SET"
+                    if cmd.args[3..]
+                        .iter()
+                        .any(|a| a.eq_ignore_ascii_case(b"KEEPTTL")) =>
+                {
+                    // A waiter marks the holder's token as waited for: owner and expiry stay.
+                    self.expire(&key, cmd.at_us);
+                    let value = cmd.arg_str(2);
+                    let owner = self.owner(&key).map(str::to_owned);
+                    match self.live.get_mut(&key) {
+                        Some(live) if owner.as_deref() == value.strip_suffix(WAITED) => {
+                            live.marked = true;
+                        }
+                        // A key restored from disk that the history never saw written.
+                        None if self.last_loss_us.is_some() => {}
+                        _ => self.history.violations.push(format!(
+                            "(d) {} marked as {value} at {} while {owner:?} held it",
+                            String::from_utf8_lossy(&key),
+                            cmd.at_us
+                        )),
+                    }
+                }
                 "SET" => {
                     // The acquire script reads the owner (GET) only after its SET NX was refused.
                     let nx = cmd.args[3..].iter().any(|a| a.eq_ignore_ascii_case(b"NX"));
@@ -923,6 +965,50 @@ mod tests {
             history.renewals, 1,
             "the owner's renewal counts, the other one not"
         );
+    }
+
+    /// A waiter marks the holder's token; `SET .. IFEQ` and `DELIFEQ` of the bare token then
+    /// leave the lock alone, and the release script hands it over.
+    #[test]
+    fn a_lock_marked_as_waited_for_keeps_its_owner_until_the_script_hands_it_over() {
+        let history = rebuild(
+            &[events(&[
+                r#"10.000000 [0 127.0.0.1:1] "SET" "lock:k" "A" "NX" "PX" "1000""#,
+                r#"10.100000 [0 127.0.0.1:2] "evalsha" "s" "1" "lock:k" "B" "1000" "0""#,
+                r#"10.100010 [0 lua] "GET" "lock:k""#,
+                r#"10.100020 [0 lua] "SET" "lock:k" "A+w" "KEEPTTL""#,
+                r#"10.100030 [0 lua] "PTTL" "lock:k""#,
+                r#"10.300000 [0 127.0.0.1:1] "SET" "lock:k" "A" "IFEQ" "A" "PX" "5000" "GET""#,
+                r#"10.400000 [0 127.0.0.1:1] "DELIFEQ" "lock:k" "A""#,
+                r#"10.400100 [0 127.0.0.1:1] "evalsha" "r" "1" "lock:k" "A" "PUBLISH""#,
+                r#"10.400110 [0 lua] "GET" "lock:k""#,
+                r#"10.400120 [0 lua] "PUBLISH" "lock:k" "a""#,
+                r#"10.400130 [0 lua] "SET" "lock:k" "B" "PX" "1000""#,
+                // B's release: nobody waited for it.
+                r#"10.500000 [0 127.0.0.1:2] "DELIFEQ" "lock:k" "B""#,
+                // A mark that names another holder than the model's.
+                r#"10.600000 [0 127.0.0.1:3] "SET" "lock:k" "C" "NX" "PX" "1000""#,
+                r#"10.700000 [0 127.0.0.1:2] "evalsha" "s" "1" "lock:k" "B" "1000" "0""#,
+                r#"10.700010 [0 lua] "SET" "lock:k" "D+w" "KEEPTTL""#,
+            ])],
+            "lock:",
+            true,
+        );
+        let v = history.violations.join("\n");
+        assert_eq!(history.violations.len(), 1, "{v}");
+        assert!(v.contains("(d) lock:k marked as D+w"), "{v}");
+        let [a, b, c] = &history.tenures[..] else {
+            panic!("{:?}", history.tenures)
+        };
+        assert_eq!((a.token.as_str(), a.ended_us), ("A", Some(10_400_130)));
+        assert_eq!(
+            a.expires_at(10_350_000),
+            (10_000 + 1000 + 1) * 1000,
+            "not renewed"
+        );
+        assert_eq!((b.token.as_str(), b.ended_us), ("B", Some(10_500_000)));
+        assert_eq!(c.token, "C");
+        assert_eq!(history.renewals, 0);
     }
 
     /// On Redis 7 a `SET .. IFEQ` is the keeper's probe, refused: the lock expires when it

@@ -231,8 +231,9 @@ async fn an_acl_refusal_is_returned_after_one_attempt() {
     assert_eq!(refusals, 1, "one attempt, refused once: {err}");
 }
 
-/// A user whose ACL lacks the publish command is refused by the release script before it
-/// changes the lock: the error says so, and the lock is as it was (held, until its ttl), never
+/// A user whose ACL lacks the publish command releases a lock nobody waited for (no
+/// notification is due), and is refused by the release script before it changes a lock someone
+/// waits for: the error says so, and the lock is as it was (held, until its ttl), never
 /// deleted with an error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_refused_its_notification_leaves_the_lock_as_it_was() {
@@ -246,8 +247,22 @@ async fn a_release_refused_its_notification_leaves_the_lock_as_it_was() {
         .unwrap();
     let url = format!("redis://nopub:pw@127.0.0.1:{}/", server.port());
     let reg = lock_tests::with_timeouts(Registry::builder().url(url), Duration::from_secs(1));
+    reg.lock("k")
+        .acquire()
+        .await
+        .unwrap()
+        .release_now()
+        .await
+        .unwrap();
     let guard = reg.lock("k").acquire().await.unwrap();
     let token = guard.token().to_owned();
+    // Someone waits (refused at once: its busy attempt marked the lock all the same).
+    let waiter = registry(&server)
+        .lock("k")
+        .wait(Duration::from_millis(100))
+        .acquire()
+        .await;
+    assert!(waiter.unwrap_err().is_busy());
     let err = guard.release_now().await.unwrap_err();
     // Redis 7 names the refusal, not the command, inside a script; Valkey names both.
     let message = err.to_string();
@@ -258,5 +273,5 @@ async fn a_release_refused_its_notification_leaves_the_lock_as_it_was() {
     assert!(!err.is_transient(), "an ACL refusal does not pass: {err}");
     let mut con = raw(&server.url()).await;
     let on_server: Option<String> = con.get("lock:k").await.unwrap();
-    assert_eq!(on_server.as_deref(), Some(token.as_str()), "untouched");
+    assert_eq!(on_server, Some(format!("{token}+w")), "untouched");
 }

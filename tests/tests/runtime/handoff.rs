@@ -62,7 +62,13 @@ async fn a_release_hands_the_lock_to_waiters_first_come_first_served_with_rising
                 .expect("every waiter gets its turn");
             // It holds the lock on the server the moment it returns.
             let on_server: Option<String> = raw(&url).await.get("lock:fifo").await.unwrap();
-            assert_eq!(on_server.as_deref(), Some(guard.token()), "waiter {i}");
+            // Marked as waited for while later waiters are queued.
+            let value = if i < 5 {
+                format!("{}+w", guard.token())
+            } else {
+                guard.token().to_owned()
+            };
+            assert_eq!(on_server, Some(value), "waiter {i}");
             done_tx.send((i, guard.fence().unwrap())).unwrap();
             guard.release().await.unwrap();
         }));
@@ -200,7 +206,11 @@ async fn a_holder_that_is_not_ours_still_excludes_and_its_expiry_goes_to_the_old
         .unwrap()
         .expect("the oldest waiter takes it once it expired");
     let owner: Option<String> = con.get("lock:foreign").await.unwrap();
-    assert_eq!(owner.as_deref(), Some(guard.token()));
+    assert_eq!(
+        owner,
+        Some(format!("{}+w", guard.token())),
+        "the second still waits"
+    );
     assert!(!second.is_finished());
     guard.release().await.unwrap();
     let guard = second.await.unwrap().expect("then the next");

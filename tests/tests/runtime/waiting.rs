@@ -268,3 +268,121 @@ async fn a_cancelled_wait_never_takes_the_lock_afterwards() {
     assert!(waiter.held().is_empty());
     next.release().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_nobody_waited_for_wakes_nobody_and_runs_no_script_where_the_server_has_delifeq()
+{
+    let server = RedisServer::start();
+    let registry = registry(&server);
+    let mut con = server.connection();
+    let before = command_calls(&mut con);
+    for _ in 0..3 {
+        let guard = registry.lock("alone").acquire().await.unwrap();
+        guard.release().await.unwrap();
+    }
+    let after = command_calls(&mut con);
+    let sent = |c: &str| after.get(c).copied().unwrap_or(0) - before.get(c).copied().unwrap_or(0);
+    assert_eq!(sent("publish"), 0, "nobody waited: no notification");
+    if lock_tests::has_command(&mut con, "DELIFEQ") {
+        assert_eq!(
+            [sent("set"), sent("delifeq"), sent("evalsha")],
+            [3, 3, 0],
+            "a plain SET NX and a DELIFEQ per cycle, no Lua"
+        );
+    } else {
+        assert_eq!(
+            [sent("set"), sent("evalsha")],
+            [3, 3],
+            "a plain SET NX and the release script per cycle"
+        );
+    }
+    let free: Option<String> = raw(&server.url()).await.get("lock:alone").await.unwrap();
+    assert_eq!(free, None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_someone_waits_for_is_marked_renewed_by_its_owner_and_handed_over() {
+    let server = RedisServer::start();
+    let (holder_reg, waiter_reg) = (registry(&server), registry(&server));
+    let held = holder_reg
+        .lock("marked")
+        .ttl(Duration::from_millis(300))
+        .acquire()
+        .await
+        .unwrap();
+    let token = held.token().to_owned();
+    let waiter = tokio::spawn(async move {
+        waiter_reg
+            .lock("marked")
+            .wait(Duration::from_secs(30))
+            .acquire()
+            .await
+    });
+    until_subscribed(&server, "lock:marked", 1).await;
+    let mut con = raw(&server.url()).await;
+    let value: Option<String> = con.get("lock:marked").await.unwrap();
+    assert_eq!(
+        value,
+        Some(format!("{token}+w")),
+        "the waiter marked the holder's token"
+    );
+    // Three leases long: the keeper renews the marked lock (`SET .. IFEQ` of the bare token
+    // leaves it alone on Valkey; the script renews it).
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    assert!(!held.is_lost(), "renewed while marked");
+    let info = holder_reg.inspect("marked").await.unwrap();
+    assert_eq!(
+        info.owner.as_deref(),
+        Some(token.as_str()),
+        "shown without the mark"
+    );
+    held.release().await.unwrap();
+    let guard = waiter.await.unwrap().expect("handed over on release");
+    let value: Option<String> = con.get("lock:marked").await.unwrap();
+    assert_eq!(
+        value.as_deref(),
+        Some(guard.token()),
+        "nobody else waits: unmarked"
+    );
+    guard.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_leaves_another_clients_lock_value_as_it_wrote_it() {
+    let server = RedisServer::start();
+    let registry = registry(&server);
+    let mut con = raw(&server.url()).await;
+    let _: () = redis::cmd("SET")
+        .arg("lock:foreign")
+        .arg("their-token")
+        .arg("PX")
+        .arg(30_000)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let waiter = tokio::spawn(async move {
+        registry
+            .lock("foreign")
+            .wait(Duration::from_secs(30))
+            .acquire()
+            .await
+    });
+    until_subscribed(&server, "lock:foreign", 1).await;
+    let value: Option<String> = con.get("lock:foreign").await.unwrap();
+    assert_eq!(
+        value.as_deref(),
+        Some("their-token"),
+        "for their compare-and-delete"
+    );
+    // Their release, a compare-and-delete of the value they wrote, still works.
+    let deleted: i64 = redis::Script::new(
+        "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
+    )
+    .key("lock:foreign")
+    .arg("their-token")
+    .invoke_async(&mut con)
+    .await
+    .unwrap();
+    assert_eq!(deleted, 1);
+    waiter.abort();
+}

@@ -33,7 +33,8 @@ use tokio::time::Instant;
 use super::config::ClusterSeeds;
 use super::errors::timed_out;
 use super::manager::{manager, ServerConnection};
-use super::renewal::{renew_chunk, Answers, IfEq, Round, RENEW_CHUNK};
+use super::native::Native;
+use super::renewal::{renew_chunk, Answers, Round, RENEW_CHUNK};
 use super::scripts;
 use crate::backend::contract::Renewal;
 use crate::io;
@@ -59,7 +60,7 @@ pub(crate) struct ClusterNodes {
     map: Mutex<Option<Arc<SlotMap>>>,
     connections: Mutex<HashMap<Addr, ServerConnection>>,
     /// Per master: whether it renews exclusive locks with `SET .. IFEQ`.
-    ifeq: Mutex<HashMap<Addr, Arc<IfEq>>>,
+    ifeq: Mutex<HashMap<Addr, Arc<Native>>>,
     reading: tokio::sync::Mutex<()>,
 }
 
@@ -146,7 +147,7 @@ impl ClusterNodes {
         batch: &[Renewal<'_>],
         chunk: &[usize],
         deadline: Instant,
-        ifeq: &IfEq,
+        ifeq: &Native,
     ) -> Vec<(Vec<usize>, Answers)>
     where
         C: ConnectionLike + Clone + Send,
@@ -304,7 +305,7 @@ impl ClusterNodes {
     }
 
     /// Whether `master` renews exclusive locks with `SET .. IFEQ`, as learned so far.
-    fn ifeq_of(&self, master: &Addr) -> Arc<IfEq> {
+    fn ifeq_of(&self, master: &Addr) -> Arc<Native> {
         self.ifeq
             .lock()
             .unwrap_or_else(PoisonError::into_inner)

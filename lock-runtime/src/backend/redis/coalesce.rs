@@ -5,8 +5,8 @@
 //! nothing for the batching. Operations that arrive while one is in flight queue up and go out
 //! together as one pipeline: at once while fewer than [`DEPTH`] are in flight, else when one
 //! returns, and so on while any are queued. Each keeps its
-//! own commands (a plain `SET NX PX` first where the lone path sends one, the acquire and
-//! release scripts), so what Redis runs, and the wire protocol, are those of one operation at a
+//! own commands (a plain `SET NX PX` or `DELIFEQ` first where the lone path sends one, the
+//! acquire and release scripts), so what Redis runs, and the wire protocol, are those of one operation at a
 //! time: under load the client writes and reads once per round trip, and Redis reads, and
 //! answers, a whole batch per system call.
 
@@ -29,8 +29,9 @@ const MOST: usize = 256;
 /// and whatever arrives while both are out goes with the next.
 const DEPTH: usize = 2;
 
-/// One operation: its command, and for an acquisition that tries a plain `SET NX PX` first,
-/// the acquire script to send next if the `SET` is refused (as the lone path does).
+/// One operation: its command, and for one that tries a native command first (an
+/// acquisition's plain `SET NX PX`, a release's `DELIFEQ`), the script to send next if it is
+/// refused (nil, or 0), as the lone path does.
 pub(crate) struct Op {
     pub(crate) command: Cmd,
     pub(crate) if_refused: Option<Cmd>,
@@ -155,8 +156,8 @@ impl Busy {
             let mut again = Vec::new();
             for ((op, tx), reply) in batch.into_iter().zip(replies) {
                 match (reply, op.if_refused) {
-                    (Ok(Value::Nil), Some(_)) if tx.is_closed() => {}
-                    (Ok(Value::Nil), Some(script)) => again.push((
+                    (Ok(Value::Nil | Value::Int(0)), Some(_)) if tx.is_closed() => {}
+                    (Ok(Value::Nil | Value::Int(0)), Some(script)) => again.push((
                         Op {
                             command: script,
                             if_refused: None,
@@ -167,8 +168,9 @@ impl Busy {
                 }
             }
             if !again.is_empty() {
-                // Refused plain `SET`s ask the script who holds the lock, ahead of later
-                // operations, as the lone path would right away.
+                // Refused plain `SET`s ask the script who holds the lock, and refused
+                // `DELIFEQ`s let it release, ahead of later operations, as the lone path
+                // would right away.
                 let mut state = inner.state();
                 again.append(&mut state.queued);
                 state.queued = again;

@@ -17,7 +17,7 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use redis::Value;
 
-use crate::backend::contract::{Acquire, Attempt, LockInfo, Renewal, Renewed, Store};
+use crate::backend::contract::{Acquire, Attempt, LockInfo, Renewal, Renewed, Share, Store};
 use crate::error::LockError;
 use crate::key::{hash_tag, LockKey};
 use crate::timeouts::Timeouts;
@@ -30,6 +30,7 @@ mod confirm;
 mod connection;
 mod errors;
 mod manager;
+mod native;
 mod renewal;
 pub(crate) mod scripts;
 mod sentinel;
@@ -41,7 +42,8 @@ use coalesce::{Coalescer, Op, Turn};
 use config::Topology;
 use confirm::{Confirmer, Route};
 use connection::{Connection, SharedConnection};
-use renewal::{renew_chunk, IfEq, Round, RENEW_CHUNK};
+use native::Native;
+use renewal::{renew_chunk, Round, RENEW_CHUNK};
 use subscriber::Source;
 
 pub(crate) struct RedisBackend {
@@ -61,7 +63,10 @@ pub(crate) struct RedisBackend {
     coalescer: Option<Coalescer>,
     /// Whether this server renews exclusive locks with `SET .. IFEQ` (not in a cluster, whose
     /// masters each have their own: see `cluster_nodes`).
-    ifeq: IfEq,
+    ifeq: Native,
+    /// Whether this server releases with `DELIFEQ` (in a cluster, all masters alike: one that
+    /// refuses it turns it off for every key, which only costs Lua).
+    delifeq: Native,
 }
 
 impl RedisBackend {
@@ -123,7 +128,8 @@ impl RedisBackend {
             hub,
             hands_over: true,
             coalescer,
-            ifeq: IfEq::default(),
+            ifeq: Native::default(),
+            delifeq: Native::default(),
         }
     }
 
@@ -196,14 +202,34 @@ impl RedisBackend {
         }
     }
 
-    /// A release's command for a batch (never in a cluster), with the keys
+    /// A release's command for a batch (never in a cluster): `DELIFEQ` first where
+    /// [`Self::native_release`] says so, and the release script with the keys
     /// [`Self::release_script`] names.
-    fn release_op(&self, key: &LockKey, token: &str) -> Op {
-        Op {
-            command: scripts::release::call(key, token, self.hands_over, self.publish_command())
-                .cmd(),
-            if_refused: None,
+    fn release_op(&self, key: &LockKey, token: &str, share: Share) -> Op {
+        let script =
+            scripts::release::call(key, token, self.hands_over, self.publish_command()).cmd();
+        if self.native_release(share, token) {
+            Op {
+                command: scripts::release::delifeq(key, token),
+                if_refused: Some(script),
+            }
+        } else {
+            Op {
+                command: script,
+                if_refused: None,
+            }
         }
+    }
+
+    /// Whether a release starts with `DELIFEQ`: a lock held alone with one of our tokens (which
+    /// waiters mark; an operator's `force_unlock_owned_by` may name another client's), on a
+    /// server that may take it. It deletes a lock nobody waited for (its value is the bare token); anything else
+    /// (marked as waited for, gone, someone else's) is refused, and the script answers.
+    fn native_release(&self, share: Share, token: &str) -> bool {
+        share == Share::Exclusive
+            && self.confirm.is_none()
+            && scripts::marked_when_waited(token)
+            && self.delifeq.worth_trying()
     }
 
     /// The release script on `con`, as [`Self::acquire_script`] names keys.
@@ -279,8 +305,28 @@ impl RedisBackend {
     }
 
     /// One release sent on its own.
-    async fn release_alone(&self, key: &LockKey, token: &str) -> Result<bool, LockError> {
+    async fn release_alone(
+        &self,
+        key: &LockKey,
+        token: &str,
+        share: Share,
+    ) -> Result<bool, LockError> {
         let mut con = self.con("release", Some(&key.name)).await?;
+        if self.native_release(share, token) {
+            match scripts::release::delifeq(key, token)
+                .query_async::<i64>(&mut con)
+                .await
+            {
+                Ok(deleted) => {
+                    self.delifeq.learn("DELIFEQ", Ok(()));
+                    if scripts::release::released(deleted) {
+                        return Ok(true);
+                    }
+                }
+                Err(e) if self.delifeq.learn_error("DELIFEQ", &e) => {}
+                Err(e) => return Err(self.error("release", Some(&key.name), e)),
+            }
+        }
         let released = match self
             .release_script(&mut con, key, token, self.hands_over)
             .await
@@ -305,20 +351,30 @@ impl RedisBackend {
     }
 
     /// Releases one lock (a multi-key lock's keys one by one).
-    async fn release_key(&self, key: &LockKey, token: &str) -> Result<bool, LockError> {
+    async fn release_key(
+        &self,
+        key: &LockKey,
+        token: &str,
+        share: Share,
+    ) -> Result<bool, LockError> {
         if let Some(confirm) = &self.confirm {
             return confirm.release(key, token).await;
         }
         let Some(coalescer) = &self.coalescer else {
-            return self.release_alone(key, token).await;
+            return self.release_alone(key, token, share).await;
         };
-        match coalescer.enter(|| self.release_op(key, token)) {
-            Turn::Alone(_sending) => self.release_alone(key, token).await,
+        let native = self.native_release(share, token);
+        match coalescer.enter(|| self.release_op(key, token, share)) {
+            Turn::Alone(_sending) => self.release_alone(key, token, share).await,
             Turn::Queued(reply) => {
-                let released = coalesce::reply(reply)
-                    .await
-                    .and_then(|v| Ok(redis::from_redis_value::<i64>(v)?))
-                    .map_err(|e| self.error("release", Some(&key.name), e))?;
+                let released = match coalesce::reply(reply).await {
+                    // `DELIFEQ` refused by the server (or its ACL): the script, alone.
+                    Err(e) if native && self.delifeq.learn_error("DELIFEQ", &e) => {
+                        return self.release_alone(key, token, share).await;
+                    }
+                    reply => reply.and_then(|v| Ok(redis::from_redis_value::<i64>(v)?)),
+                }
+                .map_err(|e| self.error("release", Some(&key.name), e))?;
                 Ok(scripts::release::released(released))
             }
         }
@@ -379,11 +435,11 @@ impl Store for RedisBackend {
         }
     }
 
-    async fn release(&self, key: &LockKey, token: &str) -> Result<bool, LockError> {
+    async fn release(&self, key: &LockKey, token: &str, share: Share) -> Result<bool, LockError> {
         if !key.is_multi() {
-            return self.release_key(key, token).await;
+            return self.release_key(key, token, share).await;
         }
-        every_key(join_all(key.keys().iter().map(|k| self.release_key(k, token))).await)
+        every_key(join_all(key.keys().iter().map(|k| self.release_key(k, token, share))).await)
     }
 
     /// One flag per lock: renewed, not ours, or unknown (`None`: that call failed).

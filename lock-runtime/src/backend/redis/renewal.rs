@@ -4,86 +4,31 @@
 //! A chunk's exclusive locks go as `SET key token IFEQ token PX ttl GET` where the server has
 //! it (Valkey 8.1+), pipelined; the rest, and every lock on a server without it, go through
 //! the renewal script ([`scripts::RENEW_LUA`]), one call per chunk.
+//!
+//! `SET key token IFEQ token PX ttl GET` is the renewal script's answer for a lock held as a
+//! plain string, in one command: it sets the expiry only when the key holds our token, never
+//! creates the key, and its `GET` returns what was there: our token (renewed), nil (gone:
+//! [`Renewed::Gone`]) or another value (left untouched: [`Renewed::Taken`]); our token marked
+//! as waited for (`WAITED` in the scripts' prelude) goes to the script, which keeps the mark.
+//! Until a server has answered one (see [`Native`]), renewals go through the script, with one
+//! `SET .. IFEQ` of the round's first exclusive lock pipelined before it as the probe: the
+//! round costs one round trip whatever the answer, and the script's answer is the one that
+//! counts. Once on, every error reply for a lock (`WRONGTYPE` for a key that is now a sorted
+//! set, `OOM`, `MOVED`/`ASK` in a cluster, which a pipeline does not follow) sends that lock to
+//! the script in the same round.
 
-use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
 use redis::aio::ConnectionLike;
-use redis::{ServerErrorKind, Value};
+use redis::Value;
 
 use super::errors::timed_out;
+use super::native::{Native, OFF, ON, UNKNOWN};
 use super::scripts;
 use crate::backend::contract::{Renewal, Renewed, Share};
 
 /// Renewal scripts are split so no single script call keeps Redis busy for long.
 pub(crate) const RENEW_CHUNK: usize = 512;
-
-/// Whether one server renews exclusive locks with `SET .. IFEQ` (one per backend: per server,
-/// per Redlock node, per cluster master).
-///
-/// `SET key token IFEQ token PX ttl GET` is the renewal script's answer for a lock held as a
-/// plain string, in one command: it sets the expiry only when the key holds our token, never
-/// creates the key, and its `GET` returns what was there: our token (renewed), nil (gone:
-/// [`Renewed::Gone`]) or another value (left untouched: [`Renewed::Taken`]). Redis runs it
-/// without Lua, which costs it less than a script call (see the benchmark's renewal item).
-///
-/// Until a server has answered one, renewals go through the script, with one `SET .. IFEQ`
-/// of the round's first exclusive lock pipelined before it as the probe: the round costs one
-/// round trip whatever the answer, and the script's answer is the one that counts. A reply
-/// to the probe turns `SET .. IFEQ` on; `ERR` (Redis 7.x: a syntax error) or `NOPERM` (an
-/// ACL without it) turns it off for the life of the registry. Once on, every other error
-/// reply for a lock (`WRONGTYPE` for a key that is now a sorted set, `OOM`, `MOVED`/`ASK` in
-/// a cluster, which a pipeline does not follow) sends that lock to the script, which answers
-/// exactly as before; an `ERR` or `NOPERM` then (a failover to a server without it) turns it
-/// off and those locks go to the script in the same round.
-#[derive(Debug, Default)]
-pub(crate) struct IfEq {
-    /// [`UNKNOWN`], [`ON`] or [`OFF`].
-    state: AtomicU8,
-}
-
-const UNKNOWN: u8 = 0;
-const ON: u8 = 1;
-const OFF: u8 = 2;
-
-impl IfEq {
-    fn state(&self) -> u8 {
-        self.state.load(Ordering::Relaxed)
-    }
-
-    /// Whether renewals use `SET .. IFEQ` (after a server took it).
-    #[cfg(test)]
-    pub(crate) fn on(&self) -> bool {
-        self.state() == ON
-    }
-
-    /// Learns from one `SET .. IFEQ` reply: `Ok` means the server takes it; `ERR` or
-    /// `NOPERM` that it does not. Any other error says nothing.
-    fn learn(&self, reply: Result<(), &redis::ServerError>) {
-        match reply {
-            Ok(()) => {
-                if self.state() == UNKNOWN {
-                    self.state.store(ON, Ordering::Relaxed);
-                }
-            }
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    Some(ServerErrorKind::ResponseError | ServerErrorKind::NoPerm)
-                ) =>
-            {
-                if self.state() != OFF {
-                    tracing::debug!(
-                        error = %e,
-                        "this server does not renew with SET IFEQ: renewals use the script"
-                    );
-                }
-                self.state.store(OFF, Ordering::Relaxed);
-            }
-            Err(_) => {}
-        }
-    }
-}
 
 /// What a renewal call learned: a flag per lock of its chunk (see [`renewed`]; `None`: no
 /// answer for that lock), and the failure that left some without one.
@@ -125,13 +70,13 @@ impl From<redis::RedisResult<Vec<i64>>> for Answers {
 
 /// One renewal round trip for `chunk` of `batch`, bounded by `budget`. With `ifeq` (not where a
 /// pipeline cannot go: through the cluster client), exclusive locks are renewed with
-/// `SET .. IFEQ` where the server takes it (see [`IfEq`]).
+/// `SET .. IFEQ` where the server takes it (see [`Native`]).
 pub(crate) async fn renew_chunk<C: ConnectionLike + Send>(
     con: &mut C,
     batch: &[Renewal<'_>],
     chunk: &[usize],
     budget: Duration,
-    ifeq: Option<&IfEq>,
+    ifeq: Option<&Native>,
 ) -> Answers {
     tokio::time::timeout(budget, renew_now(con, batch, chunk, ifeq))
         .await
@@ -163,10 +108,10 @@ async fn renew_now<C: ConnectionLike + Send>(
     con: &mut C,
     batch: &[Renewal<'_>],
     chunk: &[usize],
-    ifeq: Option<&IfEq>,
+    ifeq: Option<&Native>,
 ) -> Answers {
     let exclusive = |at: &usize| batch[chunk[*at]].share == Share::Exclusive;
-    let state = ifeq.map_or(OFF, IfEq::state);
+    let state = ifeq.map_or(OFF, Native::state);
     let by_set: Vec<usize> = match state {
         ON => (0..chunk.len()).filter(exclusive).collect(),
         _ => Vec::new(),
@@ -244,10 +189,10 @@ async fn renew_now<C: ConnectionLike + Send>(
 /// The script's flag for one `SET .. IFEQ .. GET` reply (1 renewed, 0 gone, -1 taken), or
 /// `None` for an error reply: the script renews that lock instead. Teaches `ifeq` whether
 /// the server takes the command.
-fn ifeq_flag(ifeq: Option<&IfEq>, token: &str, reply: Value) -> Option<i64> {
+fn ifeq_flag(ifeq: Option<&Native>, token: &str, reply: Value) -> Option<i64> {
     let learn = |outcome: Result<(), &redis::ServerError>| {
         if let Some(ifeq) = ifeq {
-            ifeq.learn(outcome);
+            ifeq.learn("SET IFEQ", outcome);
         }
     };
     match reply {
@@ -262,7 +207,15 @@ fn ifeq_flag(ifeq: Option<&IfEq>, token: &str, reply: Value) -> Option<i64> {
         value => match redis::from_redis_value::<Vec<u8>>(value) {
             Ok(found) => {
                 learn(Ok(()));
-                Some(if found == token.as_bytes() { 1 } else { -1 })
+                if found == token.as_bytes() {
+                    Some(1)
+                } else if scripts::waited_for(&found, token) {
+                    // Left untouched (IFEQ compared the bare token): the script renews it and
+                    // keeps the mark.
+                    None
+                } else {
+                    Some(-1)
+                }
             }
             Err(_) => None,
         },
@@ -350,11 +303,17 @@ mod tests {
             ("$-1\r\n", 0),
             ("$5\r\nother\r\n", -1),
         ] {
-            let ifeq = IfEq::default();
+            let ifeq = Native::default();
             assert!(!ifeq.on());
             assert_eq!(ifeq_flag(Some(&ifeq), "tok", reply(resp)), Some(flag));
             assert!(ifeq.on(), "{resp}");
         }
+        // Ours, marked as waited for: left untouched, so the script renews it.
+        let ifeq = Native::default();
+        assert_eq!(
+            ifeq_flag(Some(&ifeq), "tok", reply("$5\r\ntok+w\r\n")),
+            None
+        );
     }
 
     #[test]
@@ -365,7 +324,7 @@ mod tests {
             "-MOVED 3999 127.0.0.1:6381\r\n",
             "-LOADING Redis is loading the dataset in memory\r\n",
         ] {
-            let ifeq = IfEq::default();
+            let ifeq = Native::default();
             assert_eq!(ifeq_flag(Some(&ifeq), "tok", reply(other)), None, "{other}");
             assert_eq!(ifeq.state(), UNKNOWN, "{other}");
         }
@@ -373,7 +332,7 @@ mod tests {
             "-ERR syntax error\r\n",
             "-NOPERM User locker has no permissions to run the 'set' command\r\n",
         ] {
-            let ifeq = IfEq::default();
+            let ifeq = Native::default();
             ifeq_flag(Some(&ifeq), "tok", reply("$3\r\ntok\r\n"));
             assert_eq!(
                 ifeq_flag(Some(&ifeq), "tok", reply(refusal)),

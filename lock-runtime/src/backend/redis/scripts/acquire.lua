@@ -1,7 +1,17 @@
 local token, ttl = ARGV[1], ARGV[2]
+-- The caller's value once it takes the lock: marked when others wait (see prelude.lua), here
+-- (ARGV[9]) or, where `queued` may hold anyone, in the queue.
+local function taken_as(queued)
+  if ARGV[9] == '1' or (queued and waited_behind() ~= '') then return token .. WAITED end
+  return token
+end
 if ARGV[6] and ARGV[6] ~= '0' then
   local kind = redis.call('TYPE', KEYS[1]).ok
-  if kind == 'string' then return {0, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[1])} end
+  if kind == 'string' then
+    local value = redis.call('GET', KEYS[1])
+    if ARGV[8] == '1' then mark_waited(KEYS[1], value) end
+    return {0, redis.call('PTTL', KEYS[1]), holder_of(value)}
+  end
   if kind ~= 'zset' and kind ~= 'none' then return {2, kind} end
   local limit = tonumber(ARGV[6]) or math.huge
   local tag = limit == math.huge and '#read' or '#permits=' .. ARGV[6]
@@ -34,9 +44,10 @@ if ARGV[6] and ARGV[6] ~= '0' then
   return {1, 0}
 end
 if #KEYS < 4 or redis.call('EXISTS', KEYS[3]) == 0 then
-  if redis.call('SET', KEYS[1], token, 'NX', 'PX', ttl) then return {1, take_fence(ARGV[3])} end
+  if redis.call('SET', KEYS[1], taken_as(false), 'NX', 'PX', ttl) then return {1, take_fence(ARGV[3])} end
 end
-local owner = redis.pcall('GET', KEYS[1])
+local value = redis.pcall('GET', KEYS[1])
+local owner = holder_of(value)
 if type(owner) == 'table' then
   local kind = redis.call('TYPE', KEYS[1]).ok
   owner = kind == 'zset' and shared_tag_of(KEYS[1])
@@ -52,10 +63,10 @@ if not owner then
   local waiter, waiter_deadline, fencing, place = oldest_live_waiter()
   if not waiter or waiter == token then
     leave_queue(token)
-    redis.call('SET', KEYS[1], token, 'PX', ttl)
+    redis.call('SET', KEYS[1], taken_as(true), 'PX', ttl)
     return {1, take_fence(ARGV[3])}
   end
-  hand_over(waiter, waiter_deadline, fencing, place, '', ARGV[5])
+  value = hand_over(waiter, waiter_deadline, fencing, place, '', ARGV[5])
   owner = waiter
 end
 if ARGV[4] == '1' and #KEYS >= 4 then
@@ -69,4 +80,5 @@ if ARGV[4] == '1' and #KEYS >= 4 then
     if redis.call('PTTL', KEYS[i]) < tonumber(ttl) then redis.call('PEXPIRE', KEYS[i], ttl) end
   end
 end
+if ARGV[8] == '1' then mark_waited(KEYS[1], value) end
 return {0, redis.call('PTTL', KEYS[1]), owner}

@@ -14,7 +14,10 @@ use crate::key::LockKey;
 /// `1` to queue up when busy, `ARGV[5]` the publish command (`PUBLISH`, or `SPUBLISH` in a
 /// cluster), `ARGV[6]` a semaphore's size, or `read` for a reader (`0` or absent: the lock
 /// itself, also a read-write lock's write side), `ARGV[7]` the number of the caller's attempt,
-/// which names its place in the queue. With the lock alone, or the lock and its
+/// which names its place in the queue, `ARGV[8]` `1` when the caller waits if busy: a busy
+/// reply then marks the holder's value (`WAITED` in `prelude.lua`), so that its release, which
+/// is a plain delete for an unmarked value, wakes or hands over; `ARGV[9]` `1` when other
+/// waiters of the caller's process wait for the lock: taken, it is marked at once. With the lock alone, or the lock and its
 /// counter, as `KEYS`, there is no queue:
 /// Redlock, `confirm_replicas`, and a cluster slot in migration (where Redis refuses a script
 /// whose keys are not all on one node) use it that way. Used after a plain `SET NX PX` was
@@ -68,6 +71,8 @@ pub(crate) fn call(attempt: &Acquire<'_>, queued: bool, publish: &str) -> Call {
         .arg(publish)
         .arg(attempt.share.wire())
         .arg(attempt.attempt)
+        .arg(u8::from(attempt.waits))
+        .arg(u8::from(attempt.others_wait))
 }
 
 /// The plain `SET NX PX` an exclusive lock's first attempt starts with (see

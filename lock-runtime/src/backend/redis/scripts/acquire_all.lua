@@ -1,15 +1,22 @@
 local token, ttl, n = ARGV[1], ARGV[2], tonumber(ARGV[4])
+local values = {}
 for i = 1, n do
-  local owner = redis.pcall('GET', KEYS[i])
+  local value = redis.pcall('GET', KEYS[i])
+  local owner = holder_of(value)
   if type(owner) == 'table' then
     local kind = redis.call('TYPE', KEYS[i]).ok
     local tag = kind == 'zset' and shared_tag_of(KEYS[i])
     if not tag then return {2, kind, i} end
     return {0, redis.call('PTTL', KEYS[i]), tag, i}
   end
-  if owner and owner ~= token then return {0, redis.call('PTTL', KEYS[i]), owner, i} end
+  if owner and owner ~= token then
+    if ARGV[5] == '1' then mark_waited(KEYS[i], value) end
+    return {0, redis.call('PTTL', KEYS[i]), owner, i}
+  end
+  values[i] = value or (ARGV[6] == '1' and token .. WAITED or token)
 end
-for i = 1, n do redis.call('SET', KEYS[i], token, 'PX', ttl) end
+-- A key already ours keeps its value: marked, its release still wakes who waited.
+for i = 1, n do redis.call('SET', KEYS[i], values[i], 'PX', ttl) end
 if ARGV[3] ~= '1' then return {1, 0} end
 local fence = 0
 for i = n + 1, 2 * n do

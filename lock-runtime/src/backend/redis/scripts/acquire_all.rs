@@ -5,7 +5,9 @@ use crate::backend::contract::{ttl_ms, Acquire};
 
 /// A multi-key lock: `KEYS[1..n]` the locks (sorted), then with fencing `KEYS[n+1..2n]` their
 /// counters; `ARGV[1]` token, `ARGV[2]` ttl ms, `ARGV[3]` `1` to take a fencing token, `ARGV[4]`
-/// n. All or none: every key free (or already this token's) is set to the token with the ttl;
+/// n, `ARGV[5]` `1` when the caller waits if busy (it marks the taken key, as
+/// [`ACQUIRE_LUA`](super::ACQUIRE_LUA) does), `ARGV[6]` `1` when other waiters of the caller's
+/// process wait for any of the keys (taken, they are marked). All or none: every key free (or already this token's) is set to the token with the ttl;
 /// else nothing is written and the reply is `{0, pttl, owner, i}` for the first taken key `i`
 /// (a reader's or permit's set reads as taken, by its tag), or `{2, type, i}` for a key that
 /// holds application data. Taken, it replies `{1, fence}`: with fencing, the next token of
@@ -34,4 +36,6 @@ pub(crate) fn call(attempt: &Acquire<'_>) -> Call {
         .arg(ttl_ms(attempt.ttl))
         .arg(u8::from(attempt.fencing))
         .arg(keys.len())
+        .arg(u8::from(attempt.waits))
+        .arg(u8::from(attempt.others_wait))
 }

@@ -1,7 +1,7 @@
 local kind = redis.call('TYPE', KEYS[1]).ok
 local tenure
 if kind == 'string' then
-  tenure = redis.call('GET', KEYS[1])
+  tenure = holder_of(redis.call('GET', KEYS[1]))
 elseif kind == 'zset' then
   tenure = shared_tag_of(KEYS[1])
   if not tenure then return 0 end

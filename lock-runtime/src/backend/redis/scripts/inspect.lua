@@ -1,4 +1,4 @@
-local token = redis.pcall('GET', KEYS[1])
+local token = holder_of(redis.pcall('GET', KEYS[1]))
 local held, tag = false, false
 if type(token) ~= 'string' then
   token = false

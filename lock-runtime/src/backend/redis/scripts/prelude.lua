@@ -4,6 +4,26 @@
 -- microseconds for a counter that starts afresh) and how it is kept: for a day after the last
 -- fenced acquisition (`FENCE_EXPIRY_MS` in backend/contract.rs), so a server re-creating an
 -- expired counter may have a clock up to a day behind.
+--
+-- A lock's value is its holder's token, followed by WAITED once someone waited for it (a busy
+-- attempt of a caller prepared to wait, or a handoff with waiters left behind). A release that
+-- finds the bare token knows that nobody needs waking or handing the lock: it is a plain
+-- delete (`DELIFEQ` where the server has it). Only our tokens (`host:pid:` and 32 hex digits)
+-- are marked: another client's value stays as it wrote it, for its own compare-and-delete, and
+-- its release through our script always hands over and notifies.
+local WAITED = '+w'
+local function holder_of(value)
+  if type(value) == 'string' and string.sub(value, -#WAITED) == WAITED then
+    return string.sub(value, 1, -#WAITED - 1)
+  end
+  return value
+end
+local function ours(value)
+  return type(value) == 'string' and string.find(value, ':%d+:' .. string.rep('%x', 32) .. '$') ~= nil
+end
+local function mark_waited(key, value)
+  if ours(value) then redis.call('SET', key, value .. WAITED, 'KEEPTTL') end
+end
 local function now_ms()
   local now = redis.call('TIME')
   return tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)

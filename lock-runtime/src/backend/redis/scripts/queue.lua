@@ -32,6 +32,12 @@ local function leave_queue(token)
   redis.call('HDEL', KEYS[4], token)
   return true
 end
+-- WAITED for a holder whose queue still has places in it (see prelude.lua): its release must
+-- hand the lock over.
+local function waited_behind()
+  if #KEYS >= 4 and redis.call('EXISTS', KEYS[3]) == 1 then return WAITED end
+  return ''
+end
 local function read_place(entry)
   if not entry then return nil end
   local deadline, ttl, fencing, place = string.match(entry, '^(%d+) (%d+) ([01]) (%d+)$')
@@ -60,7 +66,9 @@ local function hand_over(waiter, deadline, fencing, place, released, publish)
   local next = redis.sha1hex(waiter) .. ':' .. string.format('%d', fence) .. ':' .. place
   redis.call(publish, KEYS[1], released .. ':' .. next)
   leave_queue(waiter)
-  redis.call('SET', KEYS[1], waiter, 'PX', math.max(deadline - now_ms(), 1))
+  local value = waiter .. waited_behind()
+  redis.call('SET', KEYS[1], value, 'PX', math.max(deadline - now_ms(), 1))
+  return value
 end
 local function settle_shared(now)
   redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)

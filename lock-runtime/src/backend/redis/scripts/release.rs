@@ -9,7 +9,8 @@ use crate::key::LockKey;
 /// [`ACQUIRE_LUA`](super::ACQUIRE_LUA)), removes the token's place, and with the last live one gone deletes the set
 /// and hands the lock to the oldest live waiter if any. A waiter for the whole lock that leaves
 /// the queue of a shared or free key publishes, so whoever it held off may enter. `pcall` so a key of another type reads as "not ours" instead
-/// of an error. Returns 1 when the lock was deleted, 2 when it was handed over, 0 when
+/// of an error. A value that is the bare token (nobody waited for it: see `WAITED` in
+/// `prelude.lua`) is deleted with no look at the queue and no message. Returns 1 when the lock was deleted, 2 when it was handed over, 0 when
 /// it was not ours.
 ///
 /// It publishes on the lock's channel: `<released>` when the lock is now free, and
@@ -36,7 +37,17 @@ pub(crate) fn call(key: &LockKey, token: &str, queued: bool, publish: &str) -> C
         .arg(publish)
 }
 
-/// Whether the reply says the token held the lock (deleted, or handed over).
+/// `DELIFEQ key token` (Valkey 9+), which stands in for the script where nobody waited for the
+/// lock: it deletes the bare token, and refuses (0) a value marked as waited for, which the
+/// script then releases, handing over and waking.
+pub(crate) fn delifeq(key: &LockKey, token: &str) -> redis::Cmd {
+    let mut cmd = redis::cmd("DELIFEQ");
+    cmd.arg(&key.redis_key).arg(token);
+    cmd
+}
+
+/// Whether the reply (the script's, or `DELIFEQ`'s) says the token held the lock (deleted, or
+/// handed over).
 pub(crate) fn released(reply: i64) -> bool {
     reply > 0
 }

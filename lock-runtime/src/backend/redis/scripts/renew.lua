@@ -1,7 +1,7 @@
 local out = {}
 for i, key in ipairs(KEYS) do
   local value = redis.pcall('GET', key)
-  if value == ARGV[2 * i - 1] then
+  if holder_of(value) == ARGV[2 * i - 1] then
     out[i] = redis.call('PEXPIRE', key, ARGV[2 * i])
   elseif value == false then
     out[i] = 0

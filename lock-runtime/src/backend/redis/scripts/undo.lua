@@ -1,5 +1,5 @@
 local owner = redis.pcall('GET', KEYS[1])
-if owner == ARGV[1] then
+if holder_of(owner) == ARGV[1] then
   return redis.call('DEL', KEYS[1])
 end
 if type(owner) == 'table' and redis.call('TYPE', KEYS[1]).ok == 'zset' and shared_tag_of(KEYS[1]) then
