@@ -250,7 +250,12 @@ async fn measure(plan: &Plan, url: &str, port: u16) -> Results {
 }
 
 fn header(plan: &Plan, load_before: &str, load_after: &str, elapsed: Duration) -> String {
-    let redis = std::process::Command::new("redis-server")
+    // The binary the fixture started (`LOCK_TEST_SERVER`, e.g. Valkey), by name and version.
+    let binary = lock_tests::server_binary();
+    let name = std::path::Path::new(&binary)
+        .file_name()
+        .map_or_else(|| binary.clone(), |n| n.to_string_lossy().into_owned());
+    let redis = std::process::Command::new(&binary)
         .arg("--version")
         .output()
         .ok()
@@ -269,7 +274,7 @@ fn header(plan: &Plan, load_before: &str, load_after: &str, elapsed: Duration) -
     format!(
         "# lock-bench results\n\n\
          `cargo run --release -p lock-bench`{quick} — {date}, {elapsed:.0} s. \
-         {cpus} × {model}, {kernel}, redis-server {redis} (own process, loopback, no persistence). \
+         {cpus} × {model}, {kernel}, {name} {redis} (own process, loopback, no persistence). \
          Load average (1/5/15 min) before: {load_before}; after: {load_after}.\n",
         quick = if plan.quick { " -- --quick" } else { "" },
         elapsed = elapsed.as_secs_f64(),

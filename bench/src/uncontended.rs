@@ -21,14 +21,14 @@ pub struct Uncontended {
 }
 
 /// `SET NX PX` and the release script on a plain connection.
-async fn raw_cycle(con: &mut Pinger, script: &redis::Script) -> std::time::Duration {
+async fn raw_cycle(con: &mut Pinger, release: &Release) -> std::time::Duration {
     let Pinger::Multiplexed(con) = con else {
         unreachable!("lock-runtime uses a MultiplexedConnection")
     };
     let started = std::time::Instant::now();
     let set: Option<String> = redis::cmd("SET")
         .arg("lock:cycle:raw")
-        .arg("bench-token")
+        .arg(RAW_TOKEN)
         .arg("NX")
         .arg("PX")
         .arg(30_000)
@@ -36,15 +36,34 @@ async fn raw_cycle(con: &mut Pinger, script: &redis::Script) -> std::time::Durat
         .await
         .expect("SET");
     assert!(set.is_some(), "the raw key is free");
-    let released: i64 = script
-        .key("lock:cycle:raw")
-        .arg("bench-token")
-        .arg("PUBLISH")
-        .invoke_async(con)
-        .await
-        .expect("release script");
+    let released: i64 = match release {
+        Release::DelIfEq => redis::cmd("DELIFEQ")
+            .arg("lock:cycle:raw")
+            .arg(RAW_TOKEN)
+            .query_async(con)
+            .await
+            .expect("DELIFEQ"),
+        Release::Script(script) => script
+            .key("lock:cycle:raw")
+            .arg(RAW_TOKEN)
+            .arg("PUBLISH")
+            .invoke_async(con)
+            .await
+            .expect("release script"),
+    };
     assert_eq!(released, 1);
     started.elapsed()
+}
+
+/// A token shaped as lock-runtime's (`host:pid:` and 32 hex digits): its release, like the
+/// library's, is the plain one for a lock nobody waited for.
+const RAW_TOKEN: &str = "bench:1:0123456789abcdef0123456789abcdef";
+
+/// How lock-runtime releases a lock nobody waited for on this server.
+enum Release {
+    /// Valkey 9+.
+    DelIfEq,
+    Script(redis::Script),
 }
 
 pub async fn measure(url: &str, iterations: usize) -> Uncontended {
@@ -54,8 +73,23 @@ pub async fn measure(url: &str, iterations: usize) -> Uncontended {
         clients.push(Client::connect(lib, url).await);
         pingers.push(Pinger::connect(lib, url).await);
     }
-    let script = redis::Script::new(RELEASE_LUA);
     let mut raw_con = Pinger::connect(Lib::Runtime, url).await;
+    let release = {
+        let Pinger::Multiplexed(con) = &mut raw_con else {
+            unreachable!("lock-runtime uses a MultiplexedConnection")
+        };
+        let info: Vec<redis::Value> = redis::cmd("COMMAND")
+            .arg("INFO")
+            .arg("DELIFEQ")
+            .query_async(con)
+            .await
+            .expect("COMMAND INFO");
+        if matches!(info.as_slice(), [] | [redis::Value::Nil]) {
+            Release::Script(redis::Script::new(RELEASE_LUA))
+        } else {
+            Release::DelIfEq
+        }
+    };
     let mut raw = Vec::with_capacity(iterations);
     let keys: Vec<String> = Lib::ALL
         .iter()
@@ -68,7 +102,7 @@ pub async fn measure(url: &str, iterations: usize) -> Uncontended {
             pingers[i].ping().await;
             clients[i].cycle(&keys[i]).await.expect("warm-up cycle");
         }
-        raw_cycle(&mut raw_con, &script).await;
+        raw_cycle(&mut raw_con, &release).await;
     }
     let mut rtt = PerLib::<Vec<_>>::default();
     let mut cycle = PerLib::<Vec<_>>::default();
@@ -82,7 +116,7 @@ pub async fn measure(url: &str, iterations: usize) -> Uncontended {
             clients[i].cycle(&keys[i]).await.expect("uncontended cycle");
             cycle.get_mut(lib).push(started.elapsed());
             if lib == Lib::Runtime {
-                raw.push(raw_cycle(&mut raw_con, &script).await);
+                raw.push(raw_cycle(&mut raw_con, &release).await);
             }
         }
     }
@@ -96,7 +130,7 @@ pub async fn measure(url: &str, iterations: usize) -> Uncontended {
         .expect("CONFIG RESETSTAT");
     for _ in 0..1000 {
         raw_con.ping().await;
-        raw_cycle(&mut raw_con, &script).await;
+        raw_cycle(&mut raw_con, &release).await;
     }
     let server_usec = ["ping", "set", "evalsha"].map(|c| server_median_usec(&mut stats, c));
     Uncontended {
