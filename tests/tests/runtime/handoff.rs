@@ -3,12 +3,12 @@
 
 use std::time::Duration;
 
-use lock_runtime::{LockError, LockGuard, Registry};
+use lock_runtime::Registry;
 use lock_tests::proxy::Proxy;
 use lock_tests::RedisServer;
 use redis::AsyncCommands;
 
-use super::support::{eventually, patient_registry, raw, registry};
+use super::support::{eventually, patient_registry, raw, registry, spawn_waiter};
 
 const LIMIT: Duration = Duration::from_secs(10);
 
@@ -25,20 +25,6 @@ async fn until_queued(url: &str, key: &str, n: usize) {
         async move { queued(&mut con, key).await == n }
     })
     .await;
-}
-
-/// A task that waits up to a minute for `key` through `registry`.
-fn spawn_waiter(
-    registry: Registry,
-    key: &'static str,
-) -> tokio::task::JoinHandle<Result<LockGuard, LockError>> {
-    tokio::spawn(async move {
-        registry
-            .lock(key)
-            .wait(Duration::from_secs(60))
-            .acquire()
-            .await
-    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

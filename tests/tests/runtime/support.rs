@@ -1,6 +1,6 @@
 use std::time::Duration;
 
-use lock_runtime::{MemoryStore, Registry};
+use lock_runtime::{LockError, LockGuard, MemoryStore, Registry};
 use lock_tests::{with_timeouts, RedisServer};
 
 /// A registry on `server` with timeouts short enough for fault tests.
@@ -31,3 +31,17 @@ where
 }
 
 pub use lock_tests::{assert_lost, eventually, raw, spawn_hung_body};
+
+/// A task that waits up to a minute for `key` through `registry`.
+pub fn spawn_waiter(
+    registry: Registry,
+    key: &'static str,
+) -> tokio::task::JoinHandle<Result<LockGuard, LockError>> {
+    tokio::spawn(async move {
+        registry
+            .lock(key)
+            .wait(Duration::from_secs(60))
+            .acquire()
+            .await
+    })
+}

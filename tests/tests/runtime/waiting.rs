@@ -4,7 +4,7 @@ use lock_runtime::LockError;
 use lock_tests::{command_calls, RedisServer};
 use redis::AsyncCommands;
 
-use super::support::{raw, registry};
+use super::support::{raw, registry, spawn_waiter};
 
 /// Waits until the server reports `n` subscribers on `channel`: the waiter is now parked.
 async fn until_subscribed(server: &RedisServer, channel: &str, n: i64) {
@@ -311,13 +311,7 @@ async fn a_lock_someone_waits_for_is_marked_renewed_by_its_owner_and_handed_over
         .await
         .unwrap();
     let token = held.token().to_owned();
-    let waiter = tokio::spawn(async move {
-        waiter_reg
-            .lock("marked")
-            .wait(Duration::from_secs(30))
-            .acquire()
-            .await
-    });
+    let waiter = spawn_waiter(waiter_reg, "marked");
     until_subscribed(&server, "lock:marked", 1).await;
     let mut con = raw(&server.url()).await;
     let value: Option<String> = con.get("lock:marked").await.unwrap();
@@ -360,13 +354,7 @@ async fn a_waiter_leaves_another_clients_lock_value_as_it_wrote_it() {
         .query_async(&mut con)
         .await
         .unwrap();
-    let waiter = tokio::spawn(async move {
-        registry
-            .lock("foreign")
-            .wait(Duration::from_secs(30))
-            .acquire()
-            .await
-    });
+    let waiter = spawn_waiter(registry, "foreign");
     until_subscribed(&server, "lock:foreign", 1).await;
     let value: Option<String> = con.get("lock:foreign").await.unwrap();
     assert_eq!(

@@ -50,15 +50,7 @@ impl Native {
                     self.state.store(ON, Ordering::Relaxed);
                 }
             }
-            Err(e) if refuses(e.kind()) => {
-                if self.state() != OFF {
-                    tracing::debug!(
-                        error = %e,
-                        "this server does not take {command}: the script stands in for it"
-                    );
-                }
-                self.state.store(OFF, Ordering::Relaxed);
-            }
+            Err(e) if refuses(e.kind()) => self.turn_off(command, e),
             Err(_) => {}
         }
     }
@@ -71,15 +63,21 @@ impl Native {
             redis::ErrorKind::Extension => true,
             redis::ErrorKind::Server(kind) => {
                 if refuses(Some(kind)) {
-                    self.state.store(OFF, Ordering::Relaxed);
-                    tracing::debug!(
-                        error = %e,
-                        "this server does not take {command}: the script stands in for it"
-                    );
+                    self.turn_off(command, e);
                 }
                 true
             }
             _ => false,
+        }
+    }
+
+    /// The server refused `command` (`error`): the script stands in for it from now on.
+    fn turn_off(&self, command: &str, error: &dyn std::fmt::Display) {
+        if self.state.swap(OFF, Ordering::Relaxed) != OFF {
+            tracing::debug!(
+                %error,
+                "this server does not take {command}: the script stands in for it"
+            );
         }
     }
 }
