@@ -1,43 +1,18 @@
 //! Group commit: a process's concurrent acquisitions and releases to one server go out together,
 //! one write per round trip.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_runtime::{LockError, Registry};
+use lock_runtime::LockError;
 use lock_tests::RedisServer;
 
 use super::support::{raw, registry};
 
 const TASKS: usize = 64;
 const CYCLES: usize = 10;
-
-/// `TASKS` tasks of one registry, each taking and releasing a lock `CYCLES` times; `key(task)`
-/// names each task's lock. Returns how many cycles ran.
-async fn cycle_together(registry: &Registry, key: fn(usize) -> String) -> usize {
-    let start = Arc::new(tokio::sync::Barrier::new(TASKS));
-    let tasks: Vec<_> = (0..TASKS)
-        .map(|task| {
-            let (registry, start) = (registry.clone(), start.clone());
-            tokio::spawn(async move {
-                start.wait().await;
-                for _ in 0..CYCLES {
-                    registry
-                        .lock(key(task))
-                        .wait(Duration::from_secs(30))
-                        .run(async { Ok::<_, LockError>(()) })
-                        .await
-                        .expect("every cycle gets its lock");
-                }
-            })
-        })
-        .collect();
-    for task in tasks {
-        task.await.unwrap();
-    }
-    TASKS * CYCLES
-}
 
 /// A number `INFO <section>` reports, e.g. `total_reads_processed` (one per batch of commands
 /// the server read from a connection at once) or `blocked_clients` (connections `CLIENT PAUSE`
@@ -53,28 +28,106 @@ fn info(con: &mut redis::Connection, section: &str, field: &str) -> u64 {
         .unwrap_or_else(|| panic!("{field} in INFO {section}"))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrent_acquisitions_and_releases_share_round_trips() {
-    let server = RedisServer::start();
-    let registry = registry(&server);
-    // Connected, scripts loaded.
-    registry
-        .lock("warm-up")
-        .run(async { Ok::<_, LockError>(()) })
-        .await
-        .unwrap();
-    let mut con = server.connection();
-    let before = info(&mut con, "stats", "total_reads_processed");
-    let cycles = cycle_together(&registry, |task| format!("distinct:{task}")).await;
-    let after = info(&mut con, "stats", "total_reads_processed");
-    // Sent one by one, the client's writes carry a few commands each (what its connection
-    // happened to have queued: about 200 reads for these 640 cycles). Coalesced, every
-    // operation that arrives while two writes are out goes with the next: 55 to 80 reads.
-    let reads = after - before;
-    assert!(
-        reads * 5 <= u64::try_from(cycles).unwrap(),
-        "{cycles} lock cycles of {TASKS} concurrent tasks took {reads} reads on the server"
+/// Bytes the server has read from its other clients and not yet run: commands that reached it
+/// while `CLIENT PAUSE` holds their connection back.
+fn unrun_bytes(con: &mut redis::Connection) -> u64 {
+    let me: u64 = redis::cmd("CLIENT").arg("ID").query(con).unwrap();
+    let clients: String = redis::cmd("CLIENT").arg("LIST").query(con).unwrap();
+    clients
+        .lines()
+        .filter(|client| !client.starts_with(&format!("id={me} ")))
+        .filter_map(|client| {
+            let field = client.split(' ').find_map(|f| f.strip_prefix("qbuf="))?;
+            field.parse::<u64>().ok()
+        })
+        .sum()
+}
+
+fn client(con: &mut redis::Connection, args: &[&str]) {
+    let () = redis::cmd("CLIENT").arg(args).query(con).unwrap();
+}
+
+/// Starts `TASKS` operations with `start` while the server holds writes back, in three steps
+/// that the group commit tells apart: the first goes out alone, the second in a batch of its
+/// own beside it, and the rest, arriving while those two are out, wait in the process. Checks
+/// that they do wait (nothing more reaches the server), and that they go out in one write
+/// once the server answers. Returns the operations' outputs.
+async fn pile_up<T, F>(con: &mut redis::Connection, mut start: impl FnMut(usize) -> F) -> Vec<T>
+where
+    T: Send + 'static,
+    F: Future<Output = T> + Send + 'static,
+{
+    let wait = Duration::from_secs(10);
+    client(con, &["PAUSE", "30000", "WRITE"]);
+    let mut tasks = vec![tokio::spawn(start(0))];
+    super::support::eventually(wait, "the first operation held by the pause", || {
+        let held = info(con, "clients", "blocked_clients") == 1;
+        async move { held }
+    })
+    .await;
+    tasks.push(tokio::spawn(start(1)));
+    let mut sent = 0;
+    super::support::eventually(wait, "the second operation on the server", || {
+        sent = unrun_bytes(con);
+        async move { sent > 0 }
+    })
+    .await;
+    // On this single-threaded runtime a spawned task runs, when the test yields, until its
+    // operation waits for a reply: queued in the process, or sent.
+    let started = Arc::new(AtomicU64::new(2));
+    for i in 2..TASKS {
+        let (operation, started) = (start(i), started.clone());
+        tasks.push(tokio::spawn(async move {
+            started.fetch_add(1, Ordering::SeqCst);
+            operation.await
+        }));
+    }
+    let all = u64::try_from(TASKS).unwrap();
+    super::support::eventually(wait, "every operation started", || {
+        let n = started.load(Ordering::SeqCst);
+        async move { n == all }
+    })
+    .await;
+    assert_eq!(
+        unrun_bytes(con),
+        sent,
+        "operations that arrived while two writes were out went to the server"
     );
+    let before = info(con, "stats", "total_reads_processed");
+    client(con, &["UNPAUSE"]);
+    let mut outputs = Vec::new();
+    for task in tasks {
+        outputs.push(task.await.unwrap());
+    }
+    // Less this connection's `UNPAUSE` and `INFO`.
+    let reads = info(con, "stats", "total_reads_processed") - before - 2;
+    assert_eq!(
+        reads,
+        1,
+        "{} operations queued behind two writes went out in {reads} writes",
+        TASKS - 2
+    );
+    outputs
+}
+
+/// The group commit, step by step: concurrent acquisitions, then concurrent releases, go out
+/// one write per round trip. Under load, that is what cuts the server's reads (and the client's
+/// writes) to a fraction of the operations; the benchmark measures it.
+#[tokio::test]
+async fn operations_that_arrive_while_two_writes_are_out_go_in_one_write() {
+    let server = RedisServer::start();
+    let registry = super::support::patient_registry(&server.url());
+    lock_tests::warm_up(&registry).await;
+    let mut con = server.connection();
+    let guards = pile_up(&mut con, |i| registry.lock(format!("piled:{i}")).acquire()).await;
+    let mut guards: Vec<_> = guards
+        .into_iter()
+        .map(|guard| Some(guard.expect("a free lock is taken")))
+        .collect();
+    let released = pile_up(&mut con, |i| guards[i].take().unwrap().release()).await;
+    for outcome in released {
+        outcome.expect("a held lock is released");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
