@@ -17,6 +17,12 @@
 //!   own found the lock taken); any other message wakes a waiter too. A peer that deletes with its own script is
 //!   still safe; our waiters then notice the release when the holder's lease would have ended,
 //!   and the oldest of them takes the lock.
+//! - A waiter of ours marks the lock it waits for, if the holder's token is of our form
+//!   (`<host>:<pid>:` and 32 hex digits): the value becomes `<token>+w`, its expiry kept. A
+//!   release that finds the bare token knows nobody waited and only deletes it, with no message:
+//!   `DELIFEQ` where the server has it, else [`RELEASE_LUA`]'s first lines (`ARGV[3]` = `1`), or
+//!   [`RELEASE_BARE_LUA`] for many locks in one call. Another client's value is never marked,
+//!   and its release through [`RELEASE_LUA`] always hands over or notifies.
 //! - Readers of a read-write lock, and a semaphore of N permits, are a sorted set under
 //!   `<prefix><key>` instead: each holder's token scored by its deadline (server clock, ms) and
 //!   one member scored `+inf` naming the kind, `#read` or `#permits=N`. [`ACQUIRE_LUA`] with
@@ -39,5 +45,6 @@
 //! ```
 
 pub use crate::backend::redis::scripts::{
-    ACQUIRE_ALL_LUA, ACQUIRE_LUA, FORCE_UNLOCK_LUA, INSPECT_LUA, RELEASE_LUA, RENEW_LUA, UNDO_LUA,
+    ACQUIRE_ALL_LUA, ACQUIRE_LUA, FORCE_UNLOCK_LUA, INSPECT_LUA, RELEASE_BARE_LUA, RELEASE_LUA,
+    RENEW_LUA, UNDO_LUA,
 };

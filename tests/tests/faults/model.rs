@@ -170,9 +170,12 @@ impl Builder<'_> {
         if known {
             return None;
         }
-        // The renew script takes a (token, ttl) pair per key; the release script one token.
+        // The renew script takes a (token, ttl) pair per key, the bare release a token per key;
+        // the release script one token.
         let token = if argv.len() == 2 * numkeys {
             argv.get(2 * at)?
+        } else if argv.len() == numkeys {
+            argv.get(at)?
         } else {
             argv.first()?
         };

@@ -43,6 +43,14 @@ fn unrun_bytes(con: &mut redis::Connection) -> u64 {
         .sum()
 }
 
+/// How many scripts the server ran by their digest.
+fn script_calls(con: &mut redis::Connection) -> u64 {
+    lock_tests::command_calls(con)
+        .get("evalsha")
+        .copied()
+        .unwrap_or(0)
+}
+
 fn client(con: &mut redis::Connection, args: &[&str]) {
     let () = redis::cmd("CLIENT").arg(args).query(con).unwrap();
 }
@@ -50,9 +58,14 @@ fn client(con: &mut redis::Connection, args: &[&str]) {
 /// Starts `TASKS` operations with `start` while the server holds writes back, in three steps
 /// that the group commit tells apart: the first goes out alone, the second in a batch of its
 /// own beside it, and the rest, arriving while those two are out, wait in the process. Checks
-/// that they do wait (nothing more reaches the server), and that they go out in one write
-/// once the server answers. Returns the operations' outputs.
-async fn pile_up<T, F>(con: &mut redis::Connection, mut start: impl FnMut(usize) -> F) -> Vec<T>
+/// that they do wait (nothing more reaches the server), and, unless other clients are at work
+/// (`alone` false), that they go out in one write once the server answers. Returns the
+/// operations' outputs.
+async fn pile_up<T, F>(
+    con: &mut redis::Connection,
+    alone: bool,
+    mut start: impl FnMut(usize) -> F,
+) -> Vec<T>
 where
     T: Send + 'static,
     F: Future<Output = T> + Send + 'static,
@@ -101,6 +114,9 @@ where
     }
     // Less this connection's `UNPAUSE` and `INFO`.
     let reads = info(con, "stats", "total_reads_processed") - before - 2;
+    if !alone {
+        return outputs;
+    }
     assert_eq!(
         reads,
         1,
@@ -119,14 +135,97 @@ async fn operations_that_arrive_while_two_writes_are_out_go_in_one_write() {
     let registry = super::support::patient_registry(&server.url());
     lock_tests::warm_up(&registry).await;
     let mut con = server.connection();
-    let guards = pile_up(&mut con, |i| registry.lock(format!("piled:{i}")).acquire()).await;
+    let guards = pile_up(&mut con, true, |i| {
+        registry.lock(format!("piled:{i}")).acquire()
+    })
+    .await;
     let mut guards: Vec<_> = guards
         .into_iter()
         .map(|guard| Some(guard.expect("a free lock is taken")))
         .collect();
-    let released = pile_up(&mut con, |i| guards[i].take().unwrap().release()).await;
+    let scripts = script_calls(&mut con);
+    let released = pile_up(&mut con, true, |i| guards[i].take().unwrap().release()).await;
     for outcome in released {
         outcome.expect("a held lock is released");
+    }
+    // Nobody waited for these locks: on a server without `DELIFEQ`, the releases queued up
+    // together are one script call (the one sent alone and the one batched beside it, one
+    // each).
+    if !lock_tests::has_command(&mut con, "delifeq") {
+        assert_eq!(
+            script_calls(&mut con) - scripts,
+            3,
+            "script calls for {TASKS} releases"
+        );
+    }
+}
+
+/// Releases in one batch, half of them of locks another process waits for: those are handed
+/// over (their waiters' `wait` is shorter than the holders' ttl), the others deleted.
+#[tokio::test]
+async fn a_batch_of_releases_hands_over_the_locks_that_were_waited_for() {
+    let server = RedisServer::start();
+    let (holder, other) = (
+        super::support::patient_registry(&server.url()),
+        super::support::patient_registry(&server.url()),
+    );
+    lock_tests::warm_up(&holder).await;
+    let mut con = server.connection();
+    let key = |i: usize| format!("mixed:{i}");
+    let mut guards = Vec::new();
+    for i in 0..TASKS {
+        let guard = holder
+            .lock(key(i))
+            .ttl(Duration::from_secs(60))
+            .acquire()
+            .await
+            .unwrap();
+        guards.push(Some(guard));
+    }
+    let scripts = script_calls(&mut con);
+    let waiters: Vec<_> = (0..TASKS)
+        .step_by(2)
+        .map(|i| {
+            let request = other.lock(key(i)).wait(Duration::from_secs(20));
+            tokio::spawn(request.acquire())
+        })
+        .collect();
+    // Each waiter tries (and marks the lock), subscribes and tries again before it parks: the
+    // acquire script once each time.
+    let parked = u64::try_from(TASKS).unwrap();
+    super::support::eventually(Duration::from_secs(20), "every waiter parked", || {
+        let done = script_calls(&mut con) - scripts >= parked;
+        async move { done }
+    })
+    .await;
+    for i in (0..TASKS).step_by(2) {
+        let value: Option<String> = redis::cmd("GET")
+            .arg(format!("lock:{}", key(i)))
+            .query(&mut con)
+            .unwrap();
+        assert!(
+            value.is_some_and(|v| v.ends_with("+w")),
+            "{} marked",
+            key(i)
+        );
+    }
+    let released = pile_up(&mut con, false, |i| guards[i].take().unwrap().release()).await;
+    for outcome in released {
+        outcome.expect("a held lock is released");
+    }
+    for waiter in waiters {
+        let guard = waiter
+            .await
+            .unwrap()
+            .expect("a waited-for lock is handed over");
+        guard.release().await.unwrap();
+    }
+    for i in (1..TASKS).step_by(2) {
+        let value: Option<String> = redis::cmd("GET")
+            .arg(format!("lock:{}", key(i)))
+            .query(&mut con)
+            .unwrap();
+        assert_eq!(value, None, "{} released", key(i));
     }
 }
 

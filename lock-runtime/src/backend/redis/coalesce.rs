@@ -4,11 +4,12 @@
 //! An operation that finds nothing in flight goes out at once, alone, so a single task pays
 //! nothing for the batching. Operations that arrive while one is in flight queue up and go out
 //! together as one pipeline: at once while fewer than [`DEPTH`] are in flight, else when one
-//! returns, and so on while any are queued. Each keeps its
-//! own commands (a plain `SET NX PX` or `DELIFEQ` first where the lone path sends one, the
-//! acquire and release scripts), so what Redis runs, and the wire protocol, are those of one operation at a
-//! time: under load the client writes and reads once per round trip, and Redis reads, and
-//! answers, a whole batch per system call.
+//! returns, and so on while any are queued. Each keeps its own commands (a plain `SET NX PX` or
+//! `DELIFEQ` first where the lone path sends one, the acquire and release scripts), except the
+//! releases of bare tokens on a server without `DELIFEQ`: those of a batch go as one call of
+//! [`RELEASE_BARE_LUA`](super::scripts::RELEASE_BARE_LUA), whose Lua costs the server once per
+//! batch instead of once per release. Under load the client writes and reads once per round
+//! trip, and Redis reads, and answers, a whole batch per system call.
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
@@ -29,12 +30,49 @@ const MOST: usize = 256;
 /// and whatever arrives while both are out goes with the next.
 const DEPTH: usize = 2;
 
-/// One operation: its command, and for one that tries a native command first (an
-/// acquisition's plain `SET NX PX`, a release's `DELIFEQ`), the script to send next if it is
-/// refused (nil, or 0), as the lone path does.
+/// One operation: its command, and for one that tries something cheaper first (an
+/// acquisition's plain `SET NX PX`, a release's `DELIFEQ` or bare release), the script to send
+/// next if it is refused (nil, or 0), as the lone path does.
 pub(crate) struct Op {
-    pub(crate) command: Cmd,
-    pub(crate) if_refused: Option<Cmd>,
+    command: Command,
+    if_refused: Option<Cmd>,
+}
+
+enum Command {
+    /// Sent as it is.
+    One(Cmd),
+    /// The release of a bare token (lock key, token), sent with the batch's others in one call.
+    Bare { key: String, token: String },
+}
+
+impl Op {
+    /// `command`, and nothing after it.
+    pub(crate) fn one(command: Cmd) -> Self {
+        Self {
+            command: Command::One(command),
+            if_refused: None,
+        }
+    }
+
+    /// `command`, then `script` if it was refused.
+    pub(crate) fn first(command: Cmd, script: Cmd) -> Self {
+        Self {
+            command: Command::One(command),
+            if_refused: Some(script),
+        }
+    }
+
+    /// The release of `token` (one that waiters mark) on `key` if its value is the bare token,
+    /// else `script`.
+    pub(crate) fn bare_release(key: &str, token: &str, script: Cmd) -> Self {
+        Self {
+            command: Command::Bare {
+                key: key.to_owned(),
+                token: token.to_owned(),
+            },
+            if_refused: Some(script),
+        }
+    }
 }
 
 /// What the operation's last command replied (an error in it included): `Okay` for a plain
@@ -157,20 +195,16 @@ impl Busy {
             for ((op, tx), reply) in batch.into_iter().zip(replies) {
                 match (reply, op.if_refused) {
                     (Ok(Value::Nil | Value::Int(0)), Some(_)) if tx.is_closed() => {}
-                    (Ok(Value::Nil | Value::Int(0)), Some(script)) => again.push((
-                        Op {
-                            command: script,
-                            if_refused: None,
-                        },
-                        tx,
-                    )),
+                    (Ok(Value::Nil | Value::Int(0)), Some(script)) => {
+                        again.push((Op::one(script), tx));
+                    }
                     (reply, _) => drop(tx.send(reply)),
                 }
             }
             if !again.is_empty() {
                 // Refused plain `SET`s ask the script who holds the lock, and refused
-                // `DELIFEQ`s let it release, ahead of later operations, as the lone path
-                // would right away.
+                // `DELIFEQ`s and bare releases let it release, ahead of later operations, as
+                // the lone path would right away.
                 let mut state = inner.state();
                 again.append(&mut state.queued);
                 state.queued = again;
@@ -203,31 +237,75 @@ impl Inner {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// One pipeline of the batch's commands: one reply each.
+    /// One pipeline of the batch's commands: one reply per operation.
     async fn send(&self, batch: &[Queued]) -> Vec<Reply> {
-        let failed = |e: &redis::RedisError| batch.iter().map(|_| Err(e.clone())).collect();
+        let bare: Vec<usize> = (0..batch.len())
+            .filter(|&i| matches!(batch[i].0.command, Command::Bare { .. }))
+            .collect();
+        // What goes on the wire, each command with the operation it answers (`None`: the
+        // bare releases, in one call where the first of them was).
+        let mut commands = Vec::new();
+        for (i, (op, _)) in batch.iter().enumerate() {
+            match &op.command {
+                Command::One(cmd) => commands.push((cmd.clone(), Some(i))),
+                Command::Bare { .. } if bare.first() == Some(&i) => {
+                    let locks = bare.iter().map(|&b| match &batch[b].0.command {
+                        Command::Bare { key, token } => (key.as_str(), token.as_str()),
+                        Command::One(_) => unreachable!("bare lists bare releases only"),
+                    });
+                    commands.push((scripts::release::bare(locks), None));
+                }
+                Command::Bare { .. } => {}
+            }
+        }
+        let replies = self.pipeline(&commands).await;
+        let mut out: Vec<Reply> = batch.iter().map(|_| Ok(Value::Nil)).collect();
+        for ((_, op), reply) in commands.iter().zip(replies) {
+            if let Some(i) = op {
+                out[*i] = reply;
+                continue;
+            }
+            match reply.and_then(|v| scripts::release::bare_replies(v, bare.len())) {
+                Ok(released) => {
+                    for (&i, released) in bare.iter().zip(released) {
+                        out[i] = Ok(Value::Int(released));
+                    }
+                }
+                Err(e) => {
+                    for &i in &bare {
+                        out[i] = Err(e.clone());
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// `commands` in one pipeline: one reply each.
+    async fn pipeline(&self, commands: &[(Cmd, Option<usize>)]) -> Vec<Reply> {
+        let failed = |e: &redis::RedisError| commands.iter().map(|_| Err(e.clone())).collect();
         let mut con = match self.connection.get("batch", None).await {
             Ok(con) => con,
             Err(e) => return failed(&super::errors::redis_error(&e)),
         };
         let mut pipe = redis::pipe();
-        for (op, _) in batch {
-            pipe.add_command(op.command.clone());
+        for (cmd, _) in commands {
+            pipe.add_command(cmd.clone());
         }
-        let mut replies = match con.req_packed_commands(&pipe, 0, batch.len()).await {
-            Ok(replies) if replies.len() == batch.len() => replies,
+        let mut replies = match con.req_packed_commands(&pipe, 0, commands.len()).await {
+            Ok(replies) if replies.len() == commands.len() => replies,
             Ok(other) => {
                 let e = (
                     redis::ErrorKind::Parse,
                     "a batch's replies do not match its commands",
-                    format!("{} replies to {} commands", other.len(), batch.len()),
+                    format!("{} replies to {} commands", other.len(), commands.len()),
                 )
                     .into();
                 return failed(&e);
             }
             Err(e) => return failed(&e),
         };
-        let missing: Vec<usize> = (0..batch.len())
+        let missing: Vec<usize> = (0..commands.len())
             .filter(|&i| scripts::is_noscript(&replies[i]))
             .collect();
         let resent = if missing.is_empty() {
@@ -237,7 +315,7 @@ impl Inner {
             // only what did not run.
             let mut again = redis::pipe();
             for &i in &missing {
-                again.add_command(batch[i].0.command.clone());
+                again.add_command(commands[i].0.clone());
             }
             match scripts::load_all(&mut con).await {
                 Ok(()) => con.req_packed_commands(&again, 0, missing.len()).await,

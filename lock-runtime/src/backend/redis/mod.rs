@@ -190,46 +190,40 @@ impl RedisBackend {
     fn acquire_op(&self, attempt: &Acquire<'_>) -> Op {
         let script = scripts::acquire::call(attempt, self.hands_over, self.publish_command()).cmd();
         if attempt.plain_set_first() {
-            Op {
-                command: scripts::acquire::plain_set(attempt),
-                if_refused: Some(script),
-            }
+            Op::first(scripts::acquire::plain_set(attempt), script)
         } else {
-            Op {
-                command: script,
-                if_refused: None,
-            }
+            Op::one(script)
         }
     }
 
     /// A release's command for a batch (never in a cluster): `DELIFEQ` first where
-    /// [`Self::native_release`] says so, and the release script with the keys
+    /// [`Self::native_release`] says so, else a bare release (one call for the batch's) where
+    /// the lock may be bare, and the release script with the keys
     /// [`Self::release_script`] names.
     fn release_op(&self, key: &LockKey, token: &str, share: Share) -> Op {
         let script =
             scripts::release::call(key, token, self.hands_over, self.publish_command()).cmd();
         if self.native_release(share, token) {
-            Op {
-                command: scripts::release::delifeq(key, token),
-                if_refused: Some(script),
-            }
+            Op::first(scripts::release::delifeq(key, token), script)
+        } else if self.may_be_bare(share, token) {
+            Op::bare_release(&key.redis_key, token, script)
         } else {
-            Op {
-                command: script,
-                if_refused: None,
-            }
+            Op::one(script)
         }
     }
 
-    /// Whether a release starts with `DELIFEQ`: a lock held alone with one of our tokens (which
-    /// waiters mark; an operator's `force_unlock_owned_by` may name another client's), on a
-    /// server that may take it. It deletes a lock nobody waited for (its value is the bare token); anything else
-    /// (marked as waited for, gone, someone else's) is refused, and the script answers.
+    /// Whether a release starts with `DELIFEQ`: a lock that [may be bare](Self::may_be_bare),
+    /// on a server that may take it. It deletes a lock nobody waited for (its value is the bare
+    /// token); anything else (marked as waited for, gone, someone else's) is refused, and the
+    /// script answers.
     fn native_release(&self, share: Share, token: &str) -> bool {
-        share == Share::Exclusive
-            && self.confirm.is_none()
-            && scripts::marked_when_waited(token)
-            && self.delifeq.worth_trying()
+        self.may_be_bare(share, token) && self.delifeq.worth_trying()
+    }
+
+    /// Whether the lock may hold the bare token: held alone with one of our tokens, which
+    /// waiters mark (an operator's `force_unlock_owned_by` may name another client's).
+    fn may_be_bare(&self, share: Share, token: &str) -> bool {
+        share == Share::Exclusive && self.confirm.is_none() && scripts::marked_when_waited(token)
     }
 
     /// The release script on `con`, as [`Self::acquire_script`] names keys.

@@ -1,9 +1,3 @@
-local value = redis.pcall('GET', KEYS[1])
-if value == ARGV[1] and ours(value) then
-  -- The bare token: nobody waited for this tenure (see prelude.lua).
-  redis.call('DEL', KEYS[1])
-  return 1
-end
 local owner = holder_of(value)
 local shared = type(owner) == 'table' and redis.call('TYPE', KEYS[1]).ok == 'zset' and shared_tag_of(KEYS[1])
 if shared or owner ~= ARGV[1] then

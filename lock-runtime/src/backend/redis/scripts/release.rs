@@ -3,15 +3,17 @@
 use super::call::{lock_keys, Call, Script};
 use crate::key::LockKey;
 
-/// `KEYS` as for [`ACQUIRE_LUA`](super::ACQUIRE_LUA); `ARGV[1]` token, `ARGV[2]` the publish command. Lets go of
+/// `KEYS` as for [`ACQUIRE_LUA`](super::ACQUIRE_LUA); `ARGV[1]` token, `ARGV[2]` the publish
+/// command, `ARGV[3]` `1` when the token is one that waiters mark (optional). Lets go of
 /// the token: takes it out of the waiters' queue, and if it holds the lock, hands the lock to
 /// the oldest live waiter or deletes it; of readers or a semaphore (a sorted set, see
 /// [`ACQUIRE_LUA`](super::ACQUIRE_LUA)), removes the token's place, and with the last live one gone deletes the set
 /// and hands the lock to the oldest live waiter if any. A waiter for the whole lock that leaves
-/// the queue of a shared or free key publishes, so whoever it held off may enter. `pcall` so a key of another type reads as "not ours" instead
-/// of an error. A value that is the bare token (nobody waited for it: see `WAITED` in
-/// `prelude.lua`) is deleted with no look at the queue and no message. Returns 1 when the lock was deleted, 2 when it was handed over, 0 when
-/// it was not ours.
+/// the queue of a shared or free key publishes, so whoever it held off may enter. `pcall` so a key
+/// of another type reads as "not ours" instead of an error. A value that is the bare token of
+/// a kind waiters mark (nobody waited for it: see `WAITED` in `prelude.lua`) is deleted with no
+/// look at the queue and no message. Returns 1 when the lock was deleted, 2 when it was handed
+/// over, 0 when it was not ours.
 ///
 /// It publishes on the lock's channel: `<released>` when the lock is now free, and
 /// `<released>:<next>:<fence>:<place>` when it went to a waiter, where each name is the SHA-1 of
@@ -22,6 +24,7 @@ use crate::key::LockKey;
 /// lock, and others that it is not free. A release that several Redlock nodes publish wakes one
 /// waiter per process, not one per node.
 pub const RELEASE_LUA: &str = concat!(
+    include_str!("release_head.lua"),
     include_str!("prelude.lua"),
     include_str!("queue.lua"),
     include_str!("release.lua")
@@ -29,12 +32,49 @@ pub const RELEASE_LUA: &str = concat!(
 
 static SCRIPT: Script = Script::new(RELEASE_LUA);
 
+/// `KEYS[i]` held by `ARGV[i]`, each a token that waiters mark: deletes each lock whose value is
+/// the bare token, and answers 1 for it, 0 for the others (which [`RELEASE_LUA`] then
+/// releases). One call for the releases of a whole batch (`coalesce.rs`) on a server without
+/// `DELIFEQ`.
+pub const RELEASE_BARE_LUA: &str = include_str!("release_bare.lua");
+
+static BARE: Script = Script::new(RELEASE_BARE_LUA);
+
 /// The script's call letting go of `token` on `key`, naming the waiters' queue when `queued`,
 /// publishing with `publish`.
 pub(crate) fn call(key: &LockKey, token: &str, queued: bool, publish: &str) -> Call {
     Call::new(&SCRIPT, &lock_keys(key, queued, false))
         .arg(token)
         .arg(publish)
+        .arg(if super::marked_when_waited(token) {
+            "1"
+        } else {
+            "0"
+        })
+}
+
+/// One call of [`RELEASE_BARE_LUA`] for `locks` (lock key, token).
+pub(crate) fn bare<'a>(locks: impl Iterator<Item = (&'a str, &'a str)> + Clone) -> redis::Cmd {
+    let keys: Vec<&str> = locks.clone().map(|(key, _)| key).collect();
+    let mut call = Call::new(&BARE, &keys);
+    for (_, token) in locks {
+        call = call.arg(token);
+    }
+    call.cmd()
+}
+
+/// [`RELEASE_BARE_LUA`]'s reply, one answer per lock: 1 deleted, 0 left to the release script.
+pub(crate) fn bare_replies(reply: redis::Value, locks: usize) -> redis::RedisResult<Vec<i64>> {
+    let replies: Vec<i64> = redis::from_redis_value(reply)?;
+    if replies.len() != locks {
+        return Err((
+            redis::ErrorKind::Parse,
+            "the release script answered for another number of locks",
+            format!("{} answers for {locks} locks", replies.len()),
+        )
+            .into());
+    }
+    Ok(replies)
 }
 
 /// `DELIFEQ key token` (Valkey 9+), which stands in for the script where nobody waited for the
