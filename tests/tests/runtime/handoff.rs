@@ -353,3 +353,39 @@ async fn a_lock_handed_to_a_dead_waiter_expires_with_that_waiters_place() {
         "the handed-over key expires in {left} ms, beyond the dead waiter's place"
     );
 }
+
+/// A holder whose own process has a waiter for its lock knows the lock is marked as waited
+/// for: its release is the script that hands the lock over, with no `DELIFEQ` tried first
+/// (which a marked lock refuses, costing the waiter a round trip).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_with_a_waiter_in_its_own_process_is_one_command() {
+    let server = RedisServer::start();
+    let reg = registry(&server);
+    let held = reg.lock("local").acquire().await.unwrap();
+    let mut con = server.connection();
+    let sent = |con: &mut redis::Connection, command: &str| {
+        lock_tests::command_calls(con)
+            .get(command)
+            .copied()
+            .unwrap_or(0)
+    };
+    let scripts = sent(&mut con, "evalsha");
+    let waiter = reg.lock("local").wait(Duration::from_secs(60)).acquire();
+    let waiter = tokio::spawn(waiter);
+    // It tries (and queues up), subscribes, and tries again before it parks.
+    eventually(LIMIT, "the waiter parked", || {
+        let parked = sent(&mut con, "evalsha") - scripts >= 2;
+        async move { parked }
+    })
+    .await;
+    let before = (sent(&mut con, "evalsha"), sent(&mut con, "delifeq"));
+    held.release().await.unwrap();
+    let guard = waiter.await.unwrap().expect("the waiter gets the lock");
+    let after = (sent(&mut con, "evalsha"), sent(&mut con, "delifeq"));
+    assert_eq!(
+        (after.0 - before.0, after.1 - before.1),
+        (1, 0),
+        "(release scripts, DELIFEQs) for one handoff"
+    );
+    guard.release().await.unwrap();
+}

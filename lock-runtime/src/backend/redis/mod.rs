@@ -203,9 +203,9 @@ impl RedisBackend {
     fn release_op(&self, key: &LockKey, token: &str, share: Share) -> Op {
         let script =
             scripts::release::call(key, token, self.hands_over, self.publish_command()).cmd();
-        if self.native_release(share, token) {
+        if self.native_release(key, share, token) {
             Op::first(scripts::release::delifeq(key, token), script)
-        } else if self.may_be_bare(share, token) {
+        } else if self.may_be_bare(key, share, token) {
             Op::bare_release(&key.redis_key, token, script)
         } else {
             Op::one(script)
@@ -216,14 +216,19 @@ impl RedisBackend {
     /// on a server that may take it. It deletes a lock nobody waited for (its value is the bare
     /// token); anything else (marked as waited for, gone, someone else's) is refused, and the
     /// script answers.
-    fn native_release(&self, share: Share, token: &str) -> bool {
-        self.may_be_bare(share, token) && self.delifeq.worth_trying()
+    fn native_release(&self, key: &LockKey, share: Share, token: &str) -> bool {
+        self.may_be_bare(key, share, token) && self.delifeq.worth_trying()
     }
 
     /// Whether the lock may hold the bare token: held alone with one of our tokens, which
-    /// waiters mark (an operator's `force_unlock_owned_by` may name another client's).
-    fn may_be_bare(&self, share: Share, token: &str) -> bool {
-        share == Share::Exclusive && self.confirm.is_none() && scripts::marked_when_waited(token)
+    /// waiters mark (an operator's `force_unlock_owned_by` may name another client's), and no
+    /// waiter of this process follows it (whose attempt would have marked it: the script that
+    /// hands it over is then the one command worth sending).
+    fn may_be_bare(&self, key: &LockKey, share: Share, token: &str) -> bool {
+        share == Share::Exclusive
+            && self.confirm.is_none()
+            && scripts::marked_when_waited(token)
+            && self.hub.interested(key.channel()) == 0
     }
 
     /// The release script on `con`, as [`Self::acquire_script`] names keys.
@@ -306,7 +311,7 @@ impl RedisBackend {
         share: Share,
     ) -> Result<bool, LockError> {
         let mut con = self.con("release", Some(&key.name)).await?;
-        if self.native_release(share, token) {
+        if self.native_release(key, share, token) {
             match scripts::release::delifeq(key, token)
                 .query_async::<i64>(&mut con)
                 .await
@@ -357,7 +362,7 @@ impl RedisBackend {
         let Some(coalescer) = &self.coalescer else {
             return self.release_alone(key, token, share).await;
         };
-        let native = self.native_release(share, token);
+        let native = self.native_release(key, share, token);
         match coalescer.enter(|| self.release_op(key, token, share)) {
             Turn::Alone(_sending) => self.release_alone(key, token, share).await,
             Turn::Queued(reply) => {
