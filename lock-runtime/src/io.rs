@@ -43,7 +43,7 @@ thread_local! {
 }
 
 /// Whether the caller already runs on the I/O runtime (which has a single thread).
-fn on_io_thread() -> bool {
+pub(crate) fn on_io_thread() -> bool {
     ON_IO_THREAD.get()
 }
 

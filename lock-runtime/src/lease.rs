@@ -9,6 +9,7 @@ use tokio::time::Instant;
 use crate::backend::{ttl_ms, Renewal};
 use crate::key::LockKey;
 use crate::metrics::Labels;
+use crate::report;
 use crate::{error::LockError, error::LostReason, options::LockOptions};
 
 #[derive(Clone, Copy, Debug)]
@@ -139,17 +140,14 @@ impl Lease {
                 return false;
             }
             s.lost = Some(reason);
-            // Counted before anyone waiting for the loss is woken.
+            // Counted before anyone waiting for the loss is woken (on the I/O thread, handed
+            // to the reporting thread: the body is stopped without waiting for the recorder).
             self.labels.lost(reason);
             true
         });
         if newly {
-            tracing::warn!(
-                key = %crate::error::shown(&self.key.name),
-                fence = self.fence,
-                %reason,
-                "lock lease lost"
-            );
+            let (key, fence) = (crate::error::shown(&self.key.name).to_string(), self.fence);
+            report::tell(move || tracing::warn!(key, fence, %reason, "lock lease lost"));
         }
         newly
     }

@@ -170,6 +170,7 @@ mod metrics;
 mod options;
 pub mod protocol;
 mod registry;
+mod report;
 mod state;
 mod timeouts;
 mod token;

@@ -9,6 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::LostReason;
+#[cfg(feature = "metrics")]
+use crate::report;
 
 /// The `lock` label of a request without a template.
 #[cfg(feature = "metrics")]
@@ -65,13 +67,17 @@ impl Labels {
     /// A release handed the lock to this request.
     pub(crate) fn handed_over(&self) {
         #[cfg(feature = "metrics")]
-        ::metrics::counter!("distributed_lock_handoffs_total", &self.pairs).increment(1);
+        self.record(|pairs| {
+            ::metrics::counter!("distributed_lock_handoffs_total", pairs).increment(1);
+        });
     }
 
     /// A lease began.
     pub(crate) fn holding(&self) {
         #[cfg(feature = "metrics")]
-        ::metrics::gauge!("distributed_lock_held", &self.pairs).increment(1.0);
+        self.record(|pairs| {
+            ::metrics::gauge!("distributed_lock_held", pairs).increment(1.0);
+        });
     }
 
     /// A request ended without the lock after `waited`.
@@ -89,19 +95,30 @@ impl Labels {
 
     #[cfg(feature = "metrics")]
     fn outcome(&self, outcome: &'static str, waited: Duration) {
-        let [registry, lock] = self.pairs.clone();
-        let labels = [registry, lock, ("outcome", outcome.into())];
-        ::metrics::counter!("distributed_lock_acquisitions_total", &labels).increment(1);
-        ::metrics::histogram!("distributed_lock_wait_seconds", &labels).record(waited);
+        self.record(move |[registry, lock]| {
+            let labels = [registry.clone(), lock.clone(), ("outcome", outcome.into())];
+            ::metrics::counter!("distributed_lock_acquisitions_total", &labels).increment(1);
+            ::metrics::histogram!("distributed_lock_wait_seconds", &labels).record(waited);
+        });
+    }
+
+    /// Records through `record` with these labels, off the I/O thread (see [`report`]).
+    #[cfg(feature = "metrics")]
+    fn record(
+        &self,
+        record: impl FnOnce(&[(&'static str, ::metrics::SharedString); 2]) + Send + 'static,
+    ) {
+        let pairs = self.pairs.clone();
+        report::tell(move || record(&pairs));
     }
 
     /// A lease is no longer held (released, or let go of after its loss), after `held`.
     pub(crate) fn ended(&self, held: Duration) {
         #[cfg(feature = "metrics")]
-        {
-            ::metrics::gauge!("distributed_lock_held", &self.pairs).decrement(1.0);
-            ::metrics::histogram!("distributed_lock_hold_seconds", &self.pairs).record(held);
-        }
+        self.record(move |pairs| {
+            ::metrics::gauge!("distributed_lock_held", pairs).decrement(1.0);
+            ::metrics::histogram!("distributed_lock_hold_seconds", pairs).record(held);
+        });
     }
 
     /// One renewal of a lease.
@@ -113,20 +130,24 @@ impl Labels {
                 RenewalOutcome::Refused => "refused",
                 RenewalOutcome::Failed => "failed",
             };
-            let [registry, lock] = self.pairs.clone();
-            let labels = [registry, lock, ("outcome", outcome.into())];
-            ::metrics::counter!("distributed_lock_renewals_total", &labels).increment(1);
+            self.record(move |[registry, lock]| {
+                let labels = [registry.clone(), lock.clone(), ("outcome", outcome.into())];
+                ::metrics::counter!("distributed_lock_renewals_total", &labels).increment(1);
+            });
         }
     }
 
     /// A lease was lost.
     pub(crate) fn lost(&self, reason: LostReason) {
         #[cfg(feature = "metrics")]
-        {
-            let [registry, lock] = self.pairs.clone();
-            let labels = [registry, lock, ("reason", reason.label().into())];
+        self.record(move |[registry, lock]| {
+            let labels = [
+                registry.clone(),
+                lock.clone(),
+                ("reason", reason.label().into()),
+            ];
             ::metrics::counter!("distributed_lock_lost_total", &labels).increment(1);
-        }
+        });
     }
 }
 

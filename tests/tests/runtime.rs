@@ -13,6 +13,7 @@ mod runtime {
     mod multi_key;
     mod read_write;
     mod reentrancy;
+    mod reporting;
     mod semaphore;
     mod support;
     mod waiting;

@@ -23,6 +23,7 @@ use crate::backoff::Backoff;
 use crate::error::LostReason;
 use crate::lease::Lease;
 use crate::metrics::RenewalOutcome;
+use crate::report;
 
 mod leases;
 
@@ -222,23 +223,26 @@ async fn renew(keeper: &Keeper, leases: &[Arc<Lease>], sent_at: Instant) {
                     }
                 }
             }
-            tracing::trace!(
-                locks = leases.len(),
-                elapsed_us = u64::try_from(sent_at.elapsed().as_micros()).unwrap_or(u64::MAX),
-                "renewed"
+            let (locks, elapsed_us) = (
+                leases.len(),
+                u64::try_from(sent_at.elapsed().as_micros()).unwrap_or(u64::MAX),
             );
+            report::tell(move || tracing::trace!(locks, elapsed_us, "renewed"));
         }
         failure => {
             let error = match failure {
                 Ok(Err(e)) => e.to_string(),
                 _ => format!("no answer within {budget:?}"),
             };
-            tracing::warn!(
-                node = keeper.backend.node(),
-                locks = leases.len(),
-                %error,
-                "lock renewal failed; retrying before the leases' deadlines"
-            );
+            let (node, locks) = (keeper.backend.node().to_owned(), leases.len());
+            report::tell(move || {
+                tracing::warn!(
+                    node,
+                    locks,
+                    %error,
+                    "lock renewal failed; retrying before the leases' deadlines"
+                );
+            });
             let now = Instant::now();
             for lease in leases {
                 lease.labels.renewal(RenewalOutcome::Failed);
@@ -268,17 +272,21 @@ async fn release_dropped(keeper: Arc<Keeper>, lease: Arc<Lease>) {
             .await
         {
             Ok(released) => {
-                tracing::debug!(
-                    key = %crate::error::shown(&lease.key.name),
-                    released,
-                    "lock released in the background"
-                );
+                let key = crate::error::shown(&lease.key.name).to_string();
+                report::tell(move || {
+                    tracing::debug!(key, released, "lock released in the background");
+                });
                 break;
             }
             Err(error) => {
                 let pause = backoff.next_pause();
                 if Instant::now() + pause >= give_up {
-                    tracing::warn!(%error, "giving up releasing a dropped lock; it expires by its ttl");
+                    report::tell(move || {
+                        tracing::warn!(
+                            %error,
+                            "giving up releasing a dropped lock; it expires by its ttl"
+                        );
+                    });
                     break;
                 }
                 tokio::time::sleep(pause).await;

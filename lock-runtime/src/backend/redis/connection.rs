@@ -17,6 +17,7 @@ use super::sentinel::SentinelConnection;
 use super::stall::Stall;
 use crate::error::LockError;
 use crate::io;
+use crate::report;
 use crate::timeouts::Timeouts;
 
 /// The multiplexed connection of any kind; the scripts run on each.
@@ -169,11 +170,13 @@ impl SharedConnection {
     fn usable(&self, slot: &mut Slot) -> Option<Connection> {
         if let Some(Connection::Cluster(_, stall)) = &slot.ready {
             if stall.is_stuck() {
-                tracing::warn!(
-                    node = %self.node,
-                    "the cluster client has answered nothing for {:?}; replacing it",
-                    self.timeouts.command
-                );
+                let (node, after) = (self.node.to_string(), self.timeouts.command);
+                report::tell(move || {
+                    tracing::warn!(
+                        node,
+                        "the cluster client has answered nothing for {after:?}; replacing it"
+                    );
+                });
                 slot.ready = None;
             }
         }

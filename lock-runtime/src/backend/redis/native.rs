@@ -6,6 +6,8 @@ use std::sync::atomic::{AtomicU8, Ordering};
 
 use redis::ServerErrorKind;
 
+use crate::report;
+
 /// Whether one server takes one native command (one per backend and command: per server, per
 /// Redlock node, per cluster master).
 ///
@@ -74,10 +76,13 @@ impl Native {
     /// The server refused `command` (`error`): the script stands in for it from now on.
     fn turn_off(&self, command: &str, error: &dyn std::fmt::Display) {
         if self.state.swap(OFF, Ordering::Relaxed) != OFF {
-            tracing::debug!(
-                %error,
-                "this server does not take {command}: the script stands in for it"
-            );
+            let (command, error) = (command.to_owned(), error.to_string());
+            report::tell(move || {
+                tracing::debug!(
+                    %error,
+                    "this server does not take {command}: the script stands in for it"
+                );
+            });
         }
     }
 }

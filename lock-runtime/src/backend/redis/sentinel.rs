@@ -34,6 +34,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use super::errors::unanswered;
 use super::manager::{manager, ServerConnection};
+use crate::report;
 use crate::timeouts::Timeouts;
 
 /// Where Sentinel mode finds its master: the sentinels, the service's name, and how to log in
@@ -226,14 +227,19 @@ impl Shared {
     /// Asks the sentinels again and moves to the master they name, if it is another server.
     async fn rediscover(&self) {
         let bound = self.timeouts.connect * 2;
+        let node = self.setup.node_name().to_string();
         let client = match tokio::time::timeout(bound, self.setup.master()).await {
             Ok(Ok(client)) => client,
             Ok(Err(error)) => {
-                tracing::warn!(node = %self.setup.node_name(), %error, "the sentinels named no reachable master");
+                report::tell(move || {
+                    tracing::warn!(node, %error, "the sentinels named no reachable master");
+                });
                 return;
             }
             Err(_) => {
-                tracing::warn!(node = %self.setup.node_name(), "the sentinels did not answer within {bound:?}");
+                report::tell(move || {
+                    tracing::warn!(node, "the sentinels did not answer within {bound:?}");
+                });
                 return;
             }
         };
@@ -245,7 +251,8 @@ impl Shared {
         }
         match tokio::time::timeout(bound, manager(client.clone(), self.timeouts)).await {
             Ok(Ok(manager)) => {
-                tracing::warn!(node = %self.setup.node_name(), from = %old, to = %addr, "the master moved");
+                let to = addr.to_string();
+                report::tell(move || tracing::warn!(node, from = %old, to, "the master moved"));
                 // The confirming lane is made anew on its next use, to the new master.
                 *self.master() = Master {
                     client,
@@ -255,10 +262,20 @@ impl Shared {
                 };
             }
             Ok(Err(error)) => {
-                tracing::warn!(node = %self.setup.node_name(), master = %addr, %error, "could not connect to the new master");
+                let master = addr.to_string();
+                report::tell(move || {
+                    tracing::warn!(node, master, %error, "could not connect to the new master");
+                });
             }
             Err(_) => {
-                tracing::warn!(node = %self.setup.node_name(), master = %addr, "could not connect to the new master within {bound:?}");
+                let master = addr.to_string();
+                report::tell(move || {
+                    tracing::warn!(
+                        node,
+                        master,
+                        "could not connect to the new master within {bound:?}"
+                    );
+                });
             }
         }
     }

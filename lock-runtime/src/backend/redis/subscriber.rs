@@ -15,6 +15,7 @@ use super::config::{node_name, ClusterSeeds};
 use super::errors::unanswered;
 use super::sentinel::SentinelSetup;
 use crate::backoff::Backoff;
+use crate::report;
 use crate::timeouts::Timeouts;
 use crate::waiting::{WaitHub, Waiters};
 
@@ -291,12 +292,15 @@ impl Subscriber {
                         Ok(Err(e)) => e.to_string(),
                         _ => "timed out".to_owned(),
                     };
-                    tracing::warn!(
-                        node = %self.source.node(),
-                        error = %why,
-                        "lock waiters cannot subscribe to release notifications (RESP3 pub/sub); \
-                         falling back to jittered polling"
-                    );
+                    let node = self.source.node().to_string();
+                    report::tell(move || {
+                        tracing::warn!(
+                            node,
+                            error = %why,
+                            "lock waiters cannot subscribe to release notifications (RESP3 \
+                             pub/sub); falling back to jittered polling"
+                        );
+                    });
                 }
                 None
             }

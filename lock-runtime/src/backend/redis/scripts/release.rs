@@ -46,7 +46,7 @@ pub(crate) fn call(key: &LockKey, token: &str, queued: bool, publish: &str) -> C
     Call::new(&SCRIPT, &lock_keys(key, queued, false))
         .arg(token)
         .arg(publish)
-        .arg(if super::marked_when_waited(token) {
+        .arg(if super::marks::marked_when_waited(token) {
             "1"
         } else {
             "0"
