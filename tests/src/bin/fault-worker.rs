@@ -411,6 +411,8 @@ struct Kinds {
     multi: [String; 3],
     /// Between two sections of a kind's task (`--kind-pause-ms`).
     pause: Duration,
+    /// Between two sections of the writer's (`--write-pause-ms`, else `pause`).
+    write_pause: Duration,
 }
 
 impl Kinds {
@@ -427,6 +429,7 @@ impl Kinds {
             permits: u32::try_from(args.num("permits", 2)).expect("a few permits"),
             multi: multi.try_into().expect("--multi-keys names three keys"),
             pause: args.ms("kind-pause-ms", 0),
+            write_pause: args.ms("write-pause-ms", args.num("kind-pause-ms", 0)),
         })
     }
 }
@@ -585,7 +588,11 @@ impl Workload {
         while !self.stop.load(Ordering::SeqCst) {
             seq += 1;
             self.kind_section(kinds, kind, &w, seq).await;
-            tokio::time::sleep(kinds.pause).await;
+            let pause = match kind {
+                Kind::Write => kinds.write_pause,
+                _ => kinds.pause,
+            };
+            tokio::time::sleep(pause).await;
         }
         seq
     }
