@@ -121,6 +121,13 @@ impl Results {
                 met: Some(w.get(Lib::Runtime).per_second() <= 1.0),
             });
         }
+        // Issue 28's targets: throughput 1.5 × the best peer (2 × is the aim); Redis CPU per
+        // cycle 0.8 × on Redis 7, 0.5 × on Valkey 9 (whose DELIFEQ needs no Lua).
+        let (cpu_target, cpu_bound) = if lock_tests::server_binary().contains("valkey") {
+            ("≤ 0.5", 0.5)
+        } else {
+            ("≤ 0.8", 0.8)
+        };
         for (tasks, rounds) in &self.throughput {
             let t = &rounds.libs;
             let best_peer = t.get(Lib::Rslock).median().max(t.get(Lib::Arl).median());
@@ -129,8 +136,8 @@ impl Results {
                 item: "5",
                 what: format!("throughput: cycles/s, {tasks} tasks on distinct keys, one client (÷ best peer)"),
                 cells: Lib::ALL.map(|l| format!("{} ({:.2})", num(t.get(l).median()), ratio(l))),
-                target: "≥ 2",
-                met: Some(ratio(Lib::Runtime) >= 2.0),
+                target: "≥ 1.5",
+                met: Some(ratio(Lib::Runtime) >= 1.5),
             });
             // Redis's own CPU per cycle over the measuring windows (`INFO` used_cpu).
             let cpu = |l: Lib| {
@@ -143,8 +150,8 @@ impl Results {
                 what: format!("Redis CPU per cycle, {tasks} tasks (÷ best peer)"),
                 cells: Lib::ALL
                     .map(|l| format!("{:.1} µs ({:.2})", cpu(l), cpu(l) / best_peer_cpu)),
-                target: "≤ 0.5",
-                met: Some(cpu(Lib::Runtime) / best_peer_cpu <= 0.5),
+                target: cpu_target,
+                met: Some(cpu(Lib::Runtime) / best_peer_cpu <= cpu_bound),
             });
         }
         if let Some((tasks, c)) = &self.contention {
