@@ -239,20 +239,24 @@ impl Inner {
 
     /// One pipeline of the batch's commands: one reply per operation.
     async fn send(&self, batch: &[Queued]) -> Vec<Reply> {
-        let bare: Vec<usize> = (0..batch.len())
-            .filter(|&i| matches!(batch[i].0.command, Command::Bare { .. }))
+        // The bare releases (operation, lock key, token), which go as one call where the first
+        // of them was.
+        let bare: Vec<(usize, &str, &str)> = batch
+            .iter()
+            .enumerate()
+            .filter_map(|(i, (op, _))| match &op.command {
+                Command::Bare { key, token } => Some((i, key.as_str(), token.as_str())),
+                Command::One(_) => None,
+            })
             .collect();
-        // What goes on the wire, each command with the operation it answers (`None`: the
-        // bare releases, in one call where the first of them was).
+        // What goes on the wire, each command with the operation it answers (`None`: the bare
+        // releases' call).
         let mut commands = Vec::new();
         for (i, (op, _)) in batch.iter().enumerate() {
             match &op.command {
                 Command::One(cmd) => commands.push((cmd.clone(), Some(i))),
-                Command::Bare { .. } if bare.first() == Some(&i) => {
-                    let locks = bare.iter().map(|&b| match &batch[b].0.command {
-                        Command::Bare { key, token } => (key.as_str(), token.as_str()),
-                        Command::One(_) => unreachable!("bare lists bare releases only"),
-                    });
+                Command::Bare { .. } if bare.first().is_some_and(|&(first, ..)| first == i) => {
+                    let locks = bare.iter().map(|&(_, key, token)| (key, token));
                     commands.push((scripts::release::bare(locks), None));
                 }
                 Command::Bare { .. } => {}
@@ -267,12 +271,12 @@ impl Inner {
             }
             match reply.and_then(|v| scripts::release::bare_replies(v, bare.len())) {
                 Ok(released) => {
-                    for (&i, released) in bare.iter().zip(released) {
+                    for (&(i, ..), released) in bare.iter().zip(released) {
                         out[i] = Ok(Value::Int(released));
                     }
                 }
                 Err(e) => {
-                    for &i in &bare {
+                    for &(i, ..) in &bare {
                         out[i] = Err(e.clone());
                     }
                 }
