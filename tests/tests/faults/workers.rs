@@ -225,13 +225,7 @@ impl Pool {
     pub fn wait_for_sections(&self, least: &super::checker::Minimums, limit: Duration) {
         let deadline = std::time::Instant::now() + limit;
         while std::time::Instant::now() < deadline {
-            let mut ended: HashMap<LockKind, usize> = HashMap::new();
-            let lines = self.lines.lock().unwrap_or_else(PoisonError::into_inner);
-            for line in lines.iter() {
-                if let Record::End { kind, .. } = line.record {
-                    *ended.entry(kind).or_default() += 1;
-                }
-            }
+            let ended = self.ended();
             let enough =
                 |kind: LockKind, least: usize| ended.get(&kind).copied().unwrap_or(0) >= least;
             if ended.values().sum::<usize>() >= least.sections
@@ -247,9 +241,20 @@ impl Pool {
             {
                 return;
             }
-            drop(lines);
             std::thread::sleep(Duration::from_millis(200));
         }
+    }
+
+    /// The critical sections the workers finished so far, by kind.
+    pub fn ended(&self) -> HashMap<LockKind, usize> {
+        let mut ended: HashMap<LockKind, usize> = HashMap::new();
+        let lines = self.lines.lock().unwrap_or_else(PoisonError::into_inner);
+        for line in lines.iter() {
+            if let Record::End { kind, .. } = line.record {
+                *ended.entry(kind).or_default() += 1;
+            }
+        }
+        ended
     }
 
     pub fn lines(&self) -> Vec<Line> {
