@@ -22,7 +22,11 @@
 //!   release that finds the bare token knows nobody waited and only deletes it, with no message:
 //!   `DELIFEQ` where the server has it, else [`RELEASE_LUA`]'s first lines (`ARGV[3]` = `1`), or
 //!   [`RELEASE_BARE_LUA`] for many locks in one call. Another client's value is never marked,
-//!   and its release through [`RELEASE_LUA`] always hands over or notifies.
+//!   and its release through [`RELEASE_LUA`] always hands over or notifies. A reader or permit
+//!   taker that waits has no place in the queue (a handoff wakes only the waiter it went to):
+//!   it also sets the field `#unqueued` of `queued:{<prefix><key>}`, kept at least as long as
+//!   the lock's lease, and every holder the lock is handed to or taken by from the queue is
+//!   marked while the field lives; the release that frees the lock and publishes deletes it.
 //! - Readers of a read-write lock, and a semaphore of N permits, are a sorted set under
 //!   `<prefix><key>` instead: each holder's token scored by its deadline (server clock, ms) and
 //!   one member scored `+inf` naming the kind, `#read` or `#permits=N`. [`ACQUIRE_LUA`] with

@@ -230,3 +230,57 @@ async fn a_writer_gets_the_key_when_the_last_readers_place_runs_out() {
     })
     .await;
 }
+
+/// Regression: a reader held off while a writer is queued left no mark for that writer, so the
+/// writer, once handed the lock, released it with a plain delete that told nobody, and the
+/// reader slept until its wait's bound ran out: a ttl (30 s here, and in the catalog example).
+/// Held off by the queued writer while readers hold the key, or by the lock's holder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_held_off_while_a_writer_queues_enters_when_that_writer_releases() {
+    for holder in [Mode::Read, Mode::Write] {
+        let server = RedisServer::start();
+        let (a, b) = (registry(&server), registry(&server));
+        let first = a.lock("catalog").mode(holder).acquire().await.unwrap();
+        let writer = tokio::spawn(b.lock("catalog").wait(Duration::from_secs(30)).acquire());
+        lock_tests::eventually(Duration::from_secs(10), "the writer queued", || async {
+            a.inspect("catalog").await.unwrap().waiters == 1
+        })
+        .await;
+        let url = server.url();
+        let (scripts, _) = lock_tests::command_counts(&url, "evalsha").await;
+        let reader = tokio::spawn({
+            let a = a.clone();
+            async move {
+                a.lock("catalog")
+                    .mode(Mode::Read)
+                    .wait(Duration::from_secs(30))
+                    .acquire()
+                    .await
+            }
+        });
+        // Its first attempt, and the one after it subscribed: both refused, so it waits now.
+        lock_tests::eventually(
+            Duration::from_secs(10),
+            "the reader refused twice",
+            || async { lock_tests::command_counts(&url, "evalsha").await.0 >= scripts + 2 },
+        )
+        .await;
+        first.release().await.unwrap();
+        let writer = writer
+            .await
+            .unwrap()
+            .expect("handed the lock by its holder");
+        writer.release().await.unwrap();
+        let reader = tokio::time::timeout(Duration::from_secs(10), reader)
+            .await
+            .unwrap_or_else(|_| {
+                panic!(
+                    "held off behind a {holder:?} holder, the reader enters when the writer \
+                     releases, not when its wait's bound (30 s) runs out"
+                )
+            })
+            .unwrap()
+            .expect("a read lock");
+        reader.release().await.unwrap();
+    }
+}

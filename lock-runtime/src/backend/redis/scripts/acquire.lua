@@ -9,7 +9,10 @@ if ARGV[6] and ARGV[6] ~= '0' then
   local kind = redis.call('TYPE', KEYS[1]).ok
   if kind == 'string' then
     local value = redis.call('GET', KEYS[1])
-    if ARGV[8] == '1' then mark_waited(KEYS[1], value) end
+    if ARGV[8] == '1' then
+      mark_waited(KEYS[1], value)
+      note_unqueued(ttl)
+    end
     return {0, redis.call('PTTL', KEYS[1]), holder_of(value)}
   end
   if kind ~= 'zset' and kind ~= 'none' then return {2, kind} end
@@ -25,6 +28,7 @@ if ARGV[6] and ARGV[6] ~= '0' then
     local held = math.max(redis.call('ZCARD', KEYS[1]) - 1, 0)
     local head, head_deadline = oldest_live_place()
     if held == 0 and head then
+      if ARGV[8] == '1' then note_unqueued(ttl) end
       local waiter, waiter_deadline, fencing, place = oldest_live_waiter()
       hand_over(waiter, waiter_deadline, fencing, place, '', ARGV[5])
       return {0, waiter_deadline - now, waiter}
@@ -34,7 +38,10 @@ if ARGV[6] and ARGV[6] ~= '0' then
       if held > 0 then
         wait = tonumber(redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')[2]) - now
       end
-      if head then wait = math.min(wait, head_deadline - now) end
+      if head then
+        wait = math.min(wait, head_deadline - now)
+        if ARGV[8] == '1' then note_unqueued(ttl) end
+      end
       return {0, math.max(wait, 0), tag}
     end
   end

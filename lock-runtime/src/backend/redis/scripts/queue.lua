@@ -4,10 +4,11 @@
 -- The waiters' queue is two keys beside the lock, in its slot: `queue:...` (a sorted set of
 -- waiters' tokens, scored by arrival) and `queued:...` (a hash from each token to
 -- "<deadline ms> <ttl ms> <fencing 0|1> <place>", the deadline on the server's clock, the place
--- the number of the waiter's attempt that last kept it). A waiter whose deadline has passed (it
--- stopped renewing its place: gone, or gave up without saying so) is dropped when it reaches the
--- head, never handed the lock. A handed lock expires with the place it went to, so a waiter that
--- died in the queue holds it no longer than its place had left.
+-- the number of the waiter's attempt that last kept it; and the note of `note_unqueued`). A
+-- waiter whose deadline has passed (it stopped renewing its place: gone, or gave up without
+-- saying so) is dropped when it reaches the head, never handed the lock. A handed lock expires
+-- with the place it went to, so a waiter that died in the queue holds it no longer than its
+-- place had left.
 --
 -- A script that publishes does so before it changes the lock: a user whose ACL lacks the publish
 -- command gets the refusal with the lock untouched.
@@ -32,10 +33,25 @@ local function leave_queue(token)
   redis.call('HDEL', KEYS[4], token)
   return true
 end
--- WAITED for a holder whose queue still has places in it (see prelude.lua): its release must
--- hand the lock over.
+-- A caller that waits without a place in the queue (a reader or permit taker) leaves a note in
+-- the queue's hash, kept at least as long as the lock's lease: a handoff wakes only the waiter
+-- it went to, so until a release frees the lock and tells the others, whoever the lock is
+-- handed to is marked (see prelude.lua), else its release would be a plain delete that tells
+-- nobody.
+local UNQUEUED = '#unqueued'
+local function note_unqueued(ttl)
+  if #KEYS < 4 then return end
+  redis.call('HSET', KEYS[4], UNQUEUED, '1')
+  local keep = math.max(tonumber(ttl), redis.call('PTTL', KEYS[1]))
+  if redis.call('PTTL', KEYS[4]) < keep then redis.call('PEXPIRE', KEYS[4], keep) end
+end
+-- WAITED for a holder whose queue still has places in it, or whom an unqueued caller waits
+-- for: its release must hand the lock over or tell the others.
 local function waited_behind()
-  if #KEYS >= 4 and redis.call('EXISTS', KEYS[3]) == 1 then return WAITED end
+  if #KEYS < 4 then return '' end
+  if redis.call('EXISTS', KEYS[3]) == 1 or redis.call('HGET', KEYS[4], UNQUEUED) then
+    return WAITED
+  end
   return ''
 end
 local function read_place(entry)

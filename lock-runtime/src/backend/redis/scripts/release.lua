@@ -20,4 +20,6 @@ if #KEYS >= 4 and redis.call('EXISTS', KEYS[3]) == 1 then
 end
 redis.call(ARGV[2], KEYS[1], released)
 redis.call('DEL', KEYS[1])
+-- Told: the unqueued waiters try again, and note themselves again if refused.
+if #KEYS >= 4 then redis.call('HDEL', KEYS[4], UNQUEUED) end
 return 1
