@@ -27,8 +27,9 @@ if ARGV[6] and ARGV[6] ~= '0' then
   if not redis.call('ZSCORE', KEYS[1], token) then
     local held = math.max(redis.call('ZCARD', KEYS[1]) - 1, 0)
     local head, head_deadline = oldest_live_place()
+    -- A queued waiter ahead refuses this caller, whether it is handed the lock now or later.
+    if head and ARGV[8] == '1' then note_unqueued(ttl) end
     if held == 0 and head then
-      if ARGV[8] == '1' then note_unqueued(ttl) end
       local waiter, waiter_deadline, fencing, place = oldest_live_waiter()
       hand_over(waiter, waiter_deadline, fencing, place, '', ARGV[5])
       return {0, waiter_deadline - now, waiter}
@@ -38,10 +39,7 @@ if ARGV[6] and ARGV[6] ~= '0' then
       if held > 0 then
         wait = tonumber(redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')[2]) - now
       end
-      if head then
-        wait = math.min(wait, head_deadline - now)
-        if ARGV[8] == '1' then note_unqueued(ttl) end
-      end
+      if head then wait = math.min(wait, head_deadline - now) end
       return {0, math.max(wait, 0), tag}
     end
   end
