@@ -111,11 +111,13 @@ impl Plan {
 
 fn usage() -> ! {
     eprintln!(
-        "usage: lock-bench [--quick] [--only 1,2,...] [--out DIR] | --renew-ifeq\n\
+        "usage: lock-bench [--quick] [--only 1,2,...] [--out DIR] | --renew-ifeq | --profile WHO TASKS SECS\n\
          \n  --quick   shorter windows and fewer samples (under a minute)\
          \n  --only    run only these items (1-9; 1 and 2 run together, so do 7 and 9)\
          \n  --out     directory for results.md and latency.svg\
-         \n  --renew-ifeq  only: renewal by script against SET IFEQ, on a server with both (Valkey)"
+         \n  --renew-ifeq  only: renewal by script against SET IFEQ, on a server with both (Valkey)\
+         \n  --profile     only: item 5 for one client alone (runtime, rslock, arl, or raw: the\
+         \n                protocol by hand), to run under a profiler"
     );
     std::process::exit(2);
 }
@@ -124,6 +126,10 @@ fn parse_args() -> Plan {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.first().map(String::as_str) == Some("--child-renewal") {
         renewal::child(&args[1..]);
+        std::process::exit(0);
+    }
+    if args.first().map(String::as_str) == Some("--profile") {
+        profile(&args[1..]);
         std::process::exit(0);
     }
     if args.first().map(String::as_str) == Some("--renew-ifeq") {
@@ -150,6 +156,25 @@ fn parse_args() -> Plan {
         plan = plan.quick();
     }
     plan
+}
+
+/// `--profile WHO TASKS SECS`: item 5 for one client alone, under a multi-thread runtime as in
+/// the full run.
+fn profile(args: &[String]) {
+    let [who, tasks, secs] = args else { usage() };
+    let tasks: usize = tasks.parse().unwrap_or_else(|_| usage());
+    let secs: f64 = secs.parse().unwrap_or_else(|_| usage());
+    let server = lock_tests::RedisServer::start();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(throughput::profile(
+        &server.url(),
+        who,
+        tasks,
+        Duration::from_secs_f64(secs),
+    ));
 }
 
 fn step(what: &str) {

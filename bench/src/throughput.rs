@@ -179,3 +179,32 @@ async fn one_round(
     out.commands += info_after.total_delta(&info_before);
     out.cycles += after - before;
 }
+
+/// One library (a `Lib` id) or the protocol by hand (`raw`) alone, `tasks` tasks for `window`:
+/// for a profiler, which sees one client's work and nothing else's. Prints cycles per second
+/// and CPU per cycle.
+pub async fn profile(url: &str, which: &str, tasks: usize, window: Duration) {
+    let cycler = match Lib::from_id(which) {
+        Some(lib) => Cycler::Lib(Arc::new(Client::connect(lib, url).await)),
+        None => Cycler::Raw(
+            redis::Client::open(url)
+                .expect("url")
+                .get_multiplexed_async_connection()
+                .await
+                .expect("multiplexed connection"),
+            Arc::new(redis::Script::new(lock_runtime::protocol::RELEASE_LUA)),
+        ),
+    };
+    let mut stats = lock_tests::connection(url);
+    let mut t = Throughput::default();
+    one_round(&cycler, which, tasks, window, &mut stats, &mut t).await;
+    println!(
+        "{which}, {tasks} tasks: {:.0} cycles/s; CPU per cycle: client {:.1} µs, server {:.1} µs; \
+         {:.1} server commands per cycle; errors: {}",
+        t.median(),
+        t.client_cpu / t.cycles as f64 * 1e6,
+        t.server_cpu / t.cycles as f64 * 1e6,
+        t.commands as f64 / t.cycles as f64,
+        t.errors
+    );
+}

@@ -1,6 +1,7 @@
 //! Lock keys: validation, the Redis names derived from a key, and escaping of interpolated values.
 
 use std::fmt::{self, Write as _};
+use std::sync::Arc;
 
 use crate::error::LockError;
 
@@ -12,9 +13,22 @@ pub const MAX_KEY_BYTES: usize = 4096;
 /// one script takes them all in one step, and the server serves nobody else meanwhile.
 pub const MAX_KEYS_PER_LOCK: usize = 64;
 
-/// The Redis names that belong to one lock key.
+/// The Redis names that belong to one lock key; cloned by reference, as every acquisition,
+/// lease and background release keeps it.
 #[derive(Debug, Clone)]
-pub(crate) struct LockKey {
+pub(crate) struct LockKey(Arc<Names>);
+
+impl std::ops::Deref for LockKey {
+    type Target = Names;
+
+    fn deref(&self) -> &Names {
+        &self.0
+    }
+}
+
+/// A lock key's names.
+#[derive(Debug, Clone)]
+pub(crate) struct Names {
     /// The lock's name as the user gave it (without the prefix); a multi-key lock's keys joined
     /// with ` + `. Errors and logs show it.
     pub name: String,
@@ -42,7 +56,8 @@ impl LockKey {
     pub(crate) fn new(prefix: &str, key: String, cluster: bool) -> Result<Self, LockError> {
         validate(&key)?;
         let redis_key = format!("{prefix}{key}");
-        if cluster && hash_tag(&redis_key).is_none() && redis_key.contains(['{', '}']) {
+        let tagged = hash_tag(&redis_key).is_some();
+        if cluster && !tagged && redis_key.contains(['{', '}']) {
             return Err(LockError::InvalidKey {
                 key,
                 reason: "in Redis Cluster a key's braces must form a hash tag like `{tenant}` \
@@ -52,21 +67,28 @@ impl LockKey {
             });
         }
         let [fence_key, queue_key, queued_key] =
-            NAMESPACES.map(|namespace| companion(namespace, &redis_key));
-        Ok(Self {
+            NAMESPACES.map(|namespace| companion(namespace, &redis_key, tagged));
+        Ok(Self(Arc::new(Names {
             name: key,
             redis_key,
             fence_key,
             queue_key,
             queued_key,
             members: Vec::new(),
-        })
+        })))
     }
 
     /// The keys of a multi-key lock, taken together: sorted (so every caller names them in one
     /// order) and without repeats; a single key is a plain lock. Shown as `a + b`. In a cluster
     /// they must share a hash tag, so one script on one node can take them all.
-    pub(crate) fn many(prefix: &str, keys: Vec<String>, cluster: bool) -> Result<Self, LockError> {
+    pub(crate) fn many(
+        prefix: &str,
+        mut keys: Vec<String>,
+        cluster: bool,
+    ) -> Result<Self, LockError> {
+        if keys.len() == 1 {
+            return Self::new(prefix, keys.remove(0), cluster);
+        }
         let mut all = keys
             .into_iter()
             .map(|key| Self::new(prefix, key, cluster))
@@ -109,12 +131,12 @@ impl LockKey {
                     .to_owned(),
             });
         }
-        let first = all[0].clone();
-        Ok(Self {
+        let first = Names::clone(&all[0]);
+        Ok(Self(Arc::new(Names {
             name: shown,
             members: all,
             ..first
-        })
+        })))
     }
 
     /// Every key this lock holds: itself, or a multi-key lock's keys.
@@ -155,12 +177,17 @@ const NAMESPACES: [&str; 3] = [FENCE_NAMESPACE, "queue:", "queued:"];
 /// The name of a key that belongs to the lock `redis_key`, in `namespace` and in the lock's
 /// cluster slot: a key with a hash tag keeps it, one without gets its whole name as the tag
 /// (which hashes exactly like the untagged lock key).
-fn companion(namespace: &str, redis_key: &str) -> String {
-    if hash_tag(redis_key).is_some() {
-        format!("{namespace}{redis_key}")
+fn companion(namespace: &str, redis_key: &str, tagged: bool) -> String {
+    let mut name = String::with_capacity(namespace.len() + redis_key.len() + 2);
+    name.push_str(namespace);
+    if tagged {
+        name.push_str(redis_key);
     } else {
-        format!("{namespace}{{{redis_key}}}")
+        name.push('{');
+        name.push_str(redis_key);
+        name.push('}');
     }
+    name
 }
 
 pub(crate) fn validate_prefix(prefix: &str) -> Result<(), LockError> {

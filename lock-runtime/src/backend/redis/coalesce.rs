@@ -4,12 +4,13 @@
 //! An operation that finds nothing in flight goes out at once, alone, so a single task pays
 //! nothing for the batching. Operations that arrive while one is in flight queue up and go out
 //! together as one pipeline: at once while fewer than [`DEPTH`] are in flight, else when one
-//! returns, and so on while any are queued. Each keeps its own commands (a plain `SET NX PX` or
-//! `DELIFEQ` first where the lone path sends one, the acquire and release scripts), except the
-//! releases of bare tokens on a server without `DELIFEQ`: those of a batch go as one call of
-//! [`RELEASE_BARE_LUA`](super::scripts::RELEASE_BARE_LUA), whose Lua costs the server once per
-//! batch instead of once per release. Under load the client writes and reads once per round
-//! trip, and Redis reads, and answers, a whole batch per system call.
+//! returns, and so on while any are queued. Each operation is one command (a plain `SET NX PX`,
+//! `DELIFEQ`, a script call), except the releases of bare tokens on a server without `DELIFEQ`:
+//! those of a batch go as one call of [`RELEASE_BARE_LUA`](super::scripts::RELEASE_BARE_LUA),
+//! whose Lua costs the server once per batch instead of once per release. A caller whose cheap
+//! command was refused builds its script only then, and sends it as an operation of its own.
+//! Under load the client writes and reads once per round trip, and Redis reads, and answers, a
+//! whole batch per system call.
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
@@ -30,53 +31,30 @@ const MOST: usize = 256;
 /// and whatever arrives while both are out goes with the next.
 const DEPTH: usize = 2;
 
-/// One operation: its command, and for one that tries something cheaper first (an
-/// acquisition's plain `SET NX PX`, a release's `DELIFEQ` or bare release), the script to send
-/// next if it is refused (nil, or 0), as the lone path does.
-pub(crate) struct Op {
-    command: Command,
-    if_refused: Option<Cmd>,
-}
-
-enum Command {
-    /// Sent as it is.
+/// One operation: a command sent as it is, or the release of a bare token, sent with the
+/// batch's others in one call.
+pub(crate) enum Op {
     One(Cmd),
-    /// The release of a bare token (lock key, token), sent with the batch's others in one call.
-    Bare { key: String, token: String },
+    /// Lock key, token.
+    Bare {
+        key: String,
+        token: String,
+    },
 }
 
 impl Op {
-    /// `command`, and nothing after it.
-    pub(crate) fn one(command: Cmd) -> Self {
-        Self {
-            command: Command::One(command),
-            if_refused: None,
-        }
-    }
-
-    /// `command`, then `script` if it was refused.
-    pub(crate) fn first(command: Cmd, script: Cmd) -> Self {
-        Self {
-            command: Command::One(command),
-            if_refused: Some(script),
-        }
-    }
-
-    /// The release of `token` (one that waiters mark) on `key` if its value is the bare token,
-    /// else `script`.
-    pub(crate) fn bare_release(key: &str, token: &str, script: Cmd) -> Self {
-        Self {
-            command: Command::Bare {
-                key: key.to_owned(),
-                token: token.to_owned(),
-            },
-            if_refused: Some(script),
+    /// The release of `token` (one that waiters mark) on `key` if its value is the bare token;
+    /// 0 when it is not, and the caller sends the release script.
+    pub(crate) fn bare_release(key: &str, token: &str) -> Self {
+        Self::Bare {
+            key: key.to_owned(),
+            token: token.to_owned(),
         }
     }
 }
 
-/// What the operation's last command replied (an error in it included): `Okay` for a plain
-/// `SET` that took the lock.
+/// What the operation's command replied (an error in it included): `Okay` for a plain `SET`
+/// that took the lock, nil for one refused.
 pub(crate) type Reply = redis::RedisResult<Value>;
 
 /// The group commit of one connection.
@@ -190,24 +168,10 @@ impl Busy {
             if batch.is_empty() {
                 continue;
             }
-            let replies = inner.send(&batch).await;
-            let mut again = Vec::new();
-            for ((op, tx), reply) in batch.into_iter().zip(replies) {
-                match (reply, op.if_refused) {
-                    (Ok(Value::Nil | Value::Int(0)), Some(_)) if tx.is_closed() => {}
-                    (Ok(Value::Nil | Value::Int(0)), Some(script)) => {
-                        again.push((Op::one(script), tx));
-                    }
-                    (reply, _) => drop(tx.send(reply)),
-                }
-            }
-            if !again.is_empty() {
-                // Refused plain `SET`s ask the script who holds the lock, and refused
-                // `DELIFEQ`s and bare releases let it release, ahead of later operations, as
-                // the lone path would right away.
-                let mut state = inner.state();
-                again.append(&mut state.queued);
-                state.queued = again;
+            let (ops, senders): (Vec<Op>, Vec<_>) = batch.into_iter().unzip();
+            let replies = inner.send(ops).await;
+            for (tx, reply) in senders.into_iter().zip(replies) {
+                drop(tx.send(reply));
             }
         }
     }
@@ -238,45 +202,54 @@ impl Inner {
     }
 
     /// One pipeline of the batch's commands: one reply per operation.
-    async fn send(&self, batch: &[Queued]) -> Vec<Reply> {
+    async fn send(&self, ops: Vec<Op>) -> Vec<Reply> {
         // The bare releases (operation, lock key, token), which go as one call where the first
         // of them was.
-        let bare: Vec<(usize, &str, &str)> = batch
+        let bare: Vec<(usize, &str, &str)> = ops
             .iter()
             .enumerate()
-            .filter_map(|(i, (op, _))| match &op.command {
-                Command::Bare { key, token } => Some((i, key.as_str(), token.as_str())),
-                Command::One(_) => None,
+            .filter_map(|(i, op)| match op {
+                Op::Bare { key, token } => Some((i, key.as_str(), token.as_str())),
+                Op::One(_) => None,
             })
             .collect();
-        // What goes on the wire, each command with the operation it answers (`None`: the bare
-        // releases' call).
-        let mut commands = Vec::new();
-        for (i, (op, _)) in batch.iter().enumerate() {
-            match &op.command {
-                Command::One(cmd) => commands.push((cmd.clone(), Some(i))),
-                Command::Bare { .. } if bare.first().is_some_and(|&(first, ..)| first == i) => {
-                    let locks = bare.iter().map(|&(_, key, token)| (key, token));
-                    commands.push((scripts::release::bare(locks), None));
+        let mut bare_call = (!bare.is_empty())
+            .then(|| scripts::release::bare(bare.iter().map(|&(_, key, token)| (key, token))));
+        let bare: Vec<usize> = bare.into_iter().map(|(i, ..)| i).collect();
+        let count = ops.len();
+        // What goes on the wire, in the order the operations arrived; each command's operation
+        // (`None`: the bare releases' call).
+        let mut pipe = redis::pipe();
+        let mut answers = Vec::with_capacity(ops.len());
+        for (i, op) in ops.into_iter().enumerate() {
+            match op {
+                Op::One(cmd) => {
+                    pipe.add_command(cmd);
+                    answers.push(Some(i));
                 }
-                Command::Bare { .. } => {}
+                Op::Bare { .. } => {
+                    if let Some(call) = bare_call.take() {
+                        pipe.add_command(call);
+                        answers.push(None);
+                    }
+                }
             }
         }
-        let replies = self.pipeline(&commands).await;
-        let mut out: Vec<Reply> = batch.iter().map(|_| Ok(Value::Nil)).collect();
-        for ((_, op), reply) in commands.iter().zip(replies) {
+        let replies = self.pipeline(&pipe, answers.len()).await;
+        let mut out: Vec<Reply> = (0..count).map(|_| Ok(Value::Nil)).collect();
+        for (op, reply) in answers.into_iter().zip(replies) {
             if let Some(i) = op {
-                out[*i] = reply;
+                out[i] = reply;
                 continue;
             }
             match reply.and_then(|v| scripts::release::bare_replies(v, bare.len())) {
                 Ok(released) => {
-                    for (&(i, ..), released) in bare.iter().zip(released) {
+                    for (&i, released) in bare.iter().zip(released) {
                         out[i] = Ok(Value::Int(released));
                     }
                 }
                 Err(e) => {
-                    for &(i, ..) in &bare {
+                    for &i in &bare {
                         out[i] = Err(e.clone());
                     }
                 }
@@ -285,31 +258,27 @@ impl Inner {
         out
     }
 
-    /// `commands` in one pipeline: one reply each.
-    async fn pipeline(&self, commands: &[(Cmd, Option<usize>)]) -> Vec<Reply> {
-        let failed = |e: &redis::RedisError| commands.iter().map(|_| Err(e.clone())).collect();
+    /// `pipe`'s `count` commands: one reply each.
+    async fn pipeline(&self, pipe: &redis::Pipeline, count: usize) -> Vec<Reply> {
+        let failed = |e: &redis::RedisError| (0..count).map(|_| Err(e.clone())).collect();
         let mut con = match self.connection.get("batch", None).await {
             Ok(con) => con,
             Err(e) => return failed(&super::errors::redis_error(&e)),
         };
-        let mut pipe = redis::pipe();
-        for (cmd, _) in commands {
-            pipe.add_command(cmd.clone());
-        }
-        let mut replies = match con.req_packed_commands(&pipe, 0, commands.len()).await {
-            Ok(replies) if replies.len() == commands.len() => replies,
+        let mut replies = match con.req_packed_commands(pipe, 0, count).await {
+            Ok(replies) if replies.len() == count => replies,
             Ok(other) => {
                 let e = (
                     redis::ErrorKind::Parse,
                     "a batch's replies do not match its commands",
-                    format!("{} replies to {} commands", other.len(), commands.len()),
+                    format!("{} replies to {count} commands", other.len()),
                 )
                     .into();
                 return failed(&e);
             }
             Err(e) => return failed(&e),
         };
-        let missing: Vec<usize> = (0..commands.len())
+        let missing: Vec<usize> = (0..count)
             .filter(|&i| scripts::is_noscript(&replies[i]))
             .collect();
         let resent = if missing.is_empty() {
@@ -318,8 +287,10 @@ impl Inner {
             // The server lost its scripts (a restart, `SCRIPT FLUSH`): load them, and send again
             // only what did not run.
             let mut again = redis::pipe();
-            for &i in &missing {
-                again.add_command(commands[i].0.clone());
+            for (i, cmd) in pipe.cmd_iter().enumerate() {
+                if missing.contains(&i) {
+                    again.add_command(cmd.clone());
+                }
             }
             match scripts::load_all(&mut con).await {
                 Ok(()) => con.req_packed_commands(&again, 0, missing.len()).await,

@@ -184,40 +184,12 @@ impl RedisBackend {
             .await
     }
 
-    /// An acquisition attempt's commands for a batch (never in a cluster): a plain `SET NX PX`
-    /// where [`Self::acquire_alone`] starts with one, and the acquire script with the keys
-    /// [`Self::acquire_script`] names.
-    fn acquire_op(&self, attempt: &Acquire<'_>) -> Op {
-        let script = scripts::acquire::call(attempt, self.hands_over, self.publish_command()).cmd();
-        if attempt.plain_set_first() {
-            Op::first(scripts::acquire::plain_set(attempt), script)
-        } else {
-            Op::one(script)
-        }
-    }
-
-    /// A release's command for a batch (never in a cluster): `DELIFEQ` first where
-    /// [`Self::native_release`] says so, else a bare release (one call for the batch's) where
-    /// the lock may be bare, and the release script with the keys
-    /// [`Self::release_script`] names.
-    fn release_op(&self, key: &LockKey, token: &str, share: Share) -> Op {
-        let script =
-            scripts::release::call(key, token, self.hands_over, self.publish_command()).cmd();
-        if self.native_release(key, share, token) {
-            Op::first(scripts::release::delifeq(key, token), script)
-        } else if self.may_be_bare(key, share, token) {
-            Op::bare_release(&key.redis_key, token, script)
-        } else {
-            Op::one(script)
-        }
-    }
-
     /// Whether a release starts with `DELIFEQ`: a lock that [may be bare](Self::may_be_bare),
     /// on a server that may take it. It deletes a lock nobody waited for (its value is the bare
     /// token); anything else (marked as waited for, gone, someone else's) is refused, and the
     /// script answers.
-    fn native_release(&self, key: &LockKey, share: Share, token: &str) -> bool {
-        self.may_be_bare(key, share, token) && self.delifeq.worth_trying()
+    fn native_release(&self, may_be_bare: bool) -> bool {
+        may_be_bare && self.delifeq.worth_trying()
     }
 
     /// Whether the lock may hold the bare token: held alone with one of our tokens, which
@@ -290,12 +262,19 @@ impl RedisBackend {
                 return Ok(Attempt::Acquired { fence: None });
             }
         }
-        let reply = match self
-            .acquire_script(&mut con, attempt, self.hands_over)
-            .await
-        {
+        self.acquire_by_script(&mut con, attempt).await
+    }
+
+    /// The acquire script for `attempt`, with the waiters' queue where locks are handed over
+    /// (without it where a slot is migrating).
+    async fn acquire_by_script(
+        &self,
+        con: &mut Following<'_, Connection>,
+        attempt: &Acquire<'_>,
+    ) -> Result<Attempt, LockError> {
+        let reply = match self.acquire_script(con, attempt, self.hands_over).await {
             Err(e) if self.hands_over && migrating(&e) => {
-                self.acquire_script(&mut con, attempt, false).await
+                self.acquire_script(con, attempt, false).await
             }
             reply => reply,
         };
@@ -303,15 +282,15 @@ impl RedisBackend {
         scripts::acquire::read(reply, attempt, &self.node)
     }
 
-    /// One release sent on its own.
+    /// One release sent on its own; `bare`: the lock [may be bare](Self::may_be_bare).
     async fn release_alone(
         &self,
         key: &LockKey,
         token: &str,
-        share: Share,
+        bare: bool,
     ) -> Result<bool, LockError> {
         let mut con = self.con("release", Some(&key.name)).await?;
-        if self.native_release(key, share, token) {
+        if self.native_release(bare) {
             match scripts::release::delifeq(key, token)
                 .query_async::<i64>(&mut con)
                 .await
@@ -326,12 +305,19 @@ impl RedisBackend {
                 Err(e) => return Err(self.error("release", Some(&key.name), e)),
             }
         }
-        let released = match self
-            .release_script(&mut con, key, token, self.hands_over)
-            .await
-        {
+        self.release_by_script(&mut con, key, token).await
+    }
+
+    /// The release script for `token`, as [`Self::acquire_by_script`] names keys.
+    async fn release_by_script(
+        &self,
+        con: &mut Following<'_, Connection>,
+        key: &LockKey,
+        token: &str,
+    ) -> Result<bool, LockError> {
+        let released = match self.release_script(con, key, token, self.hands_over).await {
             Err(e) if self.hands_over && migrating(&e) => {
-                self.release_script(&mut con, key, token, false).await
+                self.release_script(con, key, token, false).await
             }
             released => released,
         };
@@ -359,21 +345,48 @@ impl RedisBackend {
         if let Some(confirm) = &self.confirm {
             return confirm.release(key, token).await;
         }
+        let bare = self.may_be_bare(key, share, token);
         let Some(coalescer) = &self.coalescer else {
-            return self.release_alone(key, token, share).await;
+            return self.release_alone(key, token, bare).await;
         };
-        let native = self.native_release(key, share, token);
-        match coalescer.enter(|| self.release_op(key, token, share)) {
-            Turn::Alone(_sending) => self.release_alone(key, token, share).await,
-            Turn::Queued(reply) => {
-                let released = match coalesce::reply(reply).await {
-                    // `DELIFEQ` refused by the server (or its ACL): the script, alone.
-                    Err(e) if native && self.delifeq.learn_error("DELIFEQ", &e) => {
-                        return self.release_alone(key, token, share).await;
+        let native = self.native_release(bare);
+        if bare {
+            // `DELIFEQ`, or the batch's one call over its bare releases; refused (the lock was
+            // marked as waited for), the script follows.
+            let op = || match native {
+                true => Op::One(scripts::release::delifeq(key, token)),
+                false => Op::bare_release(&key.redis_key, token),
+            };
+            match coalescer.enter(op) {
+                Turn::Alone(_sending) => return self.release_alone(key, token, bare).await,
+                Turn::Queued(reply) => match coalesce::reply(reply).await {
+                    // `DELIFEQ` refused by the server (or its ACL): the script.
+                    Err(e) if native && self.delifeq.learn_error("DELIFEQ", &e) => {}
+                    reply => {
+                        let deleted = reply
+                            .and_then(|v| Ok(redis::from_redis_value::<i64>(v)?))
+                            .map_err(|e| self.error("release", Some(&key.name), e))?;
+                        if scripts::release::released(deleted) {
+                            return Ok(true);
+                        }
                     }
-                    reply => reply.and_then(|v| Ok(redis::from_redis_value::<i64>(v)?)),
-                }
-                .map_err(|e| self.error("release", Some(&key.name), e))?;
+                },
+            }
+        }
+        let script = || {
+            let call = scripts::release::call(key, token, self.hands_over, self.publish_command());
+            Op::One(call.cmd())
+        };
+        match coalescer.enter(script) {
+            Turn::Alone(_sending) => {
+                let mut con = self.con("release", Some(&key.name)).await?;
+                self.release_by_script(&mut con, key, token).await
+            }
+            Turn::Queued(reply) => {
+                let released = coalesce::reply(reply)
+                    .await
+                    .and_then(|v| Ok(redis::from_redis_value::<i64>(v)?))
+                    .map_err(|e| self.error("release", Some(&key.name), e))?;
                 Ok(scripts::release::released(released))
             }
         }
@@ -417,18 +430,34 @@ impl Store for RedisBackend {
         let Some(coalescer) = &self.coalescer else {
             return self.acquire_alone(attempt).await;
         };
-        match coalescer.enter(|| self.acquire_op(attempt)) {
-            Turn::Alone(_sending) => self.acquire_alone(attempt).await,
+        if attempt.plain_set_first() {
+            match coalescer.enter(|| Op::One(scripts::acquire::plain_set(attempt))) {
+                Turn::Alone(_sending) => return self.acquire_alone(attempt).await,
+                Turn::Queued(reply) => {
+                    let reply = coalesce::reply(reply)
+                        .await
+                        .map_err(|e| self.error("acquire", Some(&attempt.key.name), e))?;
+                    if reply == Value::Okay {
+                        return Ok(Attempt::Acquired { fence: None });
+                    }
+                    // Refused: the script says by whom, and for how long.
+                }
+            }
+        }
+        let script = || {
+            let call = scripts::acquire::call(attempt, self.hands_over, self.publish_command());
+            Op::One(call.cmd())
+        };
+        match coalescer.enter(script) {
+            Turn::Alone(_sending) => {
+                let mut con = self.con("acquire", Some(&attempt.key.name)).await?;
+                self.acquire_by_script(&mut con, attempt).await
+            }
             Turn::Queued(reply) => {
                 let reply = coalesce::reply(reply)
                     .await
+                    .and_then(|v| Ok(redis::from_redis_value::<Vec<Value>>(v)?))
                     .map_err(|e| self.error("acquire", Some(&attempt.key.name), e))?;
-                if reply == Value::Okay {
-                    // The plain `SET NX PX` took it.
-                    return Ok(Attempt::Acquired { fence: None });
-                }
-                let reply = redis::from_redis_value::<Vec<Value>>(reply)
-                    .map_err(|e| self.error("acquire", Some(&attempt.key.name), e.into()))?;
                 scripts::acquire::read(reply, attempt, &self.node)
             }
         }

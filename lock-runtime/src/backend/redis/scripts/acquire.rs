@@ -79,8 +79,10 @@ pub(crate) fn call(attempt: &Acquire<'_>, queued: bool, publish: &str) -> Call {
 /// `Acquire::plain_set_first`): a script call costs Redis more, and most acquisitions find the
 /// lock free. Only a refusal needs the script's answers (whose token? how long?).
 pub(crate) fn plain_set(attempt: &Acquire<'_>) -> redis::Cmd {
-    let mut set = redis::cmd("SET");
-    set.arg(&attempt.key.redis_key)
+    let sized = 32 + attempt.key.redis_key.len() + attempt.token.len();
+    let mut set = redis::Cmd::with_capacity(6, sized);
+    set.arg("SET")
+        .arg(&attempt.key.redis_key)
         .arg(attempt.token)
         .arg("NX")
         .arg("PX")

@@ -38,7 +38,10 @@ pub(crate) struct Call {
 
 impl Call {
     pub(super) fn new(script: &'static Script, keys: &[&str]) -> Self {
-        let mut cmd = redis::cmd("EVALSHA");
+        // Sized for the keys and a dozen short arguments, so that adding them does not grow it.
+        let names: usize = keys.iter().map(|k| k.len()).sum();
+        let mut cmd = Cmd::with_capacity(keys.len() + 16, names + 192);
+        cmd.arg("EVALSHA");
         cmd.arg(script.sha()).arg(keys.len()).arg(keys);
         Self { script, cmd }
     }

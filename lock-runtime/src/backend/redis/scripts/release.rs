@@ -81,8 +81,8 @@ pub(crate) fn bare_replies(reply: redis::Value, locks: usize) -> redis::RedisRes
 /// lock: it deletes the bare token, and refuses (0) a value marked as waited for, which the
 /// script then releases, handing over and waking.
 pub(crate) fn delifeq(key: &LockKey, token: &str) -> redis::Cmd {
-    let mut cmd = redis::cmd("DELIFEQ");
-    cmd.arg(&key.redis_key).arg(token);
+    let mut cmd = redis::Cmd::with_capacity(3, 16 + key.redis_key.len() + token.len());
+    cmd.arg("DELIFEQ").arg(&key.redis_key).arg(token);
     cmd
 }
 
