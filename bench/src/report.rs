@@ -311,6 +311,13 @@ impl Results {
             );
             let _ = writeln!(
                 out,
+                "- the same two commands on a MultiplexedConnection whose driver runs on a thread \
+                 of its own (as lock-runtime's, on its I/O thread): {} = {:.2} × by hand",
+                spread(&u.raw_remote),
+                u.raw_remote.median().as_secs_f64() / u.raw.median().as_secs_f64()
+            );
+            let _ = writeln!(
+                out,
                 "- server time per call (median of INFO latencystats, measured alone): PING {}, \
                  `SET NX PX` {}, release script {}",
                 usec(u.server_usec[0]),
@@ -483,7 +490,8 @@ settings unless stated; lock-runtime uses its manual API (`registry.lock(key)...
    `MultiplexedConnection`; async-redis-lock: a `ConnectionManager`), interleaved with item 2.
 2. Acquire + release of one free key, back to back; ratio to twice the library's own RTT, and
    lock-runtime's cycle to its two commands (`SET NX PX`, the release script) sent by hand on a
-   plain `MultiplexedConnection`, interleaved.
+   plain `MultiplexedConnection`, interleaved; and those two commands once more on a connection
+   made on a thread of its own, whose driver runs there as lock-runtime's run on its I/O thread.
 3. A second client of the same library waits for a held key; the holder releases 5 ms plus a
    uniform share of the waiter's poll period (rslock 200 ms, async-redis-lock 100 ms, lock-runtime
    5 ms) after the waiter started. Measured from just before the holder's release call to the

@@ -3,7 +3,9 @@
 //!
 //! Next to lock-runtime's cycle the same two commands are also sent without any library on a
 //! plain `MultiplexedConnection`: `SET key token NX PX ttl` and lock-runtime's release script (its
-//! wire protocol). That is the floor the protocol itself sets, whatever the client does.
+//! wire protocol). That is the floor the protocol itself sets, whatever the client does. They
+//! are sent a second time on a connection made on a thread of its own, as lock-runtime's
+//! connections are made on its I/O thread: what the driver's wake-ups on another thread cost.
 
 use lock_runtime::protocol::RELEASE_LUA;
 
@@ -16,6 +18,8 @@ pub struct Uncontended {
     pub cycle: PerLib<Samples>,
     /// lock-runtime's two commands sent by hand.
     pub raw: Samples,
+    /// The same on a connection whose driver runs on a thread of its own.
+    pub raw_remote: Samples,
     /// Server time per call (median), µs: PING, `SET NX PX`, the release script.
     pub server_usec: [f64; 3],
 }
@@ -90,7 +94,9 @@ pub async fn measure(url: &str, iterations: usize) -> Uncontended {
             Release::DelIfEq
         }
     };
+    let mut remote_con = remote_connection(url);
     let mut raw = Vec::with_capacity(iterations);
+    let mut raw_remote = Vec::with_capacity(iterations);
     let keys: Vec<String> = Lib::ALL
         .iter()
         .map(|l| format!("cycle:{}", l.id()))
@@ -103,6 +109,7 @@ pub async fn measure(url: &str, iterations: usize) -> Uncontended {
             clients[i].cycle(&keys[i]).await.expect("warm-up cycle");
         }
         raw_cycle(&mut raw_con, &release).await;
+        raw_cycle(&mut remote_con, &release).await;
     }
     let mut rtt = PerLib::<Vec<_>>::default();
     let mut cycle = PerLib::<Vec<_>>::default();
@@ -117,6 +124,7 @@ pub async fn measure(url: &str, iterations: usize) -> Uncontended {
             cycle.get_mut(lib).push(started.elapsed());
             if lib == Lib::Runtime {
                 raw.push(raw_cycle(&mut raw_con, &release).await);
+                raw_remote.push(raw_cycle(&mut remote_con, &release).await);
             }
         }
     }
@@ -138,5 +146,28 @@ pub async fn measure(url: &str, iterations: usize) -> Uncontended {
         rtt: PerLib(rtt.0.map(Samples::new)),
         cycle: PerLib(cycle.0.map(Samples::new)),
         raw: Samples::new(raw),
+        raw_remote: Samples::new(raw_remote),
     }
+}
+
+/// A `MultiplexedConnection` made by a task of a current-thread runtime on a thread of its own,
+/// where its driver then runs (the thread lives as long as the process).
+fn remote_connection(url: &str) -> Pinger {
+    let client = redis::Client::open(url).expect("url");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        runtime.block_on(async move {
+            let con = client
+                .get_multiplexed_async_connection()
+                .await
+                .expect("multiplexed connection");
+            tx.send(con).expect("send the connection");
+            std::future::pending::<()>().await
+        });
+    });
+    Pinger::Multiplexed(rx.recv().expect("the connection"))
 }
