@@ -46,6 +46,8 @@ struct Section {
     task: String,
     token: String,
     fence: u64,
+    /// When its acquisition was called.
+    called: i64,
     start: i64,
     end: i64,
     outcome: Ending,
@@ -127,11 +129,11 @@ fn sections(lines: &[Line], killed: &HashMap<u32, i64>) -> Vec<Section> {
                 seq,
                 token,
                 fence,
+                called,
                 start,
                 kind,
                 keys,
                 hold_ms,
-                ..
             } => {
                 // Still open at the end only if its worker was killed first (see below).
                 let section = Section {
@@ -139,6 +141,7 @@ fn sections(lines: &[Line], killed: &HashMap<u32, i64>) -> Vec<Section> {
                     task: w.clone(),
                     token: token.clone(),
                     fence: *fence,
+                    called: *called,
                     start: *start,
                     end: 0,
                     outcome: Ending::Killed,
@@ -170,6 +173,7 @@ fn sections(lines: &[Line], killed: &HashMap<u32, i64>) -> Vec<Section> {
                     task: w.clone(),
                     token: token.clone(),
                     fence: *fence,
+                    called: began.as_ref().map_or(*start, |b| b.called),
                     start: *start,
                     end: *end,
                     outcome: Ending::Reported(*outcome),
@@ -444,24 +448,29 @@ impl<'a> Facts<'a> {
     /// just after the section began, and another node may be lost in the middle of it.
     ///
     /// A node lost with `kill -9` right after it granted (its last output before the kill is
-    /// lost) counts from the grant the other nodes show until it is back: down, it grants
+    /// lost) counts from the grant until it is back, for at most a lease: down, it grants
     /// nobody else (Redlock restarts a node empty only after a ttl, as the deployments guide
-    /// asks), and its grant is a write its history cannot show. Only where the same attempt
-    /// (the token is new per attempt) reached another node while that node's output was lost.
-    fn held_by_a_quorum_throughout(&self, token: &str, key: &str, from: i64, to: i64) -> bool {
+    /// asks; a Cluster or Sentinel replica promoted without the grant is the limit of
+    /// asynchronous replication that GUARANTEES.md states, and the overlap check still holds
+    /// there), and its grant is a write its history cannot show. The grant is the moment the
+    /// other nodes show for the same attempt (the token is new per attempt), or with none
+    /// showing it the moment the acquisition was called; either must fall in the node's lost
+    /// output.
+    fn held_by_a_quorum_throughout(&self, s: &Section, key: &str) -> bool {
+        let (token, from, to) = (s.token.as_str(), s.start, s.end);
         let mut held: Vec<Vec<(i64, i64)>> = self
             .tenures_of(token, key)
             .map(|ts| ts.iter().map(|t| (t.since_us, t.held_until())).collect())
             .collect();
-        let granted = held.iter().flatten().map(|&(since, _)| since).min();
-        if let Some(granted) = granted {
-            for (node, history) in held.iter_mut().zip(self.i.histories) {
-                let hidden = history.outages.iter().find(|o| {
-                    o.seen_until_us <= granted && granted <= o.lost_us + MONITOR_SLACK_US
-                });
-                if let Some(o) = hidden {
-                    node.push((granted, o.back_us));
-                }
+        let shown = held.iter().flatten().map(|&(since, _)| since).min();
+        let granted = shown.unwrap_or(s.called);
+        for (node, history) in held.iter_mut().zip(self.i.histories) {
+            let hidden = history
+                .outages
+                .iter()
+                .find(|o| o.seen_until_us <= granted && granted <= o.lost_us + MONITOR_SLACK_US);
+            if let Some(o) = hidden {
+                node.push((granted, o.back_us.min(granted + us(TTL))));
             }
         }
         let holders_at = |at: i64| {
@@ -545,7 +554,7 @@ fn trusted_sections_lie_inside_their_tenure(f: &Facts<'_>, r: &mut Report) -> i6
     let mut completed_margin = i64::MAX;
     for s in f.trusted() {
         for key in &s.keys {
-            if !f.held_by_a_quorum_throughout(&s.token, key, s.start, s.end) {
+            if !f.held_by_a_quorum_throughout(s, key) {
                 let per_node: Vec<String> = f
                     .tenures_of(&s.token, key)
                     .enumerate()
@@ -1179,6 +1188,7 @@ struct Synthetic {
     seq: u64,
     token: &'static str,
     fence: u64,
+    called: i64,
     start: i64,
     end: i64,
     outcome: Outcome,
@@ -1204,6 +1214,7 @@ impl Synthetic {
             seq: 1,
             token,
             fence,
+            called: start,
             start,
             end,
             outcome: Outcome::Ok,
@@ -1218,6 +1229,12 @@ impl Synthetic {
         self.keys.iter().map(|&k| k.to_owned()).collect()
     }
 
+    /// Its acquisition called at `called` (by default when the section began).
+    fn called_at(mut self, called: i64) -> Self {
+        self.called = called;
+        self
+    }
+
     /// Its `begin` record.
     fn begin(&self) -> Line {
         Line {
@@ -1227,7 +1244,7 @@ impl Synthetic {
                 seq: self.seq,
                 token: self.token.to_owned(),
                 fence: self.fence,
-                called: self.start,
+                called: self.called,
                 start: self.start,
                 kind: self.kind,
                 keys: self.keys(),
@@ -1436,6 +1453,60 @@ fn a_node_killed_right_after_it_may_have_granted_counts_while_it_is_down() {
     // It showed a command after the grant: the grant would show too.
     let violations = check_with(killed("10.000800"));
     assert!(violations.contains("on a quorum"), "{violations}");
+}
+
+/// A Cluster shard or Sentinel master (one copy of the data) killed right after it granted a
+/// permit that no history shows: the acquisition was called at 10.0005 s, the kill came at
+/// 10.001 s, and the body ran from 10.003 s (a kept Cluster run at 9c438e8: called 758 µs
+/// before the kill, the body began 2.9 ms after it, the master's output lost for 9 ms before,
+/// its replica's history going on meanwhile).
+#[test]
+fn a_grant_no_history_shows_counts_if_its_call_fell_in_a_killed_masters_lost_output() {
+    let section = |end: i64| {
+        let s = Synthetic {
+            kind: LockKind::Permit,
+            keys: &["lock:sem"],
+            write: StoreCall::NotMade,
+            ..Synthetic::new(1, "1.p", "h:1:a", 0, (10_003_000, end))
+        }
+        .called_at(10_000_500);
+        [s.begin(), s.end()]
+    };
+    let other = |at: &str| [format!(r#"+{at} [0 127.0.0.1:2] "GET" "lock:other""#)];
+    // The master's history shows its last command at `seen`, then its loss; back 1.4 s later.
+    let master = |seen: &str| {
+        let mut events = monitored(other(seen));
+        events.push(super::monitor::Event::Lost { at_us: 10_001_000 });
+        events.extend(monitored(other("11.400000")));
+        events
+    };
+    let killed = |seen: &str| model::rebuild(&[master(seen)], "lock:", false);
+    let check_with = |lines: &[Line], master: History| {
+        let histories = [master];
+        check(&Inputs {
+            fencing: false,
+            ..Inputs::synthetic(lines, &histories)
+        })
+        .violations
+        .join("\n")
+    };
+    // Nothing shown from 9.999 s until the kill: the grant may be in the lost output.
+    assert_eq!(check_with(&section(10_006_000), killed("9.999000")), "");
+    // A command shown after the call: the grant would show too.
+    let violations = check_with(&section(10_006_000), killed("10.000800"));
+    assert!(violations.contains("server-side tenure"), "{violations}");
+    // Merged with its replica's history, whose commands after the call say nothing of what the
+    // master's lost output held.
+    let group = model::rebuild(
+        &[master("9.999000"), monitored(other("10.000800"))],
+        "lock:",
+        false,
+    );
+    assert_eq!(check_with(&section(10_006_000), group), "");
+    // A hidden grant is a lease at most: a body still running a ttl after the call, unaware,
+    // ran outside it (its renewals would have found the promoted replica without it).
+    let violations = check_with(&section(11_200_000), killed("9.999000"));
+    assert!(violations.contains("server-side tenure"), "{violations}");
 }
 
 #[test]

@@ -767,9 +767,9 @@ impl Builder<'_> {
 
 /// One executed command with what it ran, or the loss of a server.
 enum Unit<'e> {
-    Lost {
-        at_us: i64,
-    },
+    /// With the last command that server's own history showed before (in a group merged from
+    /// a master and its replicas, the others' commands say nothing of the lost output).
+    Lost { at_us: i64, seen_until_us: i64 },
     /// A client command, and the commands its script ran (empty for a plain command).
     Command(&'e Entry, Vec<Entry>),
 }
@@ -777,7 +777,7 @@ enum Unit<'e> {
 impl Unit<'_> {
     fn at_us(&self) -> i64 {
         match self {
-            Self::Lost { at_us } => *at_us,
+            Self::Lost { at_us, .. } => *at_us,
             Self::Command(e, _) => e.at_us,
         }
     }
@@ -786,10 +786,17 @@ impl Unit<'_> {
 /// One server's events as units: each script call with the commands it ran.
 fn units(events: &[Event]) -> Vec<Unit<'_>> {
     let mut out = Vec::new();
+    let mut seen_until_us = i64::MIN;
     let mut i = 0;
     while i < events.len() {
+        if let Event::Command(e) = &events[i] {
+            seen_until_us = e.at_us;
+        }
         match &events[i] {
-            Event::Lost { at_us } => out.push(Unit::Lost { at_us: *at_us }),
+            Event::Lost { at_us } => out.push(Unit::Lost {
+                at_us: *at_us,
+                seen_until_us,
+            }),
             // A script's commands without their call: only after a reconnect mid-script.
             Event::Command(e) if e.lua => {}
             Event::Command(e) => {
@@ -800,6 +807,7 @@ fn units(events: &[Event]) -> Vec<Unit<'_>> {
                             break;
                         }
                         body.push(c.clone());
+                        seen_until_us = c.at_us;
                         i += 1;
                     }
                 }
@@ -893,10 +901,12 @@ pub fn rebuild(streams: &[Vec<Event>], prefix: &str, ifeq: bool) -> History {
     // Stable: a server's own units keep their order when stamps tie.
     merged.sort_by_key(Unit::at_us);
     let refused = refused_plain_sets(&merged);
-    let mut seen_until_us = i64::MIN;
     for (i, unit) in merged.into_iter().enumerate() {
         match unit {
-            Unit::Lost { at_us } => {
+            Unit::Lost {
+                at_us,
+                seen_until_us,
+            } => {
                 b.history.outages.push(Outage {
                     seen_until_us,
                     lost_us: at_us,
@@ -914,7 +924,6 @@ pub fn rebuild(streams: &[Vec<Event>], prefix: &str, ifeq: bool) -> History {
                 }
             }
             Unit::Command(e, body) => {
-                seen_until_us = body.last().map_or(e.at_us, |c| c.at_us);
                 if let Some(outage) = b.history.outages.last_mut() {
                     if outage.back_us == i64::MAX {
                         outage.back_us = e.at_us;
