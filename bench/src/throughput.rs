@@ -52,6 +52,18 @@ enum Cycler {
 }
 
 impl Cycler {
+    /// The protocol by hand, on a connection of its own.
+    async fn raw(url: &str) -> Self {
+        Cycler::Raw(
+            redis::Client::open(url)
+                .expect("url")
+                .get_multiplexed_async_connection()
+                .await
+                .expect("multiplexed connection"),
+            Arc::new(redis::Script::new(lock_runtime::protocol::RELEASE_LUA)),
+        )
+    }
+
     async fn cycle(&self, key: &str, token: &str) -> Result<(), String> {
         match self {
             Cycler::Lib(client) => client.cycle(key).await,
@@ -97,14 +109,7 @@ pub async fn measure(url: &str, tasks: usize, window: Duration, rounds: usize) -
     for lib in Lib::ALL {
         cyclers.push(Cycler::Lib(Arc::new(Client::connect(lib, url).await)));
     }
-    let raw = Cycler::Raw(
-        redis::Client::open(url)
-            .expect("url")
-            .get_multiplexed_async_connection()
-            .await
-            .expect("multiplexed connection"),
-        Arc::new(redis::Script::new(lock_runtime::protocol::RELEASE_LUA)),
-    );
+    let raw = Cycler::raw(url).await;
     let mut raw_out = Throughput::default();
     let mut stats = lock_tests::connection(url);
     let mut out = PerLib::<Throughput>::default();
@@ -186,14 +191,7 @@ async fn one_round(
 pub async fn profile(url: &str, which: &str, tasks: usize, window: Duration) {
     let cycler = match Lib::from_id(which) {
         Some(lib) => Cycler::Lib(Arc::new(Client::connect(lib, url).await)),
-        None => Cycler::Raw(
-            redis::Client::open(url)
-                .expect("url")
-                .get_multiplexed_async_connection()
-                .await
-                .expect("multiplexed connection"),
-            Arc::new(redis::Script::new(lock_runtime::protocol::RELEASE_LUA)),
-        ),
+        None => Cycler::raw(url).await,
     };
     let mut stats = lock_tests::connection(url);
     let mut t = Throughput::default();
