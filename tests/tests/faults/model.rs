@@ -142,6 +142,9 @@ struct Builder<'a> {
     /// since (see [`Builder::revealed`]).
     last_loss_us: Option<i64>,
     written_since_loss: HashSet<Vec<u8>>,
+    /// The longest lease (`PX`, `PEXPIRE`) the history has shown: a key restored from disk
+    /// expires at most that long after its server was lost.
+    longest_ms: i64,
 }
 
 impl Builder<'_> {
@@ -367,6 +370,7 @@ impl Builder<'_> {
                 t.ended_by = "expired";
             }
         }
+        self.longest_ms = self.longest_ms.max(px_ms);
         let expiry_ms = at_us / 1000 + px_ms;
         self.history.tenures.push(Tenure {
             key: String::from_utf8_lossy(key).into_owned(),
@@ -390,6 +394,7 @@ impl Builder<'_> {
 
     /// The owner extended live lock `key` at `at_us` by `ms`.
     fn renewed(&mut self, key: &[u8], at_us: i64, ms: i64) {
+        self.longest_ms = self.longest_ms.max(ms);
         self.survived(key);
         self.written_since_loss.insert(key.to_vec());
         let live = self.live.get_mut(key).expect("owned, so live");
@@ -535,9 +540,27 @@ impl Builder<'_> {
                     self.expire(&key, cmd.at_us);
                     let value = cmd.arg_str(2);
                     let owner = self.owner(&key).map(str::to_owned);
+                    let marked = value.strip_suffix(WAITED);
+                    let restorable = !self.replicated && !self.written_since_loss.contains(&key);
                     match self.live.get_mut(&key) {
-                        Some(live) if owner.as_deref() == value.strip_suffix(WAITED) => {
+                        Some(live) if owner.as_deref() == marked => {
                             live.marked = true;
+                        }
+                        // A key its server's loss left in doubt, restored from disk with a
+                        // write the history missed (see `revealed`): the script read it, so
+                        // the mark shows its owner, whose lease ends at most a lease after the
+                        // loss.
+                        Some(Live {
+                            lost_at: Some(lost_us),
+                            ..
+                        }) if restorable && marked.is_some() => {
+                            let lost_ms = *lost_us / 1000;
+                            let left = (lost_ms + self.longest_ms - cmd.at_us / 1000).max(1);
+                            let token = marked.unwrap_or_default().to_owned();
+                            self.restored(&key, &token, cmd.at_us, left);
+                            if let Some(live) = self.live.get_mut(&key) {
+                                live.marked = true;
+                            }
                         }
                         // A key restored from disk that the history never saw written.
                         None if self.last_loss_us.is_some() => {}
@@ -896,6 +919,7 @@ pub fn rebuild(streams: &[Vec<Event>], prefix: &str, ifeq: bool) -> History {
         replicated: streams.len() > 1,
         last_loss_us: None,
         written_since_loss: HashSet::new(),
+        longest_ms: 0,
     };
     let mut merged: Vec<Unit<'_>> = streams.iter().flat_map(|s| units(s)).collect();
     // Stable: a server's own units keep their order when stamps tie.
@@ -1163,6 +1187,46 @@ mod tests {
                 .violations
                 .iter()
                 .any(|v| v.starts_with("(d) PEXPIRE of lock:k")),
+            "{:?}",
+            history.violations
+        );
+    }
+
+    #[test]
+    fn a_key_restored_from_disk_with_a_write_the_history_missed_shows_its_owner_by_a_mark() {
+        // As above, but the first command to touch the restored key is a waiter's attempt,
+        // which reads it and marks B's token as waited for (a Redlock-5 run kept at 9c438e8);
+        // B's renewal then finds its lease alive.
+        let mut events = events(&[
+            r#"10.000000 [0 127.0.0.1:1] "evalsha" "s" "2" "lock:k" "fence:{lock:k}" "A" "1000" "0""#,
+            r#"10.000010 [0 lua] "SET" "lock:k" "A" "NX" "PX" "1000""#,
+        ]);
+        events.push(Event::Lost { at_us: 10_100_000 });
+        events.extend(self::events(&[
+            r#"10.500000 [0 127.0.0.1:3] "evalsha" "a" "1" "lock:k" "C" "1000" "0" "2" "1" "0""#,
+            r#"10.500010 [0 lua] "GET" "lock:k""#,
+            r#"10.500020 [0 lua] "SET" "lock:k" "B+w" "KEEPTTL""#,
+            r#"10.500030 [0 lua] "PTTL" "lock:k""#,
+            r#"10.900000 [0 127.0.0.1:2] "evalsha" "r" "1" "lock:k" "B" "1000""#,
+            r#"10.900010 [0 lua] "GET" "lock:k""#,
+            r#"10.900020 [0 lua] "PEXPIRE" "lock:k" "1000""#,
+        ]));
+        let history = rebuild(&[events.clone()], "lock:", false);
+        assert!(history.violations.is_empty(), "{:?}", history.violations);
+        let by_token = history.by_token();
+        assert_eq!(by_token["A"][0].ended_us, Some(10_100_000));
+        assert_eq!(by_token["B"][0].since_us, 10_500_020);
+        // Without the loss the history knows A holds it: marking B is a violation.
+        let known: Vec<Event> = events
+            .into_iter()
+            .filter(|e| !matches!(e, Event::Lost { .. }))
+            .collect();
+        let history = rebuild(&[known], "lock:", false);
+        assert!(
+            history
+                .violations
+                .iter()
+                .any(|v| v.starts_with("(d) lock:k marked as B+w")),
             "{:?}",
             history.violations
         );
