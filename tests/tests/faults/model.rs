@@ -541,20 +541,19 @@ impl Builder<'_> {
                     let value = cmd.arg_str(2);
                     let owner = self.owner(&key).map(str::to_owned);
                     let marked = value.strip_suffix(WAITED);
-                    let restorable = !self.replicated && !self.written_since_loss.contains(&key);
+                    let restorable = self.last_loss_us.is_some()
+                        && !self.replicated
+                        && !self.written_since_loss.contains(&key);
                     match self.live.get_mut(&key) {
                         Some(live) if owner.as_deref() == marked => {
                             live.marked = true;
                         }
                         // A key its server's loss left in doubt, restored from disk with a
-                        // write the history missed (see `revealed`): the script read it, so
-                        // the mark shows its owner, whose lease ends at most a lease after the
-                        // loss.
-                        Some(Live {
-                            lost_at: Some(lost_us),
-                            ..
-                        }) if restorable && marked.is_some() => {
-                            let lost_ms = *lost_us / 1000;
+                        // write the history missed (see `revealed`; a refused `SET NX` showed
+                        // only that it exists): the script read it, so the mark shows its
+                        // owner, whose lease ends at most a lease after the loss.
+                        Some(_) if restorable && marked.is_some() => {
+                            let lost_ms = self.last_loss_us.unwrap_or(cmd.at_us) / 1000;
                             let left = (lost_ms + self.longest_ms - cmd.at_us / 1000).max(1);
                             let token = marked.unwrap_or_default().to_owned();
                             self.restored(&key, &token, cmd.at_us, left);
@@ -1195,8 +1194,8 @@ mod tests {
     #[test]
     fn a_key_restored_from_disk_with_a_write_the_history_missed_shows_its_owner_by_a_mark() {
         // As above, but the first command to touch the restored key is a waiter's attempt,
-        // which reads it and marks B's token as waited for (a Redlock-5 run kept at 9c438e8);
-        // B's renewal then finds its lease alive.
+        // whose `SET NX` is refused and which reads it and marks B's token as waited for
+        // (Redlock-5 runs kept at 9c438e8 and fa04e04); B's renewal then finds its lease alive.
         let mut events = events(&[
             r#"10.000000 [0 127.0.0.1:1] "evalsha" "s" "2" "lock:k" "fence:{lock:k}" "A" "1000" "0""#,
             r#"10.000010 [0 lua] "SET" "lock:k" "A" "NX" "PX" "1000""#,
@@ -1204,6 +1203,7 @@ mod tests {
         events.push(Event::Lost { at_us: 10_100_000 });
         events.extend(self::events(&[
             r#"10.500000 [0 127.0.0.1:3] "evalsha" "a" "1" "lock:k" "C" "1000" "0" "2" "1" "0""#,
+            r#"10.500005 [0 lua] "SET" "lock:k" "C+w" "NX" "PX" "1000""#,
             r#"10.500010 [0 lua] "GET" "lock:k""#,
             r#"10.500020 [0 lua] "SET" "lock:k" "B+w" "KEEPTTL""#,
             r#"10.500030 [0 lua] "PTTL" "lock:k""#,
