@@ -118,6 +118,9 @@ struct Live {
     /// The value is the owner's token marked as waited for ([`WAITED`]): a `SET .. IFEQ` or
     /// `DELIFEQ` of the bare token leaves it alone.
     marked: bool,
+    /// Its expiry is a bound, not known: shown by a mark on a key restored from disk, until
+    /// its owner renews it. A `SET` by another only ends it.
+    bounded: bool,
 }
 
 /// What the scripts append to a holder's token once someone waited for the lock
@@ -315,6 +318,7 @@ impl Builder<'_> {
                     expiry_ms: deadline,
                     lost_at: None,
                     marked: false,
+                    bounded: false,
                 },
             );
             let permits = self
@@ -352,9 +356,10 @@ impl Builder<'_> {
         if let Some(previous) = self.live.remove(key) {
             let now_ms = at_us / 1000;
             let t = &mut self.history.tenures[previous.index];
-            if previous.lost_at.is_some() {
-                // The key did not survive its server's loss, and nobody took it before now:
-                // until now no other holder could have been beside its own.
+            if previous.lost_at.is_some() || previous.bounded {
+                // The key did not survive its server's loss (or outlived it only up to an
+                // unknown expiry), and nobody took it before now: until now no other holder
+                // could have been beside its own.
                 t.ended_us = Some(at_us.min((previous.expiry_ms + 1) * 1000));
                 t.ended_by = "server lost";
             } else if now_ms + SLACK_MS < previous.expiry_ms && t.token != token {
@@ -365,7 +370,7 @@ impl Builder<'_> {
                     previous.expiry_ms
                 ));
             }
-            if previous.lost_at.is_none() {
+            if previous.lost_at.is_none() && !previous.bounded {
                 t.ended_us = Some(at_us.min((previous.expiry_ms + 1) * 1000));
                 t.ended_by = "expired";
             }
@@ -388,6 +393,7 @@ impl Builder<'_> {
                 expiry_ms,
                 lost_at: None,
                 marked: token != value,
+                bounded: false,
             },
         );
     }
@@ -398,6 +404,7 @@ impl Builder<'_> {
         self.survived(key);
         self.written_since_loss.insert(key.to_vec());
         let live = self.live.get_mut(key).expect("owned, so live");
+        live.bounded = false;
         let new_expiry = at_us / 1000 + ms;
         if new_expiry + SLACK_MS < live.expiry_ms {
             self.history.violations.push(format!(
@@ -559,6 +566,7 @@ impl Builder<'_> {
                             self.restored(&key, &token, cmd.at_us, left);
                             if let Some(live) = self.live.get_mut(&key) {
                                 live.marked = true;
+                                live.bounded = true;
                             }
                         }
                         // A key restored from disk that the history never saw written.
@@ -1230,6 +1238,36 @@ mod tests {
             "{:?}",
             history.violations
         );
+    }
+
+    /// The owner a mark shows on a restored key holds it until an unknown expiry: a later
+    /// refused `SET NX` shows the key still there, and a `SET NX` that succeeds shows it gone
+    /// (a Redlock-3 run kept at fa04e04).
+    #[test]
+    fn a_restored_owner_shown_by_a_mark_holds_the_key_until_another_takes_it() {
+        let mut events = events(&[
+            r#"10.000000 [0 127.0.0.1:1] "evalsha" "s" "1" "lock:k" "A" "1000" "0""#,
+            r#"10.000010 [0 lua] "SET" "lock:k" "A" "NX" "PX" "1000""#,
+        ]);
+        events.push(Event::Lost { at_us: 10_100_000 });
+        events.extend(self::events(&[
+            r#"10.200000 [0 127.0.0.1:3] "evalsha" "a" "1" "lock:k" "C" "1000" "0" "2" "1" "0""#,
+            r#"10.200005 [0 lua] "SET" "lock:k" "C+w" "NX" "PX" "1000""#,
+            r#"10.200010 [0 lua] "GET" "lock:k""#,
+            r#"10.200020 [0 lua] "SET" "lock:k" "B+w" "KEEPTTL""#,
+            r#"10.200030 [0 lua] "PTTL" "lock:k""#,
+            r#"10.300000 [0 127.0.0.1:4] "evalsha" "a" "1" "lock:k" "D" "1000" "0" "2" "1" "0""#,
+            r#"10.300005 [0 lua] "SET" "lock:k" "D+w" "NX" "PX" "1000""#,
+            r#"10.300010 [0 lua] "GET" "lock:k""#,
+            r#"10.300020 [0 lua] "PTTL" "lock:k""#,
+            r#"10.600000 [0 127.0.0.1:5] "evalsha" "a" "1" "lock:k" "E" "1000" "0" "2" "1" "0""#,
+            r#"10.600005 [0 lua] "SET" "lock:k" "E+w" "NX" "PX" "1000""#,
+        ]));
+        let history = rebuild(&[events], "lock:", false);
+        assert!(history.violations.is_empty(), "{:?}", history.violations);
+        let by_token = history.by_token();
+        assert_eq!(by_token["B"][0].ended_us, Some(10_600_005));
+        assert_eq!(by_token["E"][0].since_us, 10_600_005);
     }
 
     #[test]
