@@ -279,9 +279,18 @@ async fn exercise(url: &str, observe: &str) -> Vec<String> {
             // Queued and subscribed, or given up (a command it needs is missing). Generous:
             // under load a new registry's subscriber may take seconds to connect, and releasing
             // before the waiter queued would leave the queue's commands unexercised (`hget`
-            // once looked unneeded that way).
+            // once looked unneeded that way; `hdel`, which takes a handed-over waiter out of
+            // the queue, did beside two CPU hogs while the check was the subscription alone).
             let ready = within(Duration::from_secs(30), async || {
-                waiter.is_finished() || subscribers(observe, "lock:fenced").await > 0
+                if waiter.is_finished() {
+                    return true;
+                }
+                let queued: i64 = redis::cmd("EXISTS")
+                    .arg("queue:{lock:fenced}")
+                    .query_async(&mut raw(observe).await)
+                    .await
+                    .unwrap_or(0);
+                queued == 1 && subscribers(observe, "lock:fenced").await > 0
             })
             .await;
             assert!(
