@@ -363,9 +363,7 @@ impl RedisBackend {
                     // `DELIFEQ` refused by the server (or its ACL): the script.
                     Err(e) if native && self.delifeq.learn_error("DELIFEQ", &e) => {}
                     reply => {
-                        let deleted = reply
-                            .and_then(|v| Ok(redis::from_redis_value::<i64>(v)?))
-                            .map_err(|e| self.error("release", Some(&key.name), e))?;
+                        let deleted: i64 = self.read(reply, "release", &key.name)?;
                         if scripts::release::released(deleted) {
                             return Ok(true);
                         }
@@ -383,13 +381,23 @@ impl RedisBackend {
                 self.release_by_script(&mut con, key, token).await
             }
             Turn::Queued(reply) => {
-                let released = coalesce::reply(reply)
-                    .await
-                    .and_then(|v| Ok(redis::from_redis_value::<i64>(v)?))
-                    .map_err(|e| self.error("release", Some(&key.name), e))?;
+                let released: i64 =
+                    self.read(coalesce::reply(reply).await, "release", &key.name)?;
                 Ok(scripts::release::released(released))
             }
         }
+    }
+
+    /// A batched operation's reply as `T`, or the error that names `command` and `key`.
+    fn read<T: redis::FromRedisValue>(
+        &self,
+        reply: coalesce::Reply,
+        command: &'static str,
+        key: &str,
+    ) -> Result<T, LockError> {
+        reply
+            .and_then(|v| Ok(redis::from_redis_value(v)?))
+            .map_err(|e| self.error(command, Some(key), e))
     }
 
     fn error(&self, command: &'static str, key: Option<&str>, e: redis::RedisError) -> LockError {
@@ -434,9 +442,8 @@ impl Store for RedisBackend {
             match coalescer.enter(|| Op::One(scripts::acquire::plain_set(attempt))) {
                 Turn::Alone(_sending) => return self.acquire_alone(attempt).await,
                 Turn::Queued(reply) => {
-                    let reply = coalesce::reply(reply)
-                        .await
-                        .map_err(|e| self.error("acquire", Some(&attempt.key.name), e))?;
+                    let reply: Value =
+                        self.read(coalesce::reply(reply).await, "acquire", &attempt.key.name)?;
                     if reply == Value::Okay {
                         return Ok(Attempt::Acquired { fence: None });
                     }
@@ -454,10 +461,8 @@ impl Store for RedisBackend {
                 self.acquire_by_script(&mut con, attempt).await
             }
             Turn::Queued(reply) => {
-                let reply = coalesce::reply(reply)
-                    .await
-                    .and_then(|v| Ok(redis::from_redis_value::<Vec<Value>>(v)?))
-                    .map_err(|e| self.error("acquire", Some(&attempt.key.name), e))?;
+                let reply =
+                    self.read(coalesce::reply(reply).await, "acquire", &attempt.key.name)?;
                 scripts::acquire::read(reply, attempt, &self.node)
             }
         }
