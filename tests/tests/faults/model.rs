@@ -1155,25 +1155,41 @@ mod tests {
         assert_eq!(by_token["D"][0].since_us, 10_400_010);
     }
 
-    #[test]
-    fn a_key_restored_from_disk_with_a_write_the_history_missed_shows_its_owner_by_its_renewal() {
-        // A holds lock:k; the server is killed after B took it (unseen: MONITOR's last output
-        // is lost with the process, the append-only file kept the write) and restarted from
-        // disk; B's owner-checked renewal and release show that B held it.
+    /// A holds lock:k from 10 s; its server is lost at 10.1 s and restarted from disk; then
+    /// `after`.
+    fn restored_after(after: &[&str]) -> Vec<Event> {
         let mut events = events(&[
             r#"10.000000 [0 127.0.0.1:1] "evalsha" "s" "2" "lock:k" "fence:{lock:k}" "A" "1000" "0""#,
             r#"10.000010 [0 lua] "SET" "lock:k" "A" "NX" "PX" "1000""#,
         ]);
         events.push(Event::Lost { at_us: 10_100_000 });
-        events.extend(self::events(&[
+        events.extend(self::events(after));
+        events
+    }
+
+    /// The violations of the same history had its server never been lost.
+    fn without_the_loss(events: Vec<Event>) -> Vec<String> {
+        let known: Vec<Event> = events
+            .into_iter()
+            .filter(|e| !matches!(e, Event::Lost { .. }))
+            .collect();
+        rebuild(&[known], "lock:", false).violations
+    }
+
+    #[test]
+    fn a_key_restored_from_disk_with_a_write_the_history_missed_shows_its_owner_by_its_renewal() {
+        // A holds lock:k; the server is killed after B took it (unseen: MONITOR's last output
+        // is lost with the process, the append-only file kept the write) and restarted from
+        // disk; B's owner-checked renewal and release show that B held it.
+        let events = restored_after(&[
             r#"10.500000 [0 127.0.0.1:2] "evalsha" "r" "2" "lock:j" "lock:k" "C" "1000" "B" "1000""#,
             r#"10.500010 [0 lua] "GET" "lock:k""#,
             r#"10.500020 [0 lua] "PEXPIRE" "lock:k" "1000""#,
             r#"10.600000 [0 127.0.0.1:2] "evalsha" "x" "1" "lock:k" "B" "PUBLISH""#,
             r#"10.600010 [0 lua] "GET" "lock:k""#,
             r#"10.600020 [0 lua] "DEL" "lock:k""#,
-        ]));
-        let history = rebuild(&[events.clone()], "lock:", false);
+        ]);
+        let history = rebuild(std::slice::from_ref(&events), "lock:", false);
         assert!(history.violations.is_empty(), "{:?}", history.violations);
         let by_token = history.by_token();
         assert_eq!(
@@ -1184,18 +1200,12 @@ mod tests {
         let b = by_token["B"][0];
         assert_eq!((b.since_us, b.ended_us), (10_500_020, Some(10_600_020)));
         // Without the loss the history knows the owner: the same renewal is a violation.
-        let known: Vec<Event> = events
-            .into_iter()
-            .filter(|e| !matches!(e, Event::Lost { .. }))
-            .collect();
-        let history = rebuild(&[known], "lock:", false);
+        let violations = without_the_loss(events);
         assert!(
-            history
-                .violations
+            violations
                 .iter()
                 .any(|v| v.starts_with("(d) PEXPIRE of lock:k")),
-            "{:?}",
-            history.violations
+            "{violations:?}"
         );
     }
 
@@ -1204,12 +1214,7 @@ mod tests {
         // As above, but the first command to touch the restored key is a waiter's attempt,
         // whose `SET NX` is refused and which reads it and marks B's token as waited for
         // (Redlock-5 runs kept at 9c438e8 and fa04e04); B's renewal then finds its lease alive.
-        let mut events = events(&[
-            r#"10.000000 [0 127.0.0.1:1] "evalsha" "s" "2" "lock:k" "fence:{lock:k}" "A" "1000" "0""#,
-            r#"10.000010 [0 lua] "SET" "lock:k" "A" "NX" "PX" "1000""#,
-        ]);
-        events.push(Event::Lost { at_us: 10_100_000 });
-        events.extend(self::events(&[
+        let events = restored_after(&[
             r#"10.500000 [0 127.0.0.1:3] "evalsha" "a" "1" "lock:k" "C" "1000" "0" "2" "1" "0""#,
             r#"10.500005 [0 lua] "SET" "lock:k" "C+w" "NX" "PX" "1000""#,
             r#"10.500010 [0 lua] "GET" "lock:k""#,
@@ -1218,25 +1223,19 @@ mod tests {
             r#"10.900000 [0 127.0.0.1:2] "evalsha" "r" "1" "lock:k" "B" "1000""#,
             r#"10.900010 [0 lua] "GET" "lock:k""#,
             r#"10.900020 [0 lua] "PEXPIRE" "lock:k" "1000""#,
-        ]));
-        let history = rebuild(&[events.clone()], "lock:", false);
+        ]);
+        let history = rebuild(std::slice::from_ref(&events), "lock:", false);
         assert!(history.violations.is_empty(), "{:?}", history.violations);
         let by_token = history.by_token();
         assert_eq!(by_token["A"][0].ended_us, Some(10_100_000));
         assert_eq!(by_token["B"][0].since_us, 10_500_020);
         // Without the loss the history knows A holds it: marking B is a violation.
-        let known: Vec<Event> = events
-            .into_iter()
-            .filter(|e| !matches!(e, Event::Lost { .. }))
-            .collect();
-        let history = rebuild(&[known], "lock:", false);
+        let violations = without_the_loss(events);
         assert!(
-            history
-                .violations
+            violations
                 .iter()
                 .any(|v| v.starts_with("(d) lock:k marked as B+w")),
-            "{:?}",
-            history.violations
+            "{violations:?}"
         );
     }
 
@@ -1245,12 +1244,7 @@ mod tests {
     /// (a Redlock-3 run kept at fa04e04).
     #[test]
     fn a_restored_owner_shown_by_a_mark_holds_the_key_until_another_takes_it() {
-        let mut events = events(&[
-            r#"10.000000 [0 127.0.0.1:1] "evalsha" "s" "1" "lock:k" "A" "1000" "0""#,
-            r#"10.000010 [0 lua] "SET" "lock:k" "A" "NX" "PX" "1000""#,
-        ]);
-        events.push(Event::Lost { at_us: 10_100_000 });
-        events.extend(self::events(&[
+        let events = restored_after(&[
             r#"10.200000 [0 127.0.0.1:3] "evalsha" "a" "1" "lock:k" "C" "1000" "0" "2" "1" "0""#,
             r#"10.200005 [0 lua] "SET" "lock:k" "C+w" "NX" "PX" "1000""#,
             r#"10.200010 [0 lua] "GET" "lock:k""#,
@@ -1262,7 +1256,7 @@ mod tests {
             r#"10.300020 [0 lua] "PTTL" "lock:k""#,
             r#"10.600000 [0 127.0.0.1:5] "evalsha" "a" "1" "lock:k" "E" "1000" "0" "2" "1" "0""#,
             r#"10.600005 [0 lua] "SET" "lock:k" "E+w" "NX" "PX" "1000""#,
-        ]));
+        ]);
         let history = rebuild(&[events], "lock:", false);
         assert!(history.violations.is_empty(), "{:?}", history.violations);
         let by_token = history.by_token();
