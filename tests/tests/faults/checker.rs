@@ -474,7 +474,10 @@ impl<'a> Facts<'a> {
                 .find(|o| o.seen_until_us <= latest && earliest <= o.lost_us + MONITOR_SLACK_US);
             if let Some(o) = hidden {
                 let granted = earliest.max(o.seen_until_us);
-                node.push((granted, o.back_us.min(granted + us(TTL))));
+                // A server that ran on kept the grant after the gap too, until its owner's
+                // next write shows it (`model::Builder::revealed`).
+                let back = if o.ran_on { i64::MAX } else { o.back_us };
+                node.push((granted, back.min(granted + us(TTL))));
             }
         }
         let holders_at = |at: i64| {
@@ -1110,8 +1113,8 @@ fn summary(f: &Facts<'_>, figures: &Figures<'_>) -> Vec<String> {
             long_kept, long_lost, long_continued
         ),
         format!(
-            "  server saw: {} client commands, {} script calls, {} renewals, {} commands that followed an ASK; the fenced store accepted {} writes (register {}) and refused {} stale operations",
-            commands, scripts, renewals, i.histories.iter().map(|h| h.asking).sum::<usize>(), f.accepted(), i.register, i.rejected
+            "  server saw: {} client commands, {} script calls, {} renewals, {} commands that followed an ASK; {} server losses and {} gaps in a live server's history; the fenced store accepted {} writes (register {}) and refused {} stale operations",
+            commands, scripts, renewals, i.histories.iter().map(|h| h.asking).sum::<usize>(), i.histories.iter().map(|h| h.server_losses).sum::<usize>(), i.histories.iter().map(|h| h.gaps).sum::<usize>(), f.accepted(), i.register, i.rejected
         ),
         format!(
             "  faults injected: {} {:?}; proxy dropped {} reply chunks, reset {} connections; {} hit the lock holder",
@@ -1515,6 +1518,43 @@ fn a_grant_no_history_shows_counts_if_it_may_have_fallen_in_a_killed_masters_los
     // A hidden grant is a lease at most: a body still running a ttl after the call, unaware,
     // ran outside it (its renewals would have found the promoted replica without it).
     let violations = check_with(&section(11_200_000), killed("9.999000"));
+    assert!(violations.contains("server-side tenure"), "{violations}");
+}
+
+/// A grant in a gap of a live server's history (its `MONITOR` connection closed by a Sentinel's
+/// `CLIENT KILL`, see `monitor::Event::Gap`) counts as a lease, also after the gap: the server
+/// kept it. A killed server's hidden grant ends when the server is back without it.
+#[test]
+fn a_grant_in_a_gap_of_a_live_servers_history_counts_after_the_gap_too() {
+    let s = Synthetic {
+        write: StoreCall::NotMade,
+        ..Synthetic::new(1, "1.0", "h:1:a", 0, (10_003_000, 10_500_000))
+    }
+    .called_at(10_000_500);
+    let lines = [s.begin(), s.end()];
+    let other = |at: &str| monitored([format!(r#"+{at} [0 127.0.0.1:2] "GET" "lock:other""#)]);
+    let master = |broke: super::monitor::Event| {
+        let mut events = other("9.999000");
+        events.push(broke);
+        events.extend(other("10.030000"));
+        model::rebuild(&[events], "lock:", false)
+    };
+    let check_with = |history: History| {
+        let histories = [history];
+        check(&Inputs {
+            fencing: false,
+            ..Inputs::synthetic(&lines, &histories)
+        })
+        .violations
+        .join("\n")
+    };
+    let gap = super::monitor::Event::Gap {
+        from_us: 10_004_000,
+        to_us: 10_024_000,
+    };
+    assert_eq!(check_with(master(gap)), "");
+    let lost = super::monitor::Event::Lost { at_us: 10_004_000 };
+    let violations = check_with(master(lost));
     assert!(violations.contains("server-side tenure"), "{violations}");
 }
 

@@ -78,6 +78,8 @@ pub struct History {
     pub scripts: usize,
     pub renewals: usize,
     pub server_losses: usize,
+    /// Gaps in a live server's history ([`Event::Gap`]).
+    pub gaps: usize,
     /// `ASKING`: commands redirected to a slot's new master while the slot migrated.
     pub asking: usize,
     /// The server's losses (`kill -9`, failover), in order.
@@ -86,7 +88,8 @@ pub struct History {
 
 /// One loss of the server: what it did from its last command the history shows until it was
 /// lost is unknown (`MONITOR`'s last output before `kill -9` is lost), and it answered nobody
-/// until it was back.
+/// until it was back. Or a gap in the history of a server that ran on (see [`Event::Gap`]):
+/// what it did from its last command shown until `lost_us`, the gap's end, is unknown.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Outage {
     /// The last command the history shows before the loss (µs).
@@ -94,6 +97,8 @@ pub struct Outage {
     pub lost_us: i64,
     /// The first command the history shows after it (`i64::MAX`: none).
     pub back_us: i64,
+    /// Only the history stopped: the server kept its data and answered throughout.
+    pub ran_on: bool,
 }
 
 impl History {
@@ -142,9 +147,14 @@ struct Builder<'a> {
     /// the master is lost, with what replication gave it).
     replicated: bool,
     /// When the server was last lost (killed), and the lock keys the history has shown written
-    /// since (see [`Builder::revealed`]).
+    /// since that loss or the last gap (see [`Builder::in_doubt`]).
     last_loss_us: Option<i64>,
     written_since_loss: HashSet<Vec<u8>>,
+    /// Until when the server may have run writes the history does not show, of the keys not
+    /// written since: a loss of a server without replicas (started again from its file, with
+    /// writes of its lost last output), or a gap in a live server's history. `None` where the
+    /// history knows (a master with replicas, whose replicas hold what replication gave them).
+    unseen_until_us: Option<i64>,
     /// The longest lease (`PX`, `PEXPIRE`) the history has shown: a key restored from disk
     /// expires at most that long after its server was lost.
     longest_ms: i64,
@@ -155,15 +165,23 @@ impl Builder<'_> {
         key.starts_with(self.prefix)
     }
 
+    /// Whether `key` may have been written where the history cannot see (see
+    /// [`Self::unseen_until_us`]): its owner, expiry and places on record may be stale, so
+    /// they bar nobody, and an owner-checked write shows who owns it (see [`Self::revealed`]).
+    fn in_doubt(&self, key: &[u8]) -> bool {
+        self.unseen_until_us.is_some() && !self.written_since_loss.contains(key)
+    }
+
     /// The owner that an owner-checked write by script `call` on `key` shows, where the history
     /// cannot know it: a server killed and started again from its append-only file restores
     /// writes that `MONITOR` never reported (its last output before `kill -9` is lost, while
     /// the file kept the write), so until the history shows `key` written again, a script that
     /// read the key and then extended or deleted it as its owner tells who owned it. `None`
     /// where the history knows (then such a write by another is a violation), and for a
-    /// master with replicas, whose replicas' histories show what they hold.
+    /// master with replicas, whose replicas' histories show what they hold. The same after a
+    /// gap in a live server's history.
     fn revealed(&self, key: &[u8], call: &Entry) -> Option<String> {
-        if self.last_loss_us.is_none() || self.replicated || self.written_since_loss.contains(key) {
+        if !self.in_doubt(key) {
             return None;
         }
         let numkeys: usize = call.arg_str(2).parse().ok()?;
@@ -227,24 +245,27 @@ impl Builder<'_> {
         }
     }
 
-    /// The tokens of `key`'s places clearly live at `at_us` (beyond the clock's slack) and not
-    /// lost with their server.
+    /// The tokens of `key`'s places clearly live at `at_us` (beyond the clock's slack), not
+    /// lost with their server and not in doubt.
     fn live_places(&self, key: &[u8], at_us: i64) -> Vec<&str> {
         self.places.get(key).map_or_else(Vec::new, |places| {
             places
                 .iter()
                 .filter(|(_, p)| p.lost_at.is_none() && at_us / 1000 + SLACK_MS < p.expiry_ms)
+                .filter(|_| !self.in_doubt(key))
                 .map(|(token, _)| token.as_str())
                 .collect()
         })
     }
 
     /// The holder of lock `key` while it is clearly live at `at_us` (beyond the clock's slack,
-    /// which [`expire`](Self::expire) grants the other way) and not lost with its server.
+    /// which [`expire`](Self::expire) grants the other way), not lost with its server and not
+    /// in doubt.
     fn clearly_held(&self, key: &[u8], at_us: i64) -> Option<&str> {
         self.live
             .get(key)
             .filter(|l| l.lost_at.is_none() && at_us / 1000 + SLACK_MS < l.expiry_ms)
+            .filter(|_| !self.in_doubt(key))
             .map(|l| self.history.tenures[l.index].token.as_str())
     }
 
@@ -341,10 +362,10 @@ impl Builder<'_> {
     /// `key` was found holding `token` at `at_us` (see [`Self::revealed`]): the tenure the history
     /// knew of ended by the loss, unseen, and `token`'s is counted from now.
     fn restored(&mut self, key: &[u8], token: &str, at_us: i64, px_ms: i64) {
-        if let (Some(previous), Some(lost_us)) = (self.live.remove(key), self.last_loss_us) {
+        if let (Some(previous), Some(unseen_us)) = (self.live.remove(key), self.unseen_until_us) {
             let t = &mut self.history.tenures[previous.index];
-            t.ended_us = Some(lost_us.min((previous.expiry_ms + 1) * 1000));
-            t.ended_by = "server lost";
+            t.ended_us = Some(unseen_us.min((previous.expiry_ms + 1) * 1000));
+            t.ended_by = "ended unseen";
         }
         self.acquired(key, token, at_us, px_ms, "a restored key");
     }
@@ -352,16 +373,22 @@ impl Builder<'_> {
     /// A `SET` of `key` to `value` (a token, marked or not) took effect.
     fn acquired(&mut self, key: &[u8], value: &str, at_us: i64, px_ms: i64, how: &str) {
         let token = value.strip_suffix(WAITED).unwrap_or(value);
+        let doubted = self.in_doubt(key);
         self.written_since_loss.insert(key.to_vec());
         if let Some(previous) = self.live.remove(key) {
             let now_ms = at_us / 1000;
             let t = &mut self.history.tenures[previous.index];
-            if previous.lost_at.is_some() || previous.bounded {
+            let unknown_end = previous.lost_at.is_some() || previous.bounded || doubted;
+            if unknown_end {
                 // The key did not survive its server's loss (or outlived it only up to an
-                // unknown expiry), and nobody took it before now: until now no other holder
-                // could have been beside its own.
+                // unknown expiry, or its end is in a gap of the history), and nobody took it
+                // before now: until now no other holder could have been beside its own.
                 t.ended_us = Some(at_us.min((previous.expiry_ms + 1) * 1000));
-                t.ended_by = "server lost";
+                t.ended_by = if doubted {
+                    "ended unseen"
+                } else {
+                    "server lost"
+                };
             } else if now_ms + SLACK_MS < previous.expiry_ms && t.token != token {
                 self.history.violations.push(format!(
                     "(model) {how} of {} by {token} at {at_us} while {} held it until {} ms",
@@ -370,7 +397,7 @@ impl Builder<'_> {
                     previous.expiry_ms
                 ));
             }
-            if previous.lost_at.is_none() && !previous.bounded {
+            if !unknown_end {
                 t.ended_us = Some(at_us.min((previous.expiry_ms + 1) * 1000));
                 t.ended_by = "expired";
             }
@@ -460,13 +487,18 @@ impl Builder<'_> {
                     // while the key holds that token, on a server that has IFEQ. Elsewhere
                     // (Redis 7) it is the keeper's probe, refused: nothing happened.
                     let expected = e.arg_str(3 + at + 1);
-                    if self.ifeq
-                        && e.arg_str(2) == expected
+                    let renewal = self.ifeq && e.arg_str(2) == expected;
+                    if renewal
                         && self.owner(&key) == Some(expected.as_str())
                         && !self.live.get(&key).is_some_and(|l| l.marked)
                     {
                         self.renewed(&key, e.at_us, px);
                         self.history.renewals += 1;
+                    } else if renewal && self.in_doubt(&key) {
+                        // Its reply is not in the history: taken as its owner's renewal (were
+                        // it refused, its client reports the lock lost and (a) trusts nothing
+                        // of it past the last renewal).
+                        self.restored(&key, &expected, e.at_us, px);
                     }
                     return;
                 }
@@ -548,9 +580,7 @@ impl Builder<'_> {
                     let value = cmd.arg_str(2);
                     let owner = self.owner(&key).map(str::to_owned);
                     let marked = value.strip_suffix(WAITED);
-                    let restorable = self.last_loss_us.is_some()
-                        && !self.replicated
-                        && !self.written_since_loss.contains(&key);
+                    let restorable = self.in_doubt(&key);
                     match self.live.get_mut(&key) {
                         Some(live) if owner.as_deref() == marked => {
                             live.marked = true;
@@ -560,7 +590,7 @@ impl Builder<'_> {
                         // only that it exists): the script read it, so the mark shows its
                         // owner, whose lease ends at most a lease after the loss.
                         Some(_) if restorable && marked.is_some() => {
-                            let lost_ms = self.last_loss_us.unwrap_or(cmd.at_us) / 1000;
+                            let lost_ms = self.unseen_until_us.unwrap_or(cmd.at_us) / 1000;
                             let left = (lost_ms + self.longest_ms - cmd.at_us / 1000).max(1);
                             let token = marked.unwrap_or_default().to_owned();
                             self.restored(&key, &token, cmd.at_us, left);
@@ -569,8 +599,9 @@ impl Builder<'_> {
                                 live.bounded = true;
                             }
                         }
-                        // A key restored from disk that the history never saw written.
-                        None if self.last_loss_us.is_some() => {}
+                        // A key restored from disk, or written in a gap of the history, that the
+                        // history never saw written.
+                        None if self.last_loss_us.is_some() || restorable => {}
                         _ => self.history.violations.push(format!(
                             "(d) {} marked as {value} at {} while {owner:?} held it",
                             String::from_utf8_lossy(&key),
@@ -657,7 +688,7 @@ impl Builder<'_> {
                             .map(|place| place.expiry_ms)
                             .max()
                     });
-                    if last.is_some_and(|last| expiry + SLACK_MS < last) {
+                    if last.is_some_and(|last| expiry + SLACK_MS < last) && !self.in_doubt(&key) {
                         self.history.violations.push(format!(
                             "(d) PEXPIRE {ms} of {} at {} cut its places short (last \
                              deadline {last:?} ms)",
@@ -800,6 +831,8 @@ enum Unit<'e> {
     /// With the last command that server's own history showed before (in a group merged from
     /// a master and its replicas, the others' commands say nothing of the lost output).
     Lost { at_us: i64, seen_until_us: i64 },
+    /// A gap in a live server's history ([`Event::Gap`]), with the last command shown before.
+    Gap { seen_until_us: i64, to_us: i64 },
     /// A client command, and the commands its script ran (empty for a plain command).
     Command(&'e Entry, Vec<Entry>),
 }
@@ -808,6 +841,8 @@ impl Unit<'_> {
     fn at_us(&self) -> i64 {
         match self {
             Self::Lost { at_us, .. } => *at_us,
+            // Where its own stream had it: after the last command shown, before the next.
+            Self::Gap { seen_until_us, .. } => *seen_until_us,
             Self::Command(e, _) => e.at_us,
         }
     }
@@ -826,6 +861,10 @@ fn units(events: &[Event]) -> Vec<Unit<'_>> {
             Event::Lost { at_us } => out.push(Unit::Lost {
                 at_us: *at_us,
                 seen_until_us,
+            }),
+            Event::Gap { to_us, .. } => out.push(Unit::Gap {
+                seen_until_us,
+                to_us: *to_us,
             }),
             // A script's commands without their call: only after a reconnect mid-script.
             Event::Command(e) if e.lua => {}
@@ -926,6 +965,7 @@ pub fn rebuild(streams: &[Vec<Event>], prefix: &str, ifeq: bool) -> History {
         replicated: streams.len() > 1,
         last_loss_us: None,
         written_since_loss: HashSet::new(),
+        unseen_until_us: None,
         longest_ms: 0,
     };
     let mut merged: Vec<Unit<'_>> = streams.iter().flat_map(|s| units(s)).collect();
@@ -942,9 +982,11 @@ pub fn rebuild(streams: &[Vec<Event>], prefix: &str, ifeq: bool) -> History {
                     seen_until_us,
                     lost_us: at_us,
                     back_us: i64::MAX,
+                    ran_on: false,
                 });
                 b.history.server_losses += 1;
                 b.last_loss_us = Some(at_us);
+                b.unseen_until_us = (!b.replicated).then_some(at_us);
                 b.written_since_loss.clear();
                 for live in b
                     .live
@@ -953,6 +995,20 @@ pub fn rebuild(streams: &[Vec<Event>], prefix: &str, ifeq: bool) -> History {
                 {
                     live.lost_at.get_or_insert(at_us);
                 }
+            }
+            Unit::Gap {
+                seen_until_us,
+                to_us,
+            } => {
+                b.history.outages.push(Outage {
+                    seen_until_us,
+                    lost_us: to_us,
+                    back_us: i64::MAX,
+                    ran_on: true,
+                });
+                b.history.gaps += 1;
+                b.unseen_until_us = Some(to_us);
+                b.written_since_loss.clear();
             }
             Unit::Command(e, body) => {
                 if let Some(outage) = b.history.outages.last_mut() {
@@ -1458,5 +1514,80 @@ mod plain_sets {
         let a = &history.by_token()["A"][0];
         assert_eq!(a.since_us, 10_000_000);
         assert_eq!(a.expires_at(10_600_000), (10_500 + 1000 + 1) * 1000);
+    }
+}
+
+#[cfg(test)]
+mod gaps {
+    use super::tests::events;
+    use super::*;
+
+    /// A Sentinel promoting a replica closes its `MONITOR` connection (`CLIENT KILL TYPE
+    /// normal`) while the server runs on; what it ran until the monitor was back is not in the
+    /// history (a kept Sentinel run at fa04e04: 24 ms). Its keys were not lost, but anything may
+    /// have happened to them in the gap: the next owner-checked write shows the owner, and what
+    /// the history held bars nobody until a write of the key is seen.
+    #[test]
+    fn writes_in_a_gap_of_a_live_servers_history_are_read_from_what_follows() {
+        let before = [
+            r#"10.000000 [0 127.0.0.1:1] "SET" "lock:k" "A" "NX" "PX" "1000""#,
+            r#"10.000100 [0 127.0.0.1:3] "SET" "lock:j" "C" "NX" "PX" "1000""#,
+            r#"10.000200 [0 127.0.0.1:5] "SET" "lock:v" "F" "NX" "PX" "1000""#,
+        ];
+        // In the gap, unseen: A, C and F released; B and G acquired.
+        let after = [
+            // B renews (the script's GET matched, so it ran PEXPIRE).
+            r#"10.300000 [0 127.0.0.1:2] "evalsha" "r" "1" "lock:k" "B" "1000""#,
+            r#"10.300010 [0 lua] "GET" "lock:k""#,
+            r#"10.300020 [0 lua] "PEXPIRE" "lock:k" "1000""#,
+            // D takes lock:j with a plain SET NX that it did not follow with the script.
+            r#"10.310000 [0 127.0.0.1:4] "SET" "lock:j" "D" "NX" "PX" "1000""#,
+            // G renews lock:v on Valkey.
+            r#"10.320000 [0 127.0.0.1:6] "SET" "lock:v" "G" "IFEQ" "G" "PX" "1000" "GET""#,
+        ];
+        // Once a write of a key was seen, the history knows it again: E extending B's lock is
+        // a violation.
+        let then = [
+            r#"10.400000 [0 127.0.0.1:7] "evalsha" "r" "1" "lock:k" "E" "1000""#,
+            r#"10.400010 [0 lua] "GET" "lock:k""#,
+            r#"10.400020 [0 lua] "PEXPIRE" "lock:k" "1000""#,
+        ];
+        let history = |gap: bool| {
+            let mut master = events(&before);
+            if gap {
+                master.push(Event::Gap {
+                    from_us: 10_080_000,
+                    to_us: 10_104_000,
+                });
+            }
+            master.extend(events(&after));
+            master.extend(events(&then));
+            // A replica's history beside it: a master with replicas, as under Sentinel.
+            rebuild(&[master, Vec::new()], "lock:", true)
+        };
+        let with_gap = history(true);
+        let v = with_gap.violations.join("\n");
+        assert_eq!(with_gap.violations.len(), 1, "{v}");
+        assert!(v.contains("(d) PEXPIRE of lock:k at 10400020"), "{v}");
+        assert_eq!(with_gap.gaps, 1);
+        assert_eq!(with_gap.server_losses, 0);
+        let by_token = with_gap.by_token();
+        for (token, since_us) in [("B", 10_300_020), ("D", 10_310_000), ("G", 10_320_000)] {
+            let t = by_token[token][0];
+            assert_eq!(t.since_us, since_us, "{token}");
+            assert!(t.covers(since_us, since_us + 500_000), "{token}: {t:?}");
+        }
+        // The holders the gap hid the end of held their keys until its end at the latest.
+        for token in ["A", "C", "F"] {
+            let t = by_token[token][0];
+            assert!(t.held_until() <= 10_320_000, "{token}: {t:?}");
+        }
+        // Without the gap, the same history shows B breaking in, and D and G holding nothing
+        // (D's SET NX found C's lock, G's IFEQ found F's).
+        let without = history(false);
+        let v = without.violations.join("\n");
+        assert!(v.contains("(d) PEXPIRE of lock:k at 10300020"), "{v}");
+        let by_token = without.by_token();
+        assert!(!by_token.contains_key("D") && !by_token.contains_key("G"));
     }
 }

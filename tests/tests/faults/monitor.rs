@@ -49,9 +49,18 @@ pub enum Event {
     Lost {
         at_us: i64,
     },
+    /// The connection broke from `from_us` until `to_us` while the server ran on (the same
+    /// `run_id` answered at once): a Sentinel promoting a replica runs `CLIENT KILL TYPE normal`
+    /// on it, which closes `MONITOR` connections too. The server kept its data; what it ran in
+    /// between is not in the history.
+    Gap {
+        from_us: i64,
+        to_us: i64,
+    },
 }
 
-/// Captures `MONITOR` output from a server until dropped; reconnects after a restart.
+/// Captures `MONITOR` output from a server until dropped; reconnects at once after a dropped
+/// connection, and after a restart.
 pub struct Monitor {
     port: u16,
     events: Arc<Mutex<Vec<Event>>>,
@@ -82,27 +91,31 @@ impl Monitor {
     }
 
     /// Waits until everything the server executed before this call was captured: sends a
-    /// marker command and returns once it shows up.
+    /// marker command and returns once it shows up. A marker that fell in a gap (the
+    /// connection being made again) never shows: another is sent after a while.
     pub fn sync(&self) {
-        let marker = format!("monitor-sync-{}", now_us());
         let mut con = lock_tests::connection(&format!("redis://127.0.0.1:{}/", self.port));
-        let _: String = redis::cmd("ECHO")
-            .arg(&marker)
-            .query(&mut con)
-            .expect("ECHO");
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
         loop {
-            let seen = lock(&self.events).iter().rev().any(|e| {
-                matches!(e, Event::Command(c) if c.name() == "ECHO" && c.arg(1) == marker.as_bytes())
-            });
-            if seen {
-                return;
+            let marker = format!("monitor-sync-{}", now_us());
+            let _: String = redis::cmd("ECHO")
+                .arg(&marker)
+                .query(&mut con)
+                .expect("ECHO");
+            let again = std::time::Instant::now() + Duration::from_secs(1);
+            while std::time::Instant::now() < again {
+                let seen = lock(&self.events).iter().rev().any(|e| {
+                    matches!(e, Event::Command(c) if c.name() == "ECHO" && c.arg(1) == marker.as_bytes())
+                });
+                if seen {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(5));
             }
             assert!(
                 std::time::Instant::now() < deadline,
                 "MONITOR did not show the marker within 20 s"
             );
-            std::thread::sleep(Duration::from_millis(5));
         }
     }
 
@@ -121,29 +134,64 @@ impl Drop for Monitor {
     }
 }
 
-fn connect(port: u16) -> std::io::Result<BufReader<TcpStream>> {
+/// A `MONITOR` connection, and the `run_id` of the server process it reached.
+struct Connection {
+    reader: BufReader<TcpStream>,
+    run_id: String,
+}
+
+fn connect(port: u16) -> std::io::Result<Connection> {
     let mut stream = TcpStream::connect(("127.0.0.1", port))?;
     stream.set_read_timeout(Some(Duration::from_millis(100)))?;
-    stream.write_all(b"MONITOR\r\n")?;
+    stream.write_all(b"INFO server\r\nMONITOR\r\n")?;
     let mut reader = BufReader::new(stream);
-    let mut ok = Vec::new();
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        match reader.read_until(b'\n', &mut ok) {
-            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
-            Ok(_) if ok.ends_with(b"\n") => break,
-            Ok(_) => {}
-            Err(e) if is_timeout(&e) && std::time::Instant::now() < deadline => {}
-            Err(e) => return Err(e),
-        }
+    // `INFO` answers with one bulk string: its length line, then the text.
+    let length = read_line(&mut reader, deadline)?;
+    let length: usize = String::from_utf8_lossy(&length)
+        .trim()
+        .strip_prefix('$')
+        .and_then(|n| n.parse().ok())
+        .ok_or_else(|| {
+            std::io::Error::other(format!(
+                "INFO refused: {}",
+                String::from_utf8_lossy(&length)
+            ))
+        })?;
+    let mut info = Vec::new();
+    while info.len() < length + 2 {
+        info.extend(read_line(&mut reader, deadline)?);
     }
+    let run_id = String::from_utf8_lossy(&info)
+        .lines()
+        .find_map(|l| l.strip_prefix("run_id:"))
+        .map(str::to_owned)
+        .ok_or_else(|| std::io::Error::other("INFO server without a run_id"))?;
+    let ok = read_line(&mut reader, deadline)?;
     if ok.starts_with(b"+OK") {
-        Ok(reader)
+        Ok(Connection { reader, run_id })
     } else {
         Err(std::io::Error::other(format!(
             "MONITOR refused: {}",
             String::from_utf8_lossy(&ok)
         )))
+    }
+}
+
+/// One line of a reply, `\n` included, waiting until `deadline` for it.
+fn read_line(
+    reader: &mut BufReader<TcpStream>,
+    deadline: std::time::Instant,
+) -> std::io::Result<Vec<u8>> {
+    let mut line = Vec::new();
+    loop {
+        match reader.read_until(b'\n', &mut line) {
+            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(_) if line.ends_with(b"\n") => return Ok(line),
+            Ok(_) => {}
+            Err(e) if is_timeout(&e) && std::time::Instant::now() < deadline => {}
+            Err(e) => return Err(e),
+        }
     }
 }
 
@@ -154,35 +202,56 @@ fn is_timeout(e: &std::io::Error) -> bool {
     )
 }
 
-fn run(port: u16, first: BufReader<TcpStream>, events: &Mutex<Vec<Event>>, stop: &AtomicBool) {
-    let mut reader = Some(first);
+fn run(port: u16, first: Connection, events: &Mutex<Vec<Event>>, stop: &AtomicBool) {
+    let mut run_id = first.run_id.clone();
+    let mut reader = Some(first.reader);
     let mut line = Vec::new();
     while !stop.load(Ordering::SeqCst) {
         let Some(r) = reader.as_mut() else {
             // The server is down; it comes back on the same port after a restart.
             std::thread::sleep(Duration::from_millis(20));
-            reader = connect(port).ok();
+            if let Ok(c) = connect(port) {
+                run_id = c.run_id;
+                reader = Some(c.reader);
+            }
             continue;
         };
-        match r.read_until(b'\n', &mut line) {
-            Ok(0) => {
-                lock(events).push(Event::Lost { at_us: now_us() });
-                reader = None;
-                line.clear();
-            }
+        let broke = match r.read_until(b'\n', &mut line) {
+            Ok(0) => true,
             Ok(_) if line.ends_with(b"\n") => {
                 if let Some(entry) = parse_line(&line) {
                     lock(events).push(Event::Command(entry));
                 }
                 line.clear();
+                false
             }
-            Ok(_) => {}
-            Err(e) if is_timeout(&e) => {}
-            Err(_) => {
-                lock(events).push(Event::Lost { at_us: now_us() });
-                reader = None;
-                line.clear();
-            }
+            Ok(_) => false,
+            Err(e) if is_timeout(&e) => false,
+            Err(_) => true,
+        };
+        if broke {
+            let from_us = now_us();
+            line.clear();
+            // Told apart at once: a killed server refuses the connection, a restarted one
+            // answers with another run_id.
+            reader = match connect(port) {
+                Ok(c) if c.run_id == run_id => {
+                    lock(events).push(Event::Gap {
+                        from_us,
+                        to_us: now_us(),
+                    });
+                    Some(c.reader)
+                }
+                Ok(c) => {
+                    lock(events).push(Event::Lost { at_us: from_us });
+                    run_id = c.run_id;
+                    Some(c.reader)
+                }
+                Err(_) => {
+                    lock(events).push(Event::Lost { at_us: from_us });
+                    None
+                }
+            };
         }
     }
 }
@@ -273,4 +342,38 @@ fn monitor_lines_are_parsed_with_redis_escapes() {
     assert_eq!(c.at_us, 1_000_001);
     assert_eq!(c.peer_port, Some(5));
     assert_eq!(e.peer_port, None);
+}
+
+/// A Sentinel promoting a replica closes every normal client's connection on it, `MONITOR`'s
+/// included, and the server runs on: a gap in its history, not a loss.
+#[test]
+fn a_closed_monitor_connection_is_a_gap_on_a_live_server_and_a_loss_on_a_restarted_one() {
+    let mut server = lock_tests::RedisServer::start();
+    let monitor = Monitor::start(server.port());
+    let mut con = server.connection();
+    let closed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("normal")
+        .query(&mut con)
+        .expect("CLIENT KILL");
+    assert_eq!(closed, 1, "the MONITOR connection, not the caller's");
+    monitor.sync();
+    let breaks = |events: &[Event]| -> Vec<&'static str> {
+        events
+            .iter()
+            .filter_map(|e| match e {
+                Event::Gap { from_us, to_us } => {
+                    assert!(from_us <= to_us);
+                    Some("gap")
+                }
+                Event::Lost { .. } => Some("lost"),
+                Event::Command(_) => None,
+            })
+            .collect()
+    };
+    assert_eq!(breaks(&monitor.events()), ["gap"]);
+    server.restart();
+    monitor.sync();
+    assert_eq!(breaks(&monitor.events()), ["gap", "lost"]);
 }

@@ -97,6 +97,9 @@ impl Kept {
                 for event in events {
                     match event {
                         Event::Lost { at_us } => writeln!(text, "# lost {at_us}"),
+                        Event::Gap { from_us, to_us } => {
+                            writeln!(text, "# gap {from_us} {to_us}")
+                        }
                         Event::Command(entry) => writeln!(text, "{}", monitor_line(entry)),
                     }
                     .expect("a String takes every write");
@@ -138,6 +141,15 @@ fn read_event(line: &str) -> Event {
     if let Some(at) = line.strip_prefix("# lost ") {
         return Event::Lost {
             at_us: at.parse().expect("a time in µs"),
+        };
+    }
+    if let Some((from, to)) = line
+        .strip_prefix("# gap ")
+        .and_then(|span| span.split_once(' '))
+    {
+        return Event::Gap {
+            from_us: from.parse().expect("a time in µs"),
+            to_us: to.parse().expect("a time in µs"),
         };
     }
     let entry = parse_line(format!("{line}\r\n").as_bytes())
@@ -187,6 +199,13 @@ fn a_kept_history_reads_back_as_it_was() {
         (entry.at_us, false, Some(5))
     );
     assert!(matches!(read_event("# lost 12"), Event::Lost { at_us: 12 }));
+    assert!(matches!(
+        read_event("# gap 12 36"),
+        Event::Gap {
+            from_us: 12,
+            to_us: 36
+        }
+    ));
 }
 
 #[test]
