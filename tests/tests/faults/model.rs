@@ -165,11 +165,15 @@ impl Builder<'_> {
         key.starts_with(self.prefix)
     }
 
-    /// Whether `key` may have been written where the history cannot see (see
+    /// Whether `key` may have been written where the history cannot see at `at_us` (see
     /// [`Self::unseen_until_us`]): its owner, expiry and places on record may be stale, so
     /// they bar nobody, and an owner-checked write shows who owns it (see [`Self::revealed`]).
-    fn in_doubt(&self, key: &[u8]) -> bool {
-        self.unseen_until_us.is_some() && !self.written_since_loss.contains(key)
+    /// Not once the longest lease has run out since: whatever was written unseen has expired
+    /// by then, or its owner's renewal showed it.
+    fn in_doubt(&self, key: &[u8], at_us: i64) -> bool {
+        self.unseen_until_us
+            .is_some_and(|until_us| at_us / 1000 <= until_us / 1000 + self.longest_ms + SLACK_MS)
+            && !self.written_since_loss.contains(key)
     }
 
     /// The owner that an owner-checked write by script `call` on `key` shows, where the history
@@ -181,7 +185,7 @@ impl Builder<'_> {
     /// master with replicas, whose replicas' histories show what they hold. The same after a
     /// gap in a live server's history.
     fn revealed(&self, key: &[u8], call: &Entry) -> Option<String> {
-        if !self.in_doubt(key) {
+        if !self.in_doubt(key, call.at_us) {
             return None;
         }
         let numkeys: usize = call.arg_str(2).parse().ok()?;
@@ -246,13 +250,18 @@ impl Builder<'_> {
     }
 
     /// The tokens of `key`'s places clearly live at `at_us` (beyond the clock's slack), not
-    /// lost with their server and not in doubt.
+    /// lost with their server, and taken since the history last lost sight of the key (see
+    /// [`Self::in_doubt`]).
     fn live_places(&self, key: &[u8], at_us: i64) -> Vec<&str> {
+        let unseen_until_us = self
+            .unseen_until_us
+            .filter(|_| self.in_doubt(key, at_us))
+            .unwrap_or(i64::MIN);
         self.places.get(key).map_or_else(Vec::new, |places| {
             places
                 .iter()
                 .filter(|(_, p)| p.lost_at.is_none() && at_us / 1000 + SLACK_MS < p.expiry_ms)
-                .filter(|_| !self.in_doubt(key))
+                .filter(|(_, p)| self.history.tenures[p.index].since_us > unseen_until_us)
                 .map(|(token, _)| token.as_str())
                 .collect()
         })
@@ -265,7 +274,7 @@ impl Builder<'_> {
         self.live
             .get(key)
             .filter(|l| l.lost_at.is_none() && at_us / 1000 + SLACK_MS < l.expiry_ms)
-            .filter(|_| !self.in_doubt(key))
+            .filter(|_| !self.in_doubt(key, at_us))
             .map(|l| self.history.tenures[l.index].token.as_str())
     }
 
@@ -297,6 +306,7 @@ impl Builder<'_> {
                     cmd.at_us
                 ));
             }
+            self.longest_ms = self.longest_ms.max(deadline - cmd.at_us / 1000);
             let live = self.places.entry(key.to_vec()).or_default();
             if let Some(place) = live.get_mut(&member) {
                 place.lost_at = None;
@@ -373,7 +383,7 @@ impl Builder<'_> {
     /// A `SET` of `key` to `value` (a token, marked or not) took effect.
     fn acquired(&mut self, key: &[u8], value: &str, at_us: i64, px_ms: i64, how: &str) {
         let token = value.strip_suffix(WAITED).unwrap_or(value);
-        let doubted = self.in_doubt(key);
+        let doubted = self.in_doubt(key, at_us);
         self.written_since_loss.insert(key.to_vec());
         if let Some(previous) = self.live.remove(key) {
             let now_ms = at_us / 1000;
@@ -494,7 +504,7 @@ impl Builder<'_> {
                     {
                         self.renewed(&key, e.at_us, px);
                         self.history.renewals += 1;
-                    } else if renewal && self.in_doubt(&key) {
+                    } else if renewal && self.in_doubt(&key, e.at_us) {
                         // Its reply is not in the history: taken as its owner's renewal (were
                         // it refused, its client reports the lock lost and (a) trusts nothing
                         // of it past the last renewal).
@@ -580,7 +590,7 @@ impl Builder<'_> {
                     let value = cmd.arg_str(2);
                     let owner = self.owner(&key).map(str::to_owned);
                     let marked = value.strip_suffix(WAITED);
-                    let restorable = self.in_doubt(&key);
+                    let restorable = self.in_doubt(&key, cmd.at_us);
                     match self.live.get_mut(&key) {
                         Some(live) if owner.as_deref() == marked => {
                             live.marked = true;
@@ -688,7 +698,9 @@ impl Builder<'_> {
                             .map(|place| place.expiry_ms)
                             .max()
                     });
-                    if last.is_some_and(|last| expiry + SLACK_MS < last) && !self.in_doubt(&key) {
+                    if last.is_some_and(|last| expiry + SLACK_MS < last)
+                        && !self.in_doubt(&key, cmd.at_us)
+                    {
                         self.history.violations.push(format!(
                             "(d) PEXPIRE {ms} of {} at {} cut its places short (last \
                              deadline {last:?} ms)",
@@ -1589,5 +1601,63 @@ mod gaps {
         assert!(v.contains("(d) PEXPIRE of lock:k at 10300020"), "{v}");
         let by_token = without.by_token();
         assert!(!by_token.contains_key("D") && !by_token.contains_key("G"));
+    }
+
+    /// After a gap, a semaphore's places taken before it may be gone unseen, so they bar
+    /// nobody; places taken since are known and count as ever.
+    #[test]
+    fn a_gap_leaves_the_places_taken_since_counted() {
+        let take = |at: &str, token: &str, deadline: u64| {
+            vec![
+                format!(r#"{at}000 [0 127.0.0.1:1] "evalsha" "a" "1" "lock:sem" "{token}" "1000""#),
+                format!(
+                    r##"{at}010 [0 lua] "ZADD" "lock:sem" "0" "#permits=1" "{deadline}" "{token}""##
+                ),
+            ]
+        };
+        let history = |takes: &[(&str, &str, u64)]| {
+            let mut lines = take("10.000", "R1", 10_900);
+            for (at, token, deadline) in takes {
+                lines.extend(take(at, token, *deadline));
+            }
+            let refs: Vec<&str> = lines.iter().map(String::as_str).collect();
+            let mut stream = events(&refs[..2]);
+            stream.push(Event::Gap {
+                from_us: 10_080_000,
+                to_us: 10_104_000,
+            });
+            stream.extend(events(&refs[2..]));
+            rebuild(&[stream], "lock:", false).violations
+        };
+        // R1's place may have been released in the gap: R2 beside it is no violation.
+        assert_eq!(history(&[("10.200", "R2", 11_100)]), Vec::<String>::new());
+        // R2 and R3, both taken since the gap, in a semaphore of one: a violation.
+        let v = history(&[("10.200", "R2", 11_100), ("10.300", "R3", 11_200)]).join("\n");
+        assert!(v.contains("2 places in lock:sem, a semaphore of 1"), "{v}");
+    }
+
+    /// Once the longest lease has run out since a gap, whatever the server wrote unseen has
+    /// expired or shown itself by its owner's renewal: the history knows the key again.
+    #[test]
+    fn the_doubt_a_gap_casts_ends_with_the_longest_lease() {
+        let renewal_at = |at: &str| {
+            let mut stream =
+                events(&[r#"10.000000 [0 127.0.0.1:1] "SET" "lock:k" "A" "NX" "PX" "1000""#]);
+            stream.push(Event::Gap {
+                from_us: 10_080_000,
+                to_us: 10_104_000,
+            });
+            stream.extend(events(&[
+                &format!(r#"{at}000 [0 127.0.0.1:2] "evalsha" "r" "1" "lock:k" "B" "1000""#),
+                &format!(r#"{at}010 [0 lua] "GET" "lock:k""#),
+                &format!(r#"{at}020 [0 lua] "PEXPIRE" "lock:k" "1000""#),
+            ]));
+            rebuild(&[stream], "lock:", false).violations
+        };
+        // Within a lease of the gap's end, B may have taken the key in the gap.
+        assert_eq!(renewal_at("10.900"), Vec::<String>::new());
+        // Past it, B's grant would have expired unrenewed: its renewal extends nobody's lock.
+        let v = renewal_at("11.200").join("\n");
+        assert!(v.contains("(d) PEXPIRE of lock:k at 11200020"), "{v}");
     }
 }
