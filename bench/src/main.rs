@@ -112,12 +112,14 @@ impl Plan {
 fn usage() -> ! {
     eprintln!(
         "usage: lock-bench [--quick] [--only 1,2,...] [--out DIR] | --renew-ifeq | --profile WHO TASKS SECS\n\
+         | --profile wakeups SAMPLES\n\
          \n  --quick   shorter windows and fewer samples (under a minute)\
          \n  --only    run only these items (1-9; 1 and 2 run together, so do 7 and 9)\
          \n  --out     directory for results.md and latency.svg\
          \n  --renew-ifeq  only: renewal by script against SET IFEQ, on a server with both (Valkey)\
          \n  --profile     only: item 5 for one client alone (runtime, rslock, arl, or raw: the\
-         \n                protocol by hand), to run under a profiler"
+         \n                protocol by hand), to run under a profiler; or `wakeups`: items 2 and 3\
+         \n                for lock-runtime and by hand, with each thread's parkings per sample"
     );
     std::process::exit(2);
 }
@@ -161,6 +163,21 @@ fn parse_args() -> Plan {
 /// `--profile WHO TASKS SECS`: item 5 for one client alone, under a multi-thread runtime as in
 /// the full run.
 fn profile(args: &[String]) {
+    if let [what, samples] = args {
+        if what == "wakeups" {
+            let samples: usize = samples.parse().unwrap_or_else(|_| usage());
+            let server = lock_tests::RedisServer::start();
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            runtime.block_on(async {
+                handoff::profile(&server.url(), server.pid(), samples).await;
+                uncontended::profile(&server.url(), server.pid(), samples).await;
+            });
+            return;
+        }
+    }
     let [who, tasks, secs] = args else { usage() };
     let tasks: usize = tasks.parse().unwrap_or_else(|_| usage());
     let secs: f64 = secs.parse().unwrap_or_else(|_| usage());

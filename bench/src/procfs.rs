@@ -73,3 +73,29 @@ pub fn cpu_model() -> String {
         })
         .unwrap_or_else(|| "unknown CPU".to_owned())
 }
+
+/// Voluntary context switches (a thread parking: each is a wake-up later) of every thread of
+/// process `pid`, summed by thread name (`/proc/<pid>/task/*/status`).
+pub fn parkings_by_thread(pid: u32) -> std::collections::BTreeMap<String, u64> {
+    let mut by_name = std::collections::BTreeMap::new();
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return by_name;
+    };
+    for task in tasks.flatten() {
+        let Ok(status) = std::fs::read_to_string(task.path().join("status")) else {
+            continue;
+        };
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map(|v| v.trim().to_owned())
+        };
+        let (Some(name), Some(switches)) = (field("Name:"), field("voluntary_ctxt_switches:"))
+        else {
+            continue;
+        };
+        *by_name.entry(name).or_default() += switches.parse::<u64>().unwrap_or(0);
+    }
+    by_name
+}

@@ -152,7 +152,7 @@ pub async fn measure(url: &str, iterations: usize) -> Uncontended {
 
 /// A `MultiplexedConnection` made by a task of a current-thread runtime on a thread of its own,
 /// where its driver then runs (the thread lives as long as the process).
-fn remote_connection(url: &str) -> Pinger {
+pub fn remote_connection(url: &str) -> Pinger {
     let client = redis::Client::open(url).expect("url");
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
@@ -170,4 +170,53 @@ fn remote_connection(url: &str) -> Pinger {
         });
     });
     Pinger::Multiplexed(rx.recv().expect("the connection"))
+}
+
+/// `--profile wakeups N`, second part: N uncontended cycles back to back, lock-runtime's against
+/// its two commands by hand on a connection driven on the calling runtime and on one driven on
+/// a thread of its own; the median and each thread's parkings per cycle.
+pub async fn profile(url: &str, server_pid: u32, samples: usize) {
+    use crate::handoff::{parkings, Span};
+    let client = Client::connect(Lib::Runtime, url).await;
+    let mut local = Pinger::connect(Lib::Runtime, url).await;
+    let release = match redis::cmd("COMMAND")
+        .arg("INFO")
+        .arg("DELIFEQ")
+        .query::<Vec<redis::Value>>(&mut lock_tests::connection(url))
+        .expect("COMMAND INFO")
+        .as_slice()
+    {
+        [] | [redis::Value::Nil] => Release::Script(redis::Script::new(RELEASE_LUA)),
+        _ => Release::DelIfEq,
+    };
+    let mut remote = remote_connection(url);
+    for _ in 0..200 {
+        client.cycle("cycle:profile").await.expect("warm-up cycle");
+        raw_cycle(&mut local, &release).await;
+        raw_cycle(&mut remote, &release).await;
+    }
+    let mut library = Span::default();
+    let mut by_hand = Span::default();
+    let mut by_hand_remote = Span::default();
+    for _ in 0..samples {
+        let before = parkings(server_pid);
+        let started = std::time::Instant::now();
+        client.cycle("cycle:profile").await.expect("cycle");
+        library.add(started.elapsed(), &before, &parkings(server_pid));
+        let before = parkings(server_pid);
+        let took = raw_cycle(&mut local, &release).await;
+        by_hand.add(took, &before, &parkings(server_pid));
+        let before = parkings(server_pid);
+        let took = raw_cycle(&mut remote, &release).await;
+        by_hand_remote.add(took, &before, &parkings(server_pid));
+    }
+    library.print("lock-runtime uncontended cycle", samples);
+    by_hand.print(
+        "the same two commands by hand, driver on the calling runtime",
+        samples,
+    );
+    by_hand_remote.print(
+        "the same two commands by hand, driver on a thread of its own",
+        samples,
+    );
 }

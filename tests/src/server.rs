@@ -329,7 +329,12 @@ impl RedisServer {
             .expect("connect to the test redis-server")
     }
 
-    fn pid(&self) -> u32 {
+    /// The server's process id.
+    ///
+    /// # Panics
+    /// While it is killed.
+    #[must_use]
+    pub fn pid(&self) -> u32 {
         self.child.as_ref().expect("server is running").id()
     }
 
