@@ -99,6 +99,27 @@ impl CurrentLock {
         self.frame.lease.lost_reason().is_some()
     }
 
+    /// Whether the lease is at risk: a renewal failed, or went unanswered for a third of the
+    /// ttl, and none has been confirmed since, while the lease still holds (Chubby's
+    /// "jeopardy", Curator's `SUSPENDED`). Work that must not outlive the lock, a leader's
+    /// above all, can stop taking new work until it is safe again or lost. `false` once lost.
+    #[must_use]
+    pub fn is_at_risk(&self) -> bool {
+        self.frame.lease.is_at_risk()
+    }
+
+    /// Resolves when the lease is at risk (see [`is_at_risk`](Self::is_at_risk)) or lost; at
+    /// once if it already is.
+    pub async fn at_risk(&self) {
+        self.frame.lease.wait_risk(true).await;
+    }
+
+    /// Resolves when the lease is no longer at risk: a renewal was confirmed, or it is lost;
+    /// at once if it is not at risk now.
+    pub async fn out_of_risk(&self) {
+        self.frame.lease.wait_risk(false).await;
+    }
+
     /// Resolves when the lease is lost, with the error that says why. With
     /// `on_lost = "continue"`, a body can `select!` on this to stop at a safe point.
     pub async fn lost(&self) -> LockError {

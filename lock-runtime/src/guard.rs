@@ -96,6 +96,27 @@ impl LockGuard {
         self.lease.lost_reason()
     }
 
+    /// Whether the lease is at risk: a renewal failed, or went unanswered for a third of the
+    /// ttl, and none has been confirmed since, while the lease still holds (Chubby's
+    /// "jeopardy", Curator's `SUSPENDED`). Work that must not outlive the lock, a leader's
+    /// above all, can stop taking new work until it is safe again or lost. `false` once lost.
+    #[must_use]
+    pub fn is_at_risk(&self) -> bool {
+        self.lease.is_at_risk()
+    }
+
+    /// Resolves when the lease is at risk (see [`is_at_risk`](Self::is_at_risk)) or lost; at
+    /// once if it already is.
+    pub async fn at_risk(&self) {
+        self.lease.wait_risk(true).await;
+    }
+
+    /// Resolves when the lease is no longer at risk: a renewal was confirmed, or it is lost;
+    /// at once if it is not at risk now.
+    pub async fn out_of_risk(&self) {
+        self.lease.wait_risk(false).await;
+    }
+
     /// Resolves when the lease is lost, with the error that says why.
     pub async fn lost(&self) -> LockError {
         let reason = self.lease.wait_lost().await;

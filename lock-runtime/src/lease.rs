@@ -19,6 +19,9 @@ pub(crate) struct LeaseState {
     /// after we sent the command.
     pub deadline: Instant,
     pub lost: Option<LostReason>,
+    /// A renewal failed, or went unanswered for its budget, and none has been confirmed since:
+    /// the lease still holds until `deadline`, but may not be renewed before it.
+    pub at_risk: bool,
 }
 
 pub(crate) struct Lease {
@@ -56,6 +59,7 @@ impl Lease {
         let state = Mutex::new(LeaseState {
             deadline: sent_at + options.ttl - options.drift(),
             lost: None,
+            at_risk: false,
         });
         Arc::new(Self {
             id,
@@ -116,7 +120,7 @@ impl Lease {
     pub(crate) fn confirm_renewal(&self, sent_at: Instant) {
         let deadline = sent_at + self.options.ttl - self.options.drift();
         let now = Instant::now();
-        let mut lapsed = false;
+        let (mut lapsed, mut safe_again) = (false, false);
         self.update(|s| {
             if s.lost.is_some() || deadline <= s.deadline {
                 return false;
@@ -126,10 +130,71 @@ impl Lease {
                 return false;
             }
             s.deadline = deadline;
+            safe_again = std::mem::take(&mut s.at_risk);
             true
         });
         if lapsed {
             self.mark_lost(self.deadline_reason());
+        }
+        if safe_again {
+            let (key, fence) = (crate::error::shown(&self.key.name).to_string(), self.fence);
+            report::tell(move || tracing::info!(key, fence, "lock lease safe again: renewed"));
+        }
+    }
+
+    /// A renewal failed (`why`) or went unanswered for its budget while the lease still holds:
+    /// it is in jeopardy until a renewal is confirmed (or it is lost).
+    pub(crate) fn mark_at_risk(&self, why: &str) {
+        let now = Instant::now();
+        let mut left = Duration::ZERO;
+        let newly = self.update(|s| {
+            if s.lost.is_some() || s.at_risk || now >= s.deadline {
+                return false;
+            }
+            s.at_risk = true;
+            left = s.deadline - now;
+            self.labels.at_risk();
+            true
+        });
+        if newly {
+            let (key, fence, why) = (
+                crate::error::shown(&self.key.name).to_string(),
+                self.fence,
+                why.to_owned(),
+            );
+            let left_ms = u64::try_from(left.as_millis()).unwrap_or(u64::MAX);
+            report::tell(move || {
+                tracing::warn!(
+                    key,
+                    fence,
+                    left_ms,
+                    why,
+                    "lock lease at risk: not renewed yet"
+                );
+            });
+        }
+    }
+
+    /// Whether the lease is at risk (see [`Self::mark_at_risk`]) and not lost.
+    pub(crate) fn is_at_risk(&self) -> bool {
+        let state = self.state();
+        state.at_risk && state.lost.is_none() && Instant::now() < state.deadline
+    }
+
+    /// Resolves once [`Self::is_at_risk`] is `at_risk`, or the lease is lost.
+    pub(crate) async fn wait_risk(&self, at_risk: bool) {
+        loop {
+            let changed = self.changed.notified();
+            let mut changed = std::pin::pin!(changed);
+            changed.as_mut().enable();
+            if self.lost_reason().is_some() || self.is_at_risk() == at_risk {
+                return;
+            }
+            let deadline = self.state().deadline;
+            tokio::select! {
+                () = tokio::time::sleep_until(deadline) => {}
+                () = changed => {}
+            }
         }
     }
 

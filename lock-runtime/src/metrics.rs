@@ -137,6 +137,14 @@ impl Labels {
         }
     }
 
+    /// A lease went into jeopardy (a renewal failed or went unanswered while it still held).
+    pub(crate) fn at_risk(&self) {
+        #[cfg(feature = "metrics")]
+        self.record(move |pairs| {
+            ::metrics::counter!("distributed_lock_at_risk_total", pairs).increment(1);
+        });
+    }
+
     /// A lease was lost.
     pub(crate) fn lost(&self, reason: LostReason) {
         #[cfg(feature = "metrics")]
@@ -181,6 +189,11 @@ fn describe() {
         describe_counter!(
             "distributed_lock_renewals_total",
             "Lease renewals by outcome: renewed, refused (not the holder any more), failed (no answer; retried)"
+        );
+        describe_counter!(
+            "distributed_lock_at_risk_total",
+            "Leases put at risk while they still held: a renewal failed or went unanswered for a \
+             third of the ttl (each lease counts once until a renewal is confirmed)"
         );
         describe_counter!("distributed_lock_lost_total", "Leases lost, by reason");
     });

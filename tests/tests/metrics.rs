@@ -247,6 +247,45 @@ async fn renewals_and_a_lost_lease_are_counted_and_the_lease_stops_counting_as_h
     );
 }
 
+/// A lease whose renewal goes unanswered for a third of its ttl counts once as at risk; its
+/// late answer keeps it (nothing is counted lost).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_put_at_risk_is_counted_once() {
+    let metrics = recorder();
+    let server = RedisServer::start();
+    let registry = named(&server, "metrics-risk");
+    let labels = [("registry", "metrics-risk"), ("lock", "risk:<n>")];
+    let guard = registry
+        .lock("risk:1")
+        .template("risk:<n>")
+        .ttl(Duration::from_secs(3))
+        .acquire()
+        .await
+        .unwrap();
+    server.pause();
+    tokio::time::timeout(Duration::from_secs(3), guard.at_risk())
+        .await
+        .expect("at risk within the ttl");
+    server.resume();
+    tokio::time::timeout(Duration::from_secs(3), guard.out_of_risk())
+        .await
+        .expect("out of risk within the ttl");
+    assert!(!guard.is_lost());
+    eventually(LIMIT, "the risk counted", || async {
+        sample(&metrics.render(), "distributed_lock_at_risk_total", &labels) == Some(1.0)
+    })
+    .await;
+    assert_eq!(
+        sample(
+            &metrics.render(),
+            "distributed_lock_lost_total",
+            &and(&labels, ("reason", "expired"))
+        ),
+        None
+    );
+    guard.release().await.expect("still ours");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_caller_that_stops_waiting_is_counted_cancelled_and_an_unwatched_lease_lost() {
     let metrics = recorder();

@@ -177,7 +177,18 @@ async fn renew(keeper: &Keeper, leases: &[Arc<Lease>], sent_at: Instant) {
         .unwrap_or(Duration::from_secs(1));
     // The backend bounds each node's part by `budget`; the outer bound only catches a stuck
     // connect.
-    let outcome = tokio::time::timeout(budget * 2, keeper.backend.renew(&batch, budget)).await;
+    let renewal = keeper.backend.renew(&batch, budget);
+    let mut renewal = std::pin::pin!(renewal);
+    let outcome = match tokio::time::timeout(budget, renewal.as_mut()).await {
+        Ok(outcome) => Ok(outcome),
+        Err(_) => {
+            // Unanswered for its budget: the leases are in jeopardy while it may still come.
+            for lease in leases {
+                lease.mark_at_risk("the renewal went unanswered for a third of the ttl");
+            }
+            tokio::time::timeout(budget, renewal).await
+        }
+    };
     match outcome {
         Ok(Ok(mut renewed)) => {
             let now = Instant::now();
@@ -217,6 +228,7 @@ async fn renew(keeper: &Keeper, leases: &[Arc<Lease>], sent_at: Instant) {
                     }
                     None => {
                         lease.labels.renewal(RenewalOutcome::Failed);
+                        lease.mark_at_risk("the renewal failed");
                         keeper
                             .leases
                             .reschedule(lease.id, Some(now + retry_delay(lease)));
@@ -246,6 +258,7 @@ async fn renew(keeper: &Keeper, leases: &[Arc<Lease>], sent_at: Instant) {
             let now = Instant::now();
             for lease in leases {
                 lease.labels.renewal(RenewalOutcome::Failed);
+                lease.mark_at_risk("the renewal failed");
                 keeper
                     .leases
                     .reschedule(lease.id, Some(now + retry_delay(lease)));

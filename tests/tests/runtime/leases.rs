@@ -493,3 +493,43 @@ async fn a_long_lease_is_renewed_apart_from_short_ones_that_cannot_be() {
     proxy.heal();
     long.release().await.unwrap();
 }
+
+/// A renewal unanswered for a third of the ttl puts the lease at risk while it still holds, on
+/// the guard and in `current()`; the renewal's late answer makes it safe again, and nothing was
+/// lost. Renewed every second, at risk a second after a renewal went unanswered, lost a second
+/// after that: the server is resumed as soon as the risk is seen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_unanswered_for_a_third_of_the_ttl_puts_the_lease_at_risk_until_it_is_answered() {
+    let server = RedisServer::start();
+    let reg = registry(&server);
+    let ttl = Duration::from_secs(3);
+    let outcome = reg
+        .lock("jeopardy")
+        .ttl(ttl)
+        .run(async {
+            let current = lock_runtime::current().expect("inside the body");
+            assert!(!current.is_at_risk());
+            server.pause();
+            tokio::time::timeout(ttl, current.at_risk())
+                .await
+                .expect("at risk within the ttl");
+            let at_risk = (current.is_at_risk(), current.is_lost());
+            server.resume();
+            tokio::time::timeout(ttl, current.out_of_risk())
+                .await
+                .expect("out of risk within the ttl");
+            Ok::<_, LockError>((at_risk, current.is_at_risk(), current.is_lost()))
+        })
+        .await;
+    assert_eq!(
+        outcome.expect("the body ran to its end, the lease held"),
+        ((true, false), false, false),
+        "(at risk, lost) while paused; at risk and lost after"
+    );
+    let guard = reg.lock("jeopardy").ttl(ttl).acquire().await.unwrap();
+    assert!(!guard.is_at_risk());
+    guard
+        .release()
+        .await
+        .expect("free again after the body's release");
+}
