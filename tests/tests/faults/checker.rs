@@ -464,20 +464,8 @@ impl<'a> Facts<'a> {
             .collect();
         let shown = held.iter().flatten().map(|&(since, _)| since).min();
         for (node, history) in held.iter_mut().zip(self.i.histories) {
-            // The grant came at `shown`, or with none showing it between the call and the
-            // section's start: hidden if that server's history stops before it, and its output
-            // was lost after it.
-            let (earliest, latest) = shown.map_or((s.called, s.start), |at| (at, at));
-            let hidden = history
-                .outages
-                .iter()
-                .find(|o| o.seen_until_us <= latest && earliest <= o.lost_us + MONITOR_SLACK_US);
-            if let Some(o) = hidden {
-                let granted = earliest.max(o.seen_until_us);
-                // A server that ran on kept the grant after the gap too, until its owner's
-                // next write shows it (`model::Builder::revealed`).
-                let back = if o.ran_on { i64::MAX } else { o.back_us };
-                node.push((granted, back.min(granted + us(TTL))));
+            if let Some(grant) = hidden_grant(s, shown, history) {
+                node.push(grant);
             }
         }
         let holders_at = |at: i64| {
@@ -500,6 +488,23 @@ impl<'a> Facts<'a> {
     fn accepted(&self) -> i64 {
         i64::try_from(self.log.len()).expect("fits")
     }
+}
+
+/// A grant of `s` that `history` cannot show, as (granted, held until): the grant came at
+/// `shown` (when another node's history shows the same attempt), or with none showing it between
+/// the call and the section's start; it is hidden if that server's history stops before it and
+/// its output was lost (or not watched) after it. From the earliest moment it can have come,
+/// for at most a ttl: until the server was back without it, or, where it ran on (a gap), until
+/// the owner's next write shows it (`model::Builder::revealed`).
+fn hidden_grant(s: &Section, shown: Option<i64>, history: &model::History) -> Option<(i64, i64)> {
+    let (earliest, latest) = shown.map_or((s.called, s.start), |at| (at, at));
+    let o = history
+        .outages
+        .iter()
+        .find(|o| o.seen_until_us <= latest && earliest <= o.lost_us + MONITOR_SLACK_US)?;
+    let granted = earliest.max(o.seen_until_us);
+    let back = if o.ran_on { i64::MAX } else { o.back_us };
+    Some((granted, back.min(granted + us(TTL))))
 }
 
 /// How far apart two servers' `MONITOR` stamps of one moment can be (their clocks are one
@@ -936,17 +941,26 @@ fn cancelled_bodies_stop_before_their_key_expires<'s>(
         }
         out.checked += 1;
         // Of each key, the margin a quorum of nodes still had; of the lock, its smallest key's.
+        // A grant no history shows (see `hidden_grant`) expires a ttl after the earliest moment
+        // it can have come, at the soonest.
         let margin = s
             .keys
             .iter()
             .map(|key| {
-                let mut margins: Vec<i64> = f
-                    .tenures_of(&s.token, key)
-                    .filter_map(|ts| {
+                let tenures: Vec<Vec<&model::Tenure>> = f.tenures_of(&s.token, key).collect();
+                let shown = tenures.iter().flatten().map(|t| t.since_us).min();
+                let mut margins: Vec<i64> = tenures
+                    .iter()
+                    .zip(f.i.histories)
+                    .filter_map(|(ts, history)| {
                         ts.iter()
                             .filter(|t| t.since_us <= s.end)
                             .map(|t| t.expires_at(s.end) - s.end)
                             .max()
+                            .or_else(|| {
+                                hidden_grant(s, shown, history)
+                                    .map(|(granted, _)| granted + us(TTL) - s.end)
+                            })
                     })
                     .collect();
                 margins.sort_unstable_by(|a, b| b.cmp(a));
@@ -1519,6 +1533,44 @@ fn a_grant_no_history_shows_counts_if_it_may_have_fallen_in_a_killed_masters_los
     // ran outside it (its renewals would have found the promoted replica without it).
     let violations = check_with(&section(11_200_000), killed("9.999000"));
     assert!(violations.contains("server-side tenure"), "{violations}");
+}
+
+/// (e) of a cancelled body whose grant no history shows (a Sentinel run kept at 267a4be: a
+/// permit granted just before the master's `kill -9`, its body cancelled at its lease's end):
+/// its key expired a ttl after the earliest moment the grant can have come, at the soonest.
+#[test]
+fn a_cancelled_body_whose_grant_no_history_shows_is_judged_from_its_earliest_grant() {
+    let cancelled = |end: i64| {
+        let s = Synthetic {
+            kind: LockKind::Permit,
+            keys: &["lock:sem"],
+            write: StoreCall::NotMade,
+            outcome: Outcome::Lost(lock_runtime::LostReason::Expired),
+            ..Synthetic::new(1, "1.p", "h:1:a", 0, (10_003_000, end))
+        }
+        .called_at(10_000_500);
+        [s.begin(), s.end()]
+    };
+    let master = || {
+        let mut events = monitored([r#"+9.999000 [0 127.0.0.1:2] "GET" "lock:other""#.to_owned()]);
+        events.push(super::monitor::Event::Lost { at_us: 10_004_000 });
+        model::rebuild(&[events], "lock:", false)
+    };
+    let check_with = |lines: &[Line]| {
+        let histories = [master()];
+        check(&Inputs {
+            fencing: false,
+            ..Inputs::synthetic(lines, &histories)
+        })
+        .violations
+        .join("\n")
+    };
+    // Stopped 10.5 ms before a ttl after the call: no violation (it was "no server-side
+    // tenure" before).
+    assert_eq!(check_with(&cancelled(10_990_000)), "");
+    // Stopped after it: a late cancel.
+    let violations = check_with(&cancelled(11_010_000));
+    assert!(violations.contains("after its key expired"), "{violations}");
 }
 
 /// A grant in a gap of a live server's history (its `MONITOR` connection closed by a Sentinel's
