@@ -160,38 +160,35 @@ fn parse_args() -> Plan {
     plan
 }
 
-/// `--profile WHO TASKS SECS`: item 5 for one client alone, under a multi-thread runtime as in
-/// the full run.
+/// `--profile WHO TASKS SECS`: item 5 for one client alone; `--profile wakeups SAMPLES`: items 2
+/// and 3 with each thread's parkings. Under a multi-thread runtime as in the full run.
 fn profile(args: &[String]) {
-    if let [what, samples] = args {
-        if what == "wakeups" {
-            let samples: usize = samples.parse().unwrap_or_else(|_| usage());
-            let server = lock_tests::RedisServer::start();
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()
-                .expect("runtime");
-            runtime.block_on(async {
-                handoff::profile(&server.url(), server.pid(), samples).await;
-                uncontended::profile(&server.url(), server.pid(), samples).await;
-            });
-            return;
-        }
-    }
-    let [who, tasks, secs] = args else { usage() };
-    let tasks: usize = tasks.parse().unwrap_or_else(|_| usage());
-    let secs: f64 = secs.parse().unwrap_or_else(|_| usage());
     let server = lock_tests::RedisServer::start();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .expect("runtime");
-    runtime.block_on(throughput::profile(
-        &server.url(),
-        who,
-        tasks,
-        Duration::from_secs_f64(secs),
-    ));
+    let url = server.url();
+    match args {
+        [what, samples] if what == "wakeups" => {
+            let samples: usize = samples.parse().unwrap_or_else(|_| usage());
+            runtime.block_on(async {
+                handoff::profile(&url, server.pid(), samples).await;
+                uncontended::profile(&url, server.pid(), samples).await;
+            });
+        }
+        [who, tasks, secs] => {
+            let tasks: usize = tasks.parse().unwrap_or_else(|_| usage());
+            let secs: f64 = secs.parse().unwrap_or_else(|_| usage());
+            runtime.block_on(throughput::profile(
+                &url,
+                who,
+                tasks,
+                Duration::from_secs_f64(secs),
+            ));
+        }
+        _ => usage(),
+    }
 }
 
 fn step(what: &str) {

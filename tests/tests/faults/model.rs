@@ -165,6 +165,18 @@ impl Builder<'_> {
         key.starts_with(self.prefix)
     }
 
+    /// The history shows nothing of the server from `seen_until_us` until `lost_us` (a loss;
+    /// `ran_on`: a gap in a live server's history): an outage, and no key known written since.
+    fn lost_sight(&mut self, seen_until_us: i64, lost_us: i64, ran_on: bool) {
+        self.history.outages.push(Outage {
+            seen_until_us,
+            lost_us,
+            back_us: i64::MAX,
+            ran_on,
+        });
+        self.written_since_loss.clear();
+    }
+
     /// Whether `key` may have been written where the history cannot see at `at_us` (see
     /// [`Self::unseen_until_us`]): its owner, expiry and places on record may be stale, so
     /// they bar nobody, and an owner-checked write shows who owns it (see [`Self::revealed`]).
@@ -990,16 +1002,10 @@ pub fn rebuild(streams: &[Vec<Event>], prefix: &str, ifeq: bool) -> History {
                 at_us,
                 seen_until_us,
             } => {
-                b.history.outages.push(Outage {
-                    seen_until_us,
-                    lost_us: at_us,
-                    back_us: i64::MAX,
-                    ran_on: false,
-                });
+                b.lost_sight(seen_until_us, at_us, false);
                 b.history.server_losses += 1;
                 b.last_loss_us = Some(at_us);
                 b.unseen_until_us = (!b.replicated).then_some(at_us);
-                b.written_since_loss.clear();
                 for live in b
                     .live
                     .values_mut()
@@ -1012,15 +1018,9 @@ pub fn rebuild(streams: &[Vec<Event>], prefix: &str, ifeq: bool) -> History {
                 seen_until_us,
                 to_us,
             } => {
-                b.history.outages.push(Outage {
-                    seen_until_us,
-                    lost_us: to_us,
-                    back_us: i64::MAX,
-                    ran_on: true,
-                });
+                b.lost_sight(seen_until_us, to_us, true);
                 b.history.gaps += 1;
                 b.unseen_until_us = Some(to_us);
-                b.written_since_loss.clear();
             }
             Unit::Command(e, body) => {
                 if let Some(outage) = b.history.outages.last_mut() {
