@@ -146,9 +146,9 @@ struct Builder<'a> {
     /// Whether the history is a master's merged with its replicas' (a replica takes over when
     /// the master is lost, with what replication gave it).
     replicated: bool,
-    /// When the server was last lost (killed), and the lock keys the history has shown written
-    /// since that loss or the last gap (see [`Builder::in_doubt`]).
-    last_loss_us: Option<i64>,
+    /// Whether the server was ever lost (killed), and the lock keys the history has shown
+    /// written since its last loss or gap (see [`Builder::in_doubt`]).
+    ever_lost: bool,
     written_since_loss: HashSet<Vec<u8>>,
     /// Until when the server may have run writes the history does not show, of the keys not
     /// written since: a loss of a server without replicas (started again from its file, with
@@ -623,7 +623,7 @@ impl Builder<'_> {
                         }
                         // A key restored from disk, or written in a gap of the history, that the
                         // history never saw written.
-                        None if self.last_loss_us.is_some() || restorable => {}
+                        None if self.ever_lost || restorable => {}
                         _ => self.history.violations.push(format!(
                             "(d) {} marked as {value} at {} while {owner:?} held it",
                             String::from_utf8_lossy(&key),
@@ -987,7 +987,7 @@ pub fn rebuild(streams: &[Vec<Event>], prefix: &str, ifeq: bool) -> History {
         places: HashMap::new(),
         tags: HashMap::new(),
         replicated: streams.len() > 1,
-        last_loss_us: None,
+        ever_lost: false,
         written_since_loss: HashSet::new(),
         unseen_until_us: None,
         longest_ms: 0,
@@ -1004,7 +1004,7 @@ pub fn rebuild(streams: &[Vec<Event>], prefix: &str, ifeq: bool) -> History {
             } => {
                 b.lost_sight(seen_until_us, at_us, false);
                 b.history.server_losses += 1;
-                b.last_loss_us = Some(at_us);
+                b.ever_lost = true;
                 b.unseen_until_us = (!b.replicated).then_some(at_us);
                 for live in b
                     .live
