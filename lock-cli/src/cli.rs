@@ -5,7 +5,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 
 /// Inspect the Redis locks of lock-runtime (`#[distributed_lock]`): list, show, watch, and
-/// force-unlock them.
+/// force-unlock them, and see who leads an election.
 ///
 /// Without --url, --cluster, --redlock or --sentinel, the Redis to inspect comes from the same
 /// environment variables as the library: LOCK_REDIS_SENTINEL with LOCK_REDIS_SENTINEL_MASTER,
@@ -105,6 +105,20 @@ pub enum Command {
         /// polls; a change shorter than this can go unseen.
         #[arg(long, value_name = "MS", default_value_t = 100)]
         every: u64,
+    },
+    /// Show who leads an election (`Registry::election`): the identity it campaigned with,
+    /// its term and its remaining lease.
+    Leader {
+        /// The election's key, without the prefix.
+        key: String,
+        /// Follow the election: a line per change (elected, resigned, handed over, a crashed
+        /// leader's lease ended), until Ctrl-C or --for. Woken by the election's
+        /// notifications: nothing is polled while nothing changes.
+        #[arg(long)]
+        watch: bool,
+        /// With --watch: stop after this many seconds.
+        #[arg(long = "for", value_name = "SECS", value_parser = seconds, requires = "watch")]
+        duration: Option<Duration>,
     },
     /// Force-unlock a lock, whoever holds it (asks first).
     ///

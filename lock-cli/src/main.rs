@@ -1,4 +1,5 @@
-//! `lockctl`: list, show, watch and force-unlock the Redis locks of lock-runtime.
+//! `lockctl`: list, show, watch and force-unlock the Redis locks of lock-runtime, and show who
+//! leads an election.
 //!
 //! Reads and deletes go through `lock_runtime::Registry` (`inspect`, `force_unlock_owned_by`), so the
 //! tool sees the same keys, fencing counters and Redlock quorums as the services; only listing
@@ -6,6 +7,7 @@
 
 mod cli;
 mod confirm;
+mod leader;
 mod list;
 mod render;
 mod scan;
@@ -69,6 +71,10 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             watch::watch(&registry, &key, Duration::from_millis(every), duration).await;
             Ok(())
         }
+        Command::Leader {
+            key, watch: false, ..
+        } => leader::show(&registry, &key).await,
+        Command::Leader { key, duration, .. } => leader::watch(&registry, &key, duration).await,
         Command::Unlock { key, yes } => unlock(&registry, &key, yes).await,
     }
 }

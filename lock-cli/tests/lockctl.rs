@@ -677,3 +677,61 @@ async fn a_password_comes_from_the_environment_not_the_command_line() {
     assert!(out.contains(&shown(guard.token())), "{out}");
     assert!(!out.contains("s3cret"), "{out}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_shows_who_leads_and_watch_follows_each_change() {
+    let server = RedisServer::start();
+    let registry = Registry::from_url(&server.url()).unwrap();
+    let url = server.url();
+    let out = succeeded(&run(&mut lockctl(&["--url", &url, "leader", "scheduler"])).await);
+    assert_eq!(out.trim(), "no leader");
+    let election = registry.election("scheduler").ttl(TTL);
+    let first = election
+        .clone()
+        .identity("web-1:8080")
+        .campaign()
+        .await
+        .unwrap();
+    let out = succeeded(&run(&mut lockctl(&["--url", &url, "leader", "scheduler"])).await);
+    let term = first.term().unwrap();
+    assert!(
+        out.starts_with(&format!("leader web-1:8080, term {term}, ")),
+        "{out}"
+    );
+
+    let mut child = lockctl(&["--url", &url, "leader", "scheduler", "--watch"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut next_line = async || {
+        tokio::time::timeout(PATIENCE, lines.next_line())
+            .await
+            .expect("a line from lockctl leader --watch")
+            .unwrap()
+            .expect("lockctl leader --watch goes on")
+    };
+
+    assert!(next_line()
+        .await
+        .starts_with("following the election lock:scheduler"));
+    assert!(next_line().await.contains("leader web-1:8080"));
+    first.resign().await.unwrap();
+    assert!(next_line().await.ends_with("no leader"));
+    let second = election.identity("web-2:8080").campaign().await.unwrap();
+    let line = next_line().await;
+    let term = second.term().unwrap();
+    assert!(
+        line.contains(&format!("leader web-2:8080, term {term}")),
+        "{line}"
+    );
+    child.kill().await.unwrap();
+    second.resign().await.unwrap();
+
+    // A lock's key is not an election's: said so, and nothing is touched.
+    let held = hold(&registry, "deploy:1", false).await;
+    let out = run(&mut lockctl(&["--url", &url, "leader", "deploy:1"])).await;
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("held as a lock"), "{}", stderr(&out));
+    held.release().await.unwrap();
+}

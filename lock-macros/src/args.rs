@@ -14,7 +14,7 @@ use crate::duration;
 /// Every option, in the order the docs list them.
 pub(crate) const OPTIONS: &[&str] = &[
     "key", "keys", "ttl", "wait", "renew", "on_lost", "min_hold", "max_hold", "fencing", "mode",
-    "permits", "registry", "crate",
+    "permits", "leader", "registry", "crate",
 ];
 
 /// The options as written. `None` means "not given": defaults are the runtime's business.
@@ -26,12 +26,14 @@ pub(crate) struct Args {
     pub(crate) ttl: Option<DurationArg>,
     pub(crate) wait: Option<DurationArg>,
     pub(crate) renew: Option<LitBool>,
-    pub(crate) on_lost: Option<OnLost>,
+    pub(crate) on_lost: Option<(OnLost, LitStr)>,
     pub(crate) min_hold: Option<DurationArg>,
     pub(crate) max_hold: Option<DurationArg>,
     pub(crate) fencing: Option<LitBool>,
     pub(crate) mode: Option<(Mode, LitStr)>,
     pub(crate) permits: Option<LitInt>,
+    /// `leader = true`: the fn is a leader's loop (see `validate::check_leader`).
+    pub(crate) leader: Option<LitBool>,
     pub(crate) registry: Option<LitStr>,
     pub(crate) krate: Option<Path>,
     /// False when a syntax error stopped parsing: "missing `key`" would then be noise.
@@ -101,6 +103,7 @@ fn parse_option(
         "max_hold" => set(&mut args.max_hold, duration_arg(&value, option, errors)),
         "renew" => set(&mut args.renew, boolean(&value, option, errors)),
         "fencing" => set(&mut args.fencing, boolean(&value, option, errors)),
+        "leader" => set(&mut args.leader, boolean(&value, option, errors)),
         "mode" => set(&mut args.mode, mode(&value, errors)),
         "permits" => set(&mut args.permits, permits(&value, errors)),
         "on_lost" => set(&mut args.on_lost, on_lost(&value, errors)),
@@ -210,7 +213,7 @@ fn example(option: &str) -> &'static str {
         "min_hold" => "\"12h\"",
         "max_hold" => "\"10m\"",
         "renew" => "false",
-        "fencing" => "true",
+        "fencing" | "leader" => "true",
         "mode" => "\"read\"",
         "permits" => "4",
         "on_lost" => "\"continue\"",
@@ -354,11 +357,11 @@ fn boolean(value: &Expr, option: &str, errors: &mut Errors) -> Option<LitBool> {
     }
 }
 
-fn on_lost(value: &Expr, errors: &mut Errors) -> Option<OnLost> {
+fn on_lost(value: &Expr, errors: &mut Errors) -> Option<(OnLost, LitStr)> {
     let lit = string(value, "on_lost", errors)?;
     match lit.value().as_str() {
-        "cancel" => Some(OnLost::Cancel),
-        "continue" => Some(OnLost::Continue),
+        "cancel" => Some((OnLost::Cancel, lit)),
+        "continue" => Some((OnLost::Continue, lit)),
         other => {
             errors.spanned(
                 &lit,
@@ -466,7 +469,7 @@ mod tests {
         assert_eq!(args.ttl.unwrap().millis, 60_000);
         assert_eq!(args.wait.unwrap().millis, 0);
         assert!(!args.renew.unwrap().value);
-        assert!(args.on_lost == Some(OnLost::Continue));
+        assert!(args.on_lost.as_ref().map(|(o, _)| *o) == Some(OnLost::Continue));
         assert_eq!(args.min_hold.unwrap().millis, 60_000);
         assert_eq!(args.max_hold.unwrap().millis, 600_000);
         assert!(args.fencing.unwrap().value);

@@ -22,6 +22,7 @@ pub(crate) fn expand(lock: Lock) -> TokenStream {
         vis,
         sig,
         body,
+        leader,
     } = lock;
     let private = quote!(#krate::__private);
     // Mixed-site: a parameter called `lock_key` (or `key`, `guard`, ...) can never clash.
@@ -40,6 +41,7 @@ pub(crate) fn expand(lock: Lock) -> TokenStream {
         Some(name) => quote!(::core::option::Option::Some(#name)),
         None => quote!(::core::option::Option::None),
     };
+    let options_ttl = options.ttl;
     let mut options = options_chain(&private, &options);
     let template = keys
         .iter()
@@ -55,18 +57,46 @@ pub(crate) fn expand(lock: Lock) -> TokenStream {
             #private::run(#registry, #lock_key, #options, #body)
         }
     };
-    let body = match body {
-        Body::Async(block) => {
+    let body = match (body, leader) {
+        (Body::Async(block), Some(bindings)) => {
+            // Each term runs the body afresh, on clones of the arguments.
+            let clones = bindings.iter().map(|binding| {
+                quote_spanned! {binding.span()=>
+                    #[allow(unused_mut, unused_variables)]
+                    let mut #binding = ::core::clone::Clone::clone(&#binding);
+                }
+            });
+            let ttl = match options_ttl {
+                Some(ttl) => {
+                    let ttl = Literal::u64_unsuffixed(ttl);
+                    quote!(::core::option::Option::Some(#private::Duration::from_millis(#ttl)))
+                }
+                None => quote!(::core::option::Option::None),
+            };
+            let render = &renders[0];
+            quote! {
+                let #lock_key: ::std::string::String = #render;
+                #private::lead(#registry, #lock_key, #ttl, move || {
+                    #(#clones)*
+                    async move #block
+                })
+                .await
+            }
+        }
+        (Body::Async(block), None) => {
             let run = locked(quote!(async move #block));
             quote!(#run.await)
         }
         // async-trait: the key is rendered inside its future, where the body's names live.
-        Body::Boxed {
-            leading,
-            box_pin,
-            future,
-            inner: Some(inner),
-        } => {
+        (
+            Body::Boxed {
+                leading,
+                box_pin,
+                future,
+                inner: Some(inner),
+            },
+            _,
+        ) => {
             let run = locked(async_block(*inner));
             let future = boxed::fill_hole(future.into_token_stream(), &quote!({ #run.await }));
             quote! {
@@ -74,12 +104,15 @@ pub(crate) fn expand(lock: Lock) -> TokenStream {
                 #box_pin(#future)
             }
         }
-        Body::Boxed {
-            leading,
-            box_pin,
-            future,
-            inner: None,
-        } => {
+        (
+            Body::Boxed {
+                leading,
+                box_pin,
+                future,
+                inner: None,
+            },
+            _,
+        ) => {
             let run = locked(future.into_token_stream());
             quote! {
                 #(#leading)*

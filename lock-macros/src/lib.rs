@@ -102,6 +102,7 @@ use proc_macro::TokenStream;
 /// | `fencing` | issue a fencing token with each acquisition | `false` |
 /// | `mode` | `"read"`: beside other readers; `"write"`: alone | `"write"` |
 /// | `permits` | make the key a semaphore: up to this many holders at once | none (exclusive) |
+/// | `leader` | `true`: a leader's loop, run for each term won in the election on `key` | `false` |
 /// | `registry` | name of a registry installed with `Registry::install_as` | the default registry |
 /// | `crate` | path to `lock_runtime` when it is renamed or re-exported | `"::lock_runtime"` |
 ///
@@ -382,6 +383,38 @@ use proc_macro::TokenStream;
 /// # async fn main() -> Result<(), LockError> {
 /// # Registry::in_memory().install_default();
 /// assert_eq!(render(7).await?, 7);
+/// # Ok(())
+/// # }
+/// ```
+///
+/// ## `leader`
+///
+/// Makes the fn a leader-only service loop: calling it campaigns in the election on `key`
+/// (`Registry::election`), runs the body for each term this process wins, and campaigns again
+/// after a term ends (the body returned, failed, or its lease was lost, in which case the body
+/// is dropped before the lease can expire), until the registry shuts down; then the call
+/// returns `Ok(())`. Each term runs the body afresh on clones of the arguments (so they must be
+/// `Clone`: `&self` and shared references are), and `lock_runtime::current()` inside it gives the
+/// term (`fence()`) and whether it is at risk. The identity observers see is the registry's
+/// (`RegistryBuilder::identity`), else `host:pid`. The fn returns `Result<(), E>` with
+/// `E: From<LockError> + Display` (a failed term is logged). Only `key`, `ttl` (default
+/// `"10s"`), `registry` and `crate` go with it: the others are compile errors.
+///
+/// ```
+/// # use lock_runtime::{distributed_lock, LockError, Registry};
+/// #[distributed_lock(key = "scheduler", ttl = "10s", leader = true)]
+/// async fn schedule(registry: &Registry) -> Result<(), LockError> {
+///     let term = lock_runtime::current().expect("leading");
+///     println!("leading term {:?}", term.fence());
+///     // ... the scheduler's loop; here it ends by shutting the registry down ...
+///     registry.shutdown().await;
+///     std::future::pending().await
+/// }
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), LockError> {
+/// let registry = Registry::in_memory();
+/// registry.install_default();
+/// schedule(&registry).await?;
 /// # Ok(())
 /// # }
 /// ```

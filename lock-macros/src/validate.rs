@@ -32,6 +32,8 @@ pub(crate) struct Lock {
     pub(crate) vis: Visibility,
     pub(crate) sig: Signature,
     pub(crate) body: Body,
+    /// With `leader = true`: the parameters' bindings, cloned for each term the body runs in.
+    pub(crate) leader: Option<Vec<Ident>>,
 }
 
 /// The key template resolved against the signature.
@@ -100,6 +102,10 @@ pub(crate) fn validate(args: Args, item: ItemFn, errors: &mut Errors) -> Option<
     let output = output_type(&sig, boxed_output, errors);
     check_holds(&args, errors);
     check_permits(&args, errors);
+    let leader = args.leader.as_ref().is_some_and(|l| l.value);
+    if leader {
+        check_leader(&args, body.as_ref(), errors);
+    }
 
     let keys = match (&args.key, &args.keys) {
         (Some(_), Some((_, keys))) => {
@@ -131,6 +137,7 @@ pub(crate) fn validate(args: Args, item: ItemFn, errors: &mut Errors) -> Option<
     let (Some(body), Some(output), Some(keys)) = (body, output, keys) else {
         return None;
     };
+    let leader = leader.then(|| scope.names.values().cloned().collect());
     if !errors.is_empty() {
         return None;
     }
@@ -144,7 +151,7 @@ pub(crate) fn validate(args: Args, item: ItemFn, errors: &mut Errors) -> Option<
             ttl: args.ttl.map(|d| d.millis),
             wait: args.wait.map(|d| d.millis),
             renew: args.renew.map(|b| b.value),
-            on_lost: args.on_lost,
+            on_lost: args.on_lost.as_ref().map(|(on_lost, _)| *on_lost),
             min_hold: args.min_hold.map(|d| d.millis),
             max_hold: args.max_hold.map(|d| d.millis),
             fencing: args.fencing.map(|b| b.value),
@@ -157,7 +164,69 @@ pub(crate) fn validate(args: Args, item: ItemFn, errors: &mut Errors) -> Option<
         vis,
         sig,
         body,
+        leader,
     })
+}
+
+/// `leader = true` makes the fn a leader's loop: it campaigns in the election on its key and
+/// runs the body for each term won, until the registry shuts down. The options of a lock's
+/// tenure do not apply to a term: the candidate waits as long as it takes, renews, is stopped
+/// when its term is lost, and its term is numbered by a fencing token.
+fn check_leader(args: &Args, body: Option<&Body>, errors: &mut Errors) {
+    let why = |option: &str| match option {
+        "keys" => "an election is on one key",
+        "wait" => "a candidate campaigns until elected",
+        "renew" | "max_hold" => "a leader's lease is renewed until its term ends",
+        "on_lost" => "a term that is lost stops the body before its lease can expire",
+        "min_hold" => "a term ends when its body returns, and the next candidate leads at once",
+        "fencing" => "every term is numbered by a fencing token already",
+        _ => "a leader leads alone",
+    };
+    let mut refuse = |given: bool, option: &str, at: &dyn ToTokens| {
+        if given {
+            errors.spanned(
+                at,
+                format!(
+                    "`{option}` does not go with `leader = true`: {}; drop `{option}`",
+                    why(option)
+                ),
+            );
+        }
+    };
+    if let Some((_, path)) = &args.keys {
+        refuse(true, "keys", path);
+    }
+    if let Some(d) = &args.wait {
+        refuse(true, "wait", &d.lit);
+    }
+    if let Some(b) = &args.renew {
+        refuse(true, "renew", b);
+    }
+    if let Some(d) = &args.max_hold {
+        refuse(true, "max_hold", &d.lit);
+    }
+    if let Some(d) = &args.min_hold {
+        refuse(true, "min_hold", &d.lit);
+    }
+    if let Some((_, on_lost)) = &args.on_lost {
+        refuse(true, "on_lost", on_lost);
+    }
+    if let Some(b) = &args.fencing {
+        refuse(true, "fencing", b);
+    }
+    if let Some((_, lit)) = &args.mode {
+        refuse(true, "mode", lit);
+    }
+    if let Some(permits) = &args.permits {
+        refuse(true, "permits", permits);
+    }
+    if let (Some(Body::Boxed { .. }), Some(leader)) = (body, &args.leader) {
+        errors.spanned(
+            leader,
+            "`leader = true` needs an `async fn`: a boxed future (`#[async_trait]`) cannot be \
+             started again for each term; call a leader's `async fn` from the trait method",
+        );
+    }
 }
 
 /// What a placeholder can name: bindings by unraw name, and what `self` is.

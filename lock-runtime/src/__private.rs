@@ -26,11 +26,7 @@ where
     R: LockResult,
     F: Future<Output = R>,
 {
-    let registry = match registry {
-        None => crate::registry(),
-        Some(name) => crate::registry::named(name),
-    };
-    let result = match registry {
+    let result = match lookup(registry) {
         Ok(registry) => {
             registry
                 .lock_all(keys)
@@ -41,6 +37,14 @@ where
         Err(error) => Err(error.into()),
     };
     R::from_result(result)
+}
+
+/// The registry an attribute names (`None`: the default).
+fn lookup(registry: Option<&'static str>) -> Result<crate::registry::Registry, LockError> {
+    match registry {
+        None => crate::registry(),
+        Some(name) => crate::registry::named(name),
+    }
 }
 
 /// The return type of a `#[distributed_lock]` fn: a `Result` whose error a [`LockError`]
@@ -82,3 +86,40 @@ pub const MIN_TTL: Duration = crate::options::MIN_TTL;
 
 /// The longest lease, which the attribute enforces at compile time with a copy of it.
 pub const MAX_TTL: Duration = crate::options::MAX_TTL;
+
+/// Looks up the registry (`None`: the default) and leads the election on `key` whenever
+/// elected, running `work` for each term, as [`Election::lead`](crate::Election::lead) does,
+/// with the registry's identity and `ttl` when given. Ends with `Ok(())` at shutdown.
+///
+/// # Errors
+/// As [`Election::lead`](crate::Election::lead), plus [`LockError::NotConfigured`].
+pub async fn lead<R, F, Fut>(
+    registry: Option<&'static str>,
+    key: String,
+    ttl: Option<Duration>,
+    mut work: F,
+) -> R
+where
+    R: LockResult<Ok = ()>,
+    R::Err: std::fmt::Display,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = R>,
+{
+    let result = match lookup(registry) {
+        Ok(registry) => {
+            let mut election = registry.election(key);
+            if let Some(ttl) = ttl {
+                election = election.ttl(ttl);
+            }
+            election
+                .lead(|_| {
+                    let term = work();
+                    async move { term.await.into_result() }
+                })
+                .await
+                .map_err(Into::into)
+        }
+        Err(error) => Err(error.into()),
+    };
+    R::from_result(result)
+}

@@ -24,17 +24,19 @@ use crate::options::{LockOptions, Share};
 use crate::state::RegistryInner;
 use crate::{error::LockError, token};
 
-/// Acquires, waiting for notifications while the lock is busy; counts the outcome.
+/// Acquires, waiting for notifications while the lock is busy; counts the outcome. A
+/// candidate's tokens show its `identity` (see `election`).
 pub(crate) async fn acquire_lease(
     inner: Arc<RegistryInner>,
     keys: Vec<String>,
     options: LockOptions,
+    identity: Option<&str>,
 ) -> Result<Arc<Lease>, LockError> {
     let labels = Labels::new(inner.name(), options.template);
     let started = Instant::now();
     // Counted as cancelled unless an outcome is reached: the caller may stop waiting.
     let mut pending = Pending(Some((&labels, started)));
-    let outcome = take_lease(&inner, keys, options, &labels).await;
+    let outcome = take_lease(&inner, keys, options, identity, &labels).await;
     pending.0 = None;
     match &outcome {
         Ok(_) => labels.acquired(started.elapsed()),
@@ -42,6 +44,27 @@ pub(crate) async fn acquire_lease(
         Err(_) => labels.refused(Refused::Error, started.elapsed()),
     }
     outcome
+}
+
+/// A key is a lock's or an election's (see `election`), never both: a candidate that finds a
+/// lock's holder, or a lock request that finds a leader, was given the wrong key, and no wait
+/// would change that.
+fn other_kind(key: &str, holder: &str, identity: Option<&str>) -> Option<LockError> {
+    let reason = match (token::identity_of(holder), identity) {
+        (Some(leader), None) => format!(
+            "`{key}` is an election's key (its leader now is `{leader}`), not a lock's: a lock \
+             request would wait for leadership to end; give the lock a key of its own"
+        ),
+        (None, Some(_)) => format!(
+            "`{key}` is held as a lock, not by a candidate: an election needs a key that only \
+             its candidates take; give the election a key of its own"
+        ),
+        _ => return None,
+    };
+    Some(LockError::InvalidOptions {
+        key: key.to_owned(),
+        reason,
+    })
 }
 
 /// A request in progress, counted as cancelled if dropped before its outcome.
@@ -60,6 +83,7 @@ async fn take_lease(
     inner: &Arc<RegistryInner>,
     keys: Vec<String>,
     options: LockOptions,
+    identity: Option<&str>,
     labels: &Labels,
 ) -> Result<Arc<Lease>, LockError> {
     let shown = keys.join(" + ");
@@ -74,7 +98,7 @@ async fn take_lease(
                 .to_owned(),
         });
     }
-    let mut token = token::new_token();
+    let mut token = token::new_token(identity);
     let started = Instant::now();
     // `Duration::MAX` is the natural "wait as long as it takes": beyond the clock's range means
     // no deadline at all (a century stands in for it).
@@ -102,7 +126,7 @@ async fn take_lease(
     loop {
         attempts += 1;
         if attempts > 1 && inner.backend.undoes_failed_attempts() {
-            token = token::new_token();
+            token = token::new_token(identity);
         }
         // Armed while the attempt is on its way: cancelled there, it may still take the lock.
         let_go.arm(inner, &key, &token, share);
@@ -164,8 +188,16 @@ async fn take_lease(
                 .await;
             }
             Ok(Attempt::Busy {
-                retry_after, at, ..
+                retry_after,
+                at,
+                holder,
             }) => {
+                if let Some(error) = holder
+                    .as_deref()
+                    .and_then(|holder| other_kind(&key.name, holder, identity))
+                {
+                    return Err(error);
+                }
                 if at != waiting_on && interest.take().is_some() {
                     // Another of a multi-key lock's keys is taken now: follow that one, and pass
                     // on the wake that may have brought this waiter here (a release wakes one

@@ -158,6 +158,7 @@ mod acquisition;
 mod backend;
 mod backoff;
 mod current;
+mod election;
 mod error;
 mod guard;
 pub mod guide;
@@ -181,6 +182,7 @@ pub mod __private;
 
 pub use backend::{LockInfo, MemoryStore, Permits};
 pub use current::{current, CurrentLock};
+pub use election::{Election, Leader, Leadership, Observer, Term};
 pub use error::{LockError, LostReason};
 pub use guard::LockGuard;
 pub use key::{KeyBuilder, MAX_KEYS_PER_LOCK, MAX_KEY_BYTES};

@@ -130,7 +130,8 @@ impl LockRequest {
                 });
             }
         }
-        let lease = acquisition::acquire_lease(inner.clone(), self.keys, self.options).await?;
+        let lease =
+            acquisition::acquire_lease(inner.clone(), self.keys, self.options, None).await?;
         Ok(LockGuard::new(inner, lease))
     }
 
@@ -168,45 +169,62 @@ impl LockRequest {
         if guard.reentrant {
             return body.await;
         }
-        let body = current::scope(guard.inner.clone(), guard.lease.clone(), body);
-        let outcome = match on_lost {
-            OnLost::Cancel => {
-                let mut body = std::pin::pin!(body);
-                // The loss first: a body is never polled, not even once, with a lease that is
-                // already lost (a process paused between the acquisition and this poll).
-                tokio::select! {
-                    biased;
-                    reason = guard.lease.wait_lost() => Err(reason),
-                    outcome = &mut body => Ok(outcome),
-                }
+        match guarded(guard, on_lost, body).await {
+            Ok(outcome) => outcome,
+            Err(lost) => Err(lost.into()),
+        }
+    }
+}
+
+/// Runs `body` under `guard`'s lease (see [`LockRequest::run`]) and gives the lock back: the
+/// body's outcome, or the error that says why its lease was lost (`Cancel` stopped it, or
+/// it finished too late to count).
+pub(crate) async fn guarded<T, E, F>(
+    guard: LockGuard,
+    on_lost: OnLost,
+    body: F,
+) -> Result<Result<T, E>, LockError>
+where
+    F: Future<Output = Result<T, E>>,
+{
+    let body = current::scope(guard.inner.clone(), guard.lease.clone(), body);
+    let outcome = match on_lost {
+        OnLost::Cancel => {
+            let mut body = std::pin::pin!(body);
+            // The loss first: a body is never polled, not even once, with a lease that is
+            // already lost (a process paused between the acquisition and this poll).
+            tokio::select! {
+                biased;
+                reason = guard.lease.wait_lost() => Err(reason),
+                outcome = &mut body => Ok(outcome),
             }
-            OnLost::Continue => Ok(body.await),
-        };
-        // A body that completes in the very poll it resumes in (after a process pause, a GC, a
-        // blocking call) can outrun the loss timer: under Cancel, a lease that is already past
-        // its deadline means the work may have overlapped the next holder's, so say so.
-        let outcome = match (on_lost, guard.lease.lost_reason()) {
-            (OnLost::Cancel, Some(reason)) if outcome.is_ok() => {
-                guard.lease.mark_lost(reason);
-                Err(reason)
-            }
-            _ => outcome,
-        };
-        match outcome {
-            Ok(Ok(value)) => {
-                // The work is done; a failed release is retried in the background and logged.
-                let _ = guard.release().await;
-                Ok(value)
-            }
-            Ok(Err(error)) => {
-                let _ = guard.release_now().await;
-                Err(error)
-            }
-            Err(reason) => {
-                let error = guard.lease.lost_error(reason);
-                let _ = guard.release_now().await;
-                Err(error.into())
-            }
+        }
+        OnLost::Continue => Ok(body.await),
+    };
+    // A body that completes in the very poll it resumes in (after a process pause, a GC, a
+    // blocking call) can outrun the loss timer: under Cancel, a lease that is already past
+    // its deadline means the work may have overlapped the next holder's, so say so.
+    let outcome = match (on_lost, guard.lease.lost_reason()) {
+        (OnLost::Cancel, Some(reason)) if outcome.is_ok() => {
+            guard.lease.mark_lost(reason);
+            Err(reason)
+        }
+        _ => outcome,
+    };
+    match outcome {
+        Ok(Ok(value)) => {
+            // The work is done; a failed release is retried in the background and logged.
+            let _ = guard.release().await;
+            Ok(Ok(value))
+        }
+        Ok(Err(error)) => {
+            let _ = guard.release_now().await;
+            Ok(Err(error))
+        }
+        Err(reason) => {
+            let error = guard.lease.lost_error(reason);
+            let _ = guard.release_now().await;
+            Err(error)
         }
     }
 }

@@ -39,6 +39,11 @@
 //!   nobody.
 //! - A renewal is [`RENEW_LUA`] (an owner-checked `PEXPIRE`), an inspection [`INSPECT_LUA`],
 //!   an operator's unconditional unlock [`FORCE_UNLOCK_LUA`].
+//! - An election's candidates hold its key as a lock whose token starts with the identity the
+//!   leader shows: `<identity>@<host>:<pid>:` and 32 hex digits. An elected candidate publishes
+//!   `+elected` on the key's channel (it wakes observers, not waiters), and a candidate's
+//!   release is never the silent delete of a bare token (`ARGV[3]` = `0`): it always
+//!   publishes. The term is the fencing token taken with the lock.
 //! - Fencing counters live at `fence:{<prefix><key>}` (`fence:<prefix><key>` when the key has
 //!   a hash tag), in the lock's cluster slot, and are only ever incremented by [`ACQUIRE_LUA`],
 //!   in the same step that takes the lock.

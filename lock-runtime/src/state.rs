@@ -18,6 +18,8 @@ pub(crate) struct RegistryInner {
     pub(crate) timeouts: Timeouts,
     /// What metrics call this registry (see `RegistryBuilder::name`).
     name: OnceLock<Arc<str>>,
+    /// Who this process is in its elections (see `RegistryBuilder::identity`).
+    pub(crate) identity: Option<String>,
     next_id: AtomicU64,
     shut_down: AtomicBool,
 }
@@ -39,6 +41,7 @@ impl RegistryInner {
         prefix: String,
         timeouts: Timeouts,
         name: Option<String>,
+        identity: Option<String>,
     ) -> Self {
         let backend = Arc::new(backend);
         let named = OnceLock::new();
@@ -47,6 +50,7 @@ impl RegistryInner {
         }
         Self {
             name: named,
+            identity,
             keeper: Arc::new(Keeper::new(backend.clone())),
             backend,
             prefix,

@@ -1,4 +1,5 @@
-//! Owner tokens: unguessable, unique per acquisition, readable for whoever inspects a key.
+//! Owner tokens: unguessable, unique per acquisition, readable for whoever inspects a key; a
+//! candidate's (see `election`) also carries the identity its leader shows observers.
 
 use std::cell::RefCell;
 use std::sync::LazyLock;
@@ -12,12 +13,18 @@ static OWNER_PREFIX: LazyLock<String> = LazyLock::new(|| {
     let host: String = host
         .trim()
         .chars()
-        .filter(|c| c.is_ascii_graphic() && *c != ':')
+        // No `@`: a candidate's token ends its identity at the last one.
+        .filter(|c| c.is_ascii_graphic() && *c != ':' && *c != '@')
         .take(32)
         .collect();
     let host = if host.is_empty() { "host".into() } else { host };
     format!("{host}:{}:", std::process::id())
 });
+
+/// Who a candidate says it is unless told otherwise (see `election`): `host:pid`.
+pub(crate) fn default_identity() -> String {
+    OWNER_PREFIX.trim_end_matches(':').to_owned()
+}
 
 /// Random bytes are drawn from the OS a page at a time: one syscall per 256 tokens instead of
 /// one per acquisition. Still the OS random source, never a userspace generator.
@@ -30,8 +37,11 @@ thread_local! {
         RefCell::new((Box::new([0; POOL]), POOL, 0));
 }
 
-/// A fresh token: the owner prefix and 128 bits from the operating system's random source.
-pub(crate) fn new_token() -> String {
+/// A fresh token: the owner prefix and 128 bits from the operating system's random source,
+/// after `identity` where one is given (a candidate's, see `election`), as
+/// `identity@host:pid:random`: whoever reads the key learns who holds it, and the scripts still
+/// know the token for one of ours by its end.
+pub(crate) fn new_token(identity: Option<&str>) -> String {
     let mut bytes = [0u8; 16];
     RANDOM.with_borrow_mut(|(pool, used, drawn_by)| {
         let pid = std::process::id();
@@ -48,7 +58,12 @@ pub(crate) fn new_token() -> String {
         *used += 16;
     });
     const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut token = String::with_capacity(OWNER_PREFIX.len() + 32);
+    let identity_len = identity.map_or(0, |i| i.len() + 1);
+    let mut token = String::with_capacity(identity_len + OWNER_PREFIX.len() + 32);
+    if let Some(identity) = identity {
+        token.push_str(identity);
+        token.push('@');
+    }
     token.push_str(&OWNER_PREFIX);
     for b in bytes {
         token.push(char::from(HEX[usize::from(b >> 4)]));
@@ -57,14 +72,26 @@ pub(crate) fn new_token() -> String {
     token
 }
 
+/// The identity a candidate's token shows (see [`new_token`]); `None` for any other token.
+pub(crate) fn identity_of(token: &str) -> Option<&str> {
+    let mut parts = token.rsplitn(3, ':');
+    let (random, pid, rest) = (parts.next()?, parts.next()?, parts.next()?);
+    let ours = random.len() == 32
+        && random.bytes().all(|b| b.is_ascii_hexdigit())
+        && !pid.is_empty()
+        && pid.bytes().all(|b| b.is_ascii_digit());
+    let (identity, _host) = rest.rsplit_once('@')?;
+    (ours && !identity.is_empty()).then_some(identity)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn tokens_carry_128_random_bits_after_a_readable_owner() {
-        let a = new_token();
-        let b = new_token();
+        let a = new_token(None);
+        let b = new_token(None);
         assert_ne!(a, b);
         let random = a.rsplit(':').next().unwrap();
         assert_eq!(random.len(), 32);
@@ -73,8 +100,18 @@ mod tests {
     }
 
     #[test]
+    fn a_candidates_token_shows_its_identity_and_no_other_token_does() {
+        let token = new_token(Some("10.0.0.5:8080@eu"));
+        assert!(token.starts_with("10.0.0.5:8080@eu@"));
+        assert_eq!(identity_of(&token), Some("10.0.0.5:8080@eu"));
+        assert_eq!(identity_of(&new_token(None)), None);
+        assert_eq!(identity_of("someone@python-worker"), None);
+    }
+
+    #[test]
     fn tokens_stay_unique_across_pool_refills() {
-        let tokens: std::collections::HashSet<String> = (0..2000).map(|_| new_token()).collect();
+        let tokens: std::collections::HashSet<String> =
+            (0..2000).map(|_| new_token(None)).collect();
         assert_eq!(tokens.len(), 2000);
     }
 }

@@ -17,6 +17,10 @@
 //! unless an attempt of its own has since found the lock taken, and nobody else (the lock is
 //! not free).
 //!
+//! Observers of a key (an election's, see `election`) are woken by every notification on its
+//! channel, and by the news that a lock was taken (`ELECTED`, which wakes no waiter): whoever
+//! holds it may have changed.
+//!
 //! A waiter registers its interest *before* its next attempt, so a release between a failed
 //! attempt and the subscription is never missed. Every wait is also bounded by the holder's
 //! remaining lease, so a lost message (a reconnect, a crashed holder that never released)
@@ -65,6 +69,8 @@ struct SlotEntry {
 
 struct Slot {
     notify: Notify,
+    /// Every notification on the channel, for observers: they look again.
+    news: Notify,
     /// Whether a feed confirmed following the channel (set by the feed, never cleared while
     /// the slot lives), and the signal that it did.
     followed: AtomicBool,
@@ -103,10 +109,19 @@ enum Message<'a> {
     Freed { released: Option<&'a str> },
     /// The lock went to the waiter whose tenure is `next`.
     HandedOver { next: &'a str, grant: Grant },
+    /// The lock was taken ([`ELECTED`]): news for observers, nothing for waiters.
+    Taken,
 }
+
+/// What an elected candidate publishes on its key's channel: observers learn of a leader
+/// that took a free lock, which no release announced.
+pub(crate) const ELECTED: &str = "+elected";
 
 impl<'a> Message<'a> {
     fn read(message: &'a str) -> Self {
+        if message == ELECTED {
+            return Self::Taken;
+        }
         let parts: Vec<&str> = message.splitn(5, ':').collect();
         if let [released, next, fence, place @ ..] = parts.as_slice() {
             let place = match place {
@@ -146,7 +161,9 @@ impl Slot {
     }
 
     fn deliver(&self, message: &Message<'_>, wake_after: usize) {
+        self.news.notify_waiters();
         match *message {
+            Message::Taken => {}
             Message::Freed { released } => self.wake_one(released, wake_after),
             Message::HandedOver { next, grant } => {
                 if let Some(handoff) = self.handoffs().get(next) {
@@ -218,6 +235,7 @@ impl Slots {
     fn wake_every_key(&self) {
         for entry in self.lock().values() {
             entry.slot.notify.notify_one();
+            entry.slot.news.notify_waiters();
         }
     }
 }
@@ -315,6 +333,13 @@ impl Interest<'_> {
     /// Resolves on the next release notification for this key that leaves it free.
     pub(crate) async fn released(&self) {
         self.slot.notify.notified().await;
+    }
+
+    /// Resolves on the next notification of any kind for this key (a release, a handoff, a
+    /// new holder's [`ELECTED`]) after this call: enable it before looking at the key, so that
+    /// a change in between still wakes it.
+    pub(crate) fn news(&self) -> tokio::sync::futures::Notified<'_> {
+        self.slot.news.notified()
     }
 
     /// From now on, a release that hands the lock to `token` is delivered to
@@ -419,6 +444,12 @@ impl WaitHub {
             .deliver(channel, &Message::Freed { released: None });
     }
 
+    /// Tells the key's observers that the lock was taken (the in-memory backend's
+    /// [`ELECTED`]).
+    pub(crate) fn taken(&self, channel: &str) {
+        self.shared.deliver(channel, &Message::Taken);
+    }
+
     /// Tells the waiter holding `token` that a release handed it the lock (the in-memory
     /// backend's handoff).
     pub(crate) fn hand_over(&self, channel: &str, token: &str, grant: Grant) {
@@ -459,6 +490,7 @@ impl WaitHub {
                 .or_insert_with(|| SlotEntry {
                     slot: Arc::new(Slot {
                         notify: Notify::new(),
+                        news: Notify::new(),
                         followed: AtomicBool::new(false),
                         now_followed: Notify::new(),
                         released: Mutex::default(),

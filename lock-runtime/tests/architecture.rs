@@ -54,6 +54,7 @@ const LAYERS: &[&str] = &[
     "current",
     "guard",
     "lock",
+    "election",
     "registry::handle",
     "registry::builder",
     "registry::env",

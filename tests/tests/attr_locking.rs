@@ -570,3 +570,76 @@ async fn transfers_under_several_keys_never_lose_money_in_either_direction() {
         "each transfer applied exactly once"
     );
 }
+
+impl std::fmt::Display for JobError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            JobError::Lock(error) => error.fmt(f),
+            JobError::Failed => f.write_str("the job failed"),
+        }
+    }
+}
+
+/// A leader's loop: each term runs the body afresh (on clones of the arguments), with the
+/// term in `current()`; a failed term is followed by another, numbered higher.
+#[distributed_lock(
+    key = "scheduler:<region>",
+    ttl = "2s",
+    leader = true,
+    registry = "attr_leader"
+)]
+async fn lead_region(
+    region: &str,
+    calls: Arc<AtomicUsize>,
+    terms: mpsc::UnboundedSender<(String, u64)>,
+) -> Result<(), JobError> {
+    let term = current().expect("inside a term");
+    let number = term.fence().expect("terms are numbered");
+    terms
+        .send((term.key().to_owned(), number))
+        .expect("the test listens");
+    // The first term fails; the next leads until the registry shuts down.
+    if calls.fetch_add(1, Ordering::SeqCst) == 0 {
+        return Err(JobError::Failed);
+    }
+    std::future::pending().await
+}
+
+/// The next term the leader's body reported.
+async fn next(terms: &mut mpsc::UnboundedReceiver<(String, u64)>) -> (String, u64) {
+    tokio::time::timeout(Duration::from_secs(20), terms.recv())
+        .await
+        .expect("a term within the limit")
+        .expect("leading")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_fn_runs_its_body_for_each_term_until_shutdown() {
+    let server = RedisServer::start();
+    let registry = Registry::builder()
+        .url(server.url())
+        .identity("replica-7")
+        .build()
+        .expect("registry");
+    registry.install_as("attr_leader");
+    let (terms_tx, mut terms) = mpsc::unbounded_channel();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let leading = tokio::spawn(async move { lead_region("eu", calls, terms_tx).await });
+    let (key, first) = next(&mut terms).await;
+    assert_eq!(key, "scheduler:eu");
+    let (second_key, second) = next(&mut terms).await;
+    assert_eq!(second_key, key);
+    assert!(second > first, "term {second} after the failed {first}");
+    let leader = registry.election("scheduler:eu").leader().await.unwrap();
+    let leader = leader.expect("the second term leads on");
+    assert_eq!(leader.identity, "replica-7", "the registry's identity");
+    assert_eq!(leader.term, Some(second));
+    registry.shutdown().await;
+    let ended = tokio::time::timeout(Duration::from_secs(20), leading)
+        .await
+        .expect("ends");
+    assert!(
+        ended.expect("task").is_ok(),
+        "a leader's loop ends with Ok at shutdown"
+    );
+}

@@ -3,6 +3,7 @@
 mod runtime {
     mod admin;
     mod coalescing;
+    mod election;
     mod exclusion;
     mod failures;
     mod fencing;

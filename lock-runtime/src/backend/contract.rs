@@ -174,6 +174,10 @@ pub(crate) trait Store: Send + Sync {
     /// Who holds `key`, for how much longer, and its last fencing token.
     fn inspect(&self, key: &LockKey) -> impl Future<Output = Result<LockInfo, LockError>> + Send;
 
+    /// Tells whoever observes `key` that its lock was just taken (an elected candidate's news,
+    /// `waiting::ELECTED`): a lock taken free is announced by no release.
+    fn announce_taken(&self, key: &LockKey) -> impl Future<Output = Result<(), LockError>> + Send;
+
     /// Deletes whatever lock is under `key` (an operator's decision) and wakes its waiters.
     fn force_unlock(&self, key: &LockKey) -> impl Future<Output = Result<bool, LockError>> + Send;
 }

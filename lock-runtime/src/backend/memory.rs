@@ -598,6 +598,11 @@ impl Store for MemoryStore {
         Ok(info)
     }
 
+    async fn announce_taken(&self, key: &LockKey) -> Result<(), LockError> {
+        self.inner.hub.taken(key.channel());
+        Ok(())
+    }
+
     async fn force_unlock(&self, key: &LockKey) -> Result<bool, LockError> {
         let now = Instant::now();
         let mut data = self.inner.data();

@@ -109,6 +109,12 @@ impl Backend {
         matches!(self, Self::Redlock(_))
     }
 
+    /// Whether fencing tokens are offered: everywhere but on Redlock, whose independent
+    /// counters cannot promise a number that only grows.
+    pub(crate) fn offers_fencing(&self) -> bool {
+        !matches!(self, Self::Redlock(_))
+    }
+
     /// Whether a release hands the lock straight to the oldest waiter that queued up: memory,
     /// and a single deployment's Redis without `confirm_replicas` (see
     /// `RedisBackend::hands_over`).
@@ -164,6 +170,10 @@ impl Store for Backend {
 
     async fn inspect(&self, key: &LockKey) -> Result<LockInfo, LockError> {
         each!(self, s => s.inspect(key).await)
+    }
+
+    async fn announce_taken(&self, key: &LockKey) -> Result<(), LockError> {
+        each!(self, s => s.announce_taken(key).await)
     }
 
     async fn force_unlock(&self, key: &LockKey) -> Result<bool, LockError> {

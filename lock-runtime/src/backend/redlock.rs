@@ -379,15 +379,17 @@ impl Store for Redlock {
         if won + busy.len() < quorum {
             return Err(self.too_few("acquire", key, &errors, quorum));
         }
-        let retry_after = match self.quorum_holder(&busy, quorum) {
+        let holder = self.quorum_holder(&busy, quorum);
+        let retry_after = match &holder {
             // A release notification ends the wait. Until then only expiry frees a quorum: once
             // enough of the holder's nodes have let its lease run out. A holder whose release
             // has already been announced is still deleting the lock on its other nodes.
-            Some((holder, mut leases))
+            Some((holder, leases))
                 if !self
                     .hub
                     .released_recently(taken_channel(key, busy_at), holder) =>
             {
+                let mut leases = leases.clone();
                 leases.sort_by_key(|left| left.unwrap_or(Duration::MAX));
                 leases[leases.len() - quorum]
             }
@@ -398,7 +400,8 @@ impl Store for Redlock {
         };
         Ok(Attempt::Busy {
             retry_after,
-            holder: None,
+            // The holder a quorum agrees on, if any.
+            holder: holder.map(|(holder, _)| holder.to_owned()),
             at: busy_at.unwrap_or(0),
         })
     }
@@ -565,6 +568,21 @@ impl Store for Redlock {
             // The nodes hand nothing over, so nobody queues there.
             waiters: 0,
         })
+    }
+
+    /// On every node: an observer follows them all, and one answering is enough.
+    async fn announce_taken(&self, key: &LockKey) -> Result<(), LockError> {
+        let replies = join_all(
+            self.nodes
+                .iter()
+                .map(|n| timeout(self.timeouts.command, n.announce_taken(key))),
+        )
+        .await;
+        if replies.iter().any(|r| matches!(r, Ok(Ok(())))) {
+            return Ok(());
+        }
+        let missing = vec![format!("{} nodes did not answer", self.nodes.len())];
+        Err(self.majority_down("announce", key, &missing))
     }
 
     async fn force_unlock(&self, key: &LockKey) -> Result<bool, LockError> {

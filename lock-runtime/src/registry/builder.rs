@@ -53,6 +53,7 @@ pub struct RegistryBuilder {
     tls: Tls,
     prefix: Option<String>,
     name: Option<String>,
+    identity: Option<String>,
     connect_timeout: Option<Duration>,
     command_timeout: Option<Duration>,
     confirm_replicas: u32,
@@ -193,6 +194,15 @@ impl RegistryBuilder {
         self
     }
 
+    /// Who this process is in the elections it campaigns in through this registry (its
+    /// address, say), as observers see it: the default of
+    /// [`Election::identity`](crate::Election::identity), and the identity of every
+    /// `#[distributed_lock(leader = true)]` fn on the registry. Without it, `host:pid`.
+    pub fn identity(mut self, identity: impl Into<String>) -> Self {
+        self.identity = Some(identity.into());
+        self
+    }
+
     /// How long connecting to Redis may take before the operation fails (default 2 s).
     ///
     /// Zero is refused by [`build`](Self::build) (every connection would fail at once). Longer
@@ -319,7 +329,13 @@ impl RegistryBuilder {
             }
         };
         Ok(Registry {
-            inner: Arc::new(RegistryInner::new(backend, prefix, timeouts, self.name)),
+            inner: Arc::new(RegistryInner::new(
+                backend,
+                prefix,
+                timeouts,
+                self.name,
+                self.identity,
+            )),
         })
     }
 }

@@ -8,6 +8,7 @@ use std::time::Duration;
 use futures_util::future::join_all;
 
 use crate::backend::{LockInfo, Store};
+use crate::election::Election;
 use crate::lock::LockRequest;
 use crate::options::Share;
 use crate::state::RegistryInner;
@@ -97,6 +98,15 @@ impl Registry {
             self.inner.clone(),
             keys.into_iter().map(Into::into).collect(),
         )
+    }
+
+    /// An election on `key`: candidates [`campaign`](Election::campaign) for it (or
+    /// [`lead`](Election::lead) whenever elected), and anyone can ask who leads or
+    /// [`observe`](Election::observe) it. The key is the election's alone: a lock request
+    /// that finds a leader there, or a candidate that finds a lock, fails with
+    /// [`LockError::InvalidOptions`].
+    pub fn election(&self, key: impl Into<String>) -> Election {
+        Election::new(self.inner.clone(), key.into())
     }
 
     /// The Redis key that holds `key`'s lock.

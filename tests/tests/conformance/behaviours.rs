@@ -4,8 +4,8 @@
 
 use std::time::{Duration, Instant};
 
-use lock_runtime::{LockError, LockInfo, LostReason, Mode, Permits};
-use lock_tests::{assert_lost, most_inside, spawn_hung_body_holding, RENEWED_TTL};
+use lock_runtime::{Leader, LockError, LockInfo, LostReason, Mode, Observer, Permits};
+use lock_tests::{assert_lost, eventually, most_inside, spawn_hung_body_holding, RENEWED_TTL};
 
 use super::stores::{Lack, Store, LIMIT};
 
@@ -361,4 +361,98 @@ pub async fn force_unlock_frees_any_holders_lock(s: &Store) {
         let err = lost.release().await.unwrap_err();
         assert!(matches!(err, LockError::NotOwner { .. }), "{s}: {err:?}");
     }
+}
+
+/// An election: one leader at a time, each term numbered above the last (where the store
+/// fences), the next candidate leading as soon as the leader resigns, and an observer on
+/// another registry told of each change by the store's notifications, long before any lease
+/// would end. Its key is the election's alone: a lock request there is refused, as is a
+/// campaign on a lock's key.
+pub async fn an_election_has_one_leader_at_a_time(s: &Store) {
+    let (a, b) = s.pair();
+    let watcher = s.registry();
+    let mut observer = watcher.election("leader").observe();
+    assert_eq!(
+        next_seen(s, &mut observer).await,
+        None,
+        "{s}: nobody leads yet"
+    );
+    let first = a.election("leader").identity("a:1").ttl(LONG);
+    let first = first.campaign().await.expect("elected alone");
+    assert_eq!(first.identity(), "a:1");
+    let seen = next_seen(s, &mut observer).await.expect("a leader");
+    assert_eq!(
+        (seen.identity.as_str(), seen.term),
+        ("a:1", first.term()),
+        "{s}"
+    );
+    let second = tokio::spawn(b.election("leader").identity("b:2").ttl(LONG).campaign());
+    s.until_queued(&a, "leader", 1).await;
+    let refused = b.lock("leader").wait(LIMIT).acquire().await.unwrap_err();
+    assert!(
+        matches!(&refused, LockError::InvalidOptions { reason, .. } if reason.contains("a:1")),
+        "{s}: a lock request on an election's key: {refused:?}"
+    );
+    let first_term = first.term();
+    first.resign().await.expect("resign");
+    let second = second.await.expect("task").expect("handed over");
+    match (first_term, second.term()) {
+        (Some(old), Some(new)) => assert!(new > old, "{s}: term {new} after {old}"),
+        _ => assert!(s.lacks(Lack::Fencing).is_some(), "{s}: terms are numbered"),
+    }
+    let seen = next_seen(s, &mut observer).await.expect("the next leader");
+    assert_eq!(
+        (seen.identity.as_str(), seen.term),
+        ("b:2", second.term()),
+        "{s}"
+    );
+    // A parked observer (it looked, and waits) hears of the resign: a leader's release is
+    // always published, even the bare delete that wakes nobody for a lock.
+    let before = s.commands_for(&watcher, "leader");
+    let parked = tokio::spawn(async move {
+        let seen = tokio::time::timeout(LIMIT, observer.next()).await;
+        seen.map(|seen| seen.expect("observe"))
+    });
+    match before {
+        Some(before) => {
+            eventually(LIMIT, "the observer looked at the key", || async {
+                s.commands_for(&watcher, "leader") > Some(before)
+            })
+            .await;
+        }
+        None => s.until_waiting(&watcher, "leader", 1).await,
+    }
+    second.resign().await.expect("resign");
+    let seen = parked.await.expect("task");
+    assert!(
+        matches!(seen, Ok(None)),
+        "{s}: nobody leads once the last resigned, heard within {LIMIT:?}: {seen:?}"
+    );
+
+    let held = a
+        .lock("job")
+        .ttl(LONG)
+        .acquire()
+        .await
+        .expect("a free lock");
+    let campaign = b.election("job").campaign().await.unwrap_err();
+    assert!(
+        matches!(&campaign, LockError::InvalidOptions { reason, .. } if reason.contains("held as a lock")),
+        "{s}: a campaign on a lock's key: {campaign:?}"
+    );
+    let look = watcher.election("job").leader().await.unwrap_err();
+    assert!(
+        matches!(look, LockError::InvalidOptions { .. }),
+        "{s}: {look:?}"
+    );
+    held.release().await.expect("release");
+}
+
+/// What the observer sees next, which must come within `LIMIT`: woken by a notification, not
+/// by the end of a `LONG` lease.
+async fn next_seen(s: &Store, observer: &mut Observer) -> Option<Leader> {
+    tokio::time::timeout(LIMIT, observer.next())
+        .await
+        .unwrap_or_else(|_| panic!("{s}: the observer heard nothing within {LIMIT:?}"))
+        .expect("observe")
 }

@@ -195,11 +195,12 @@ impl RedisBackend {
     /// Whether the lock may hold the bare token: held alone with one of our tokens, which
     /// waiters mark (an operator's `force_unlock_owned_by` may name another client's), and no
     /// waiter of this process follows it (whose attempt would have marked it: the script that
-    /// hands it over is then the one command worth sending).
+    /// hands it over is then the one command worth sending). Never a leader's: the end of a
+    /// term is news for its observers, whom no mark counts, so it always goes out.
     fn may_be_bare(&self, key: &LockKey, share: Share, token: &str) -> bool {
         share == Share::Exclusive
             && self.confirm.is_none()
-            && scripts::marked_when_waited(token)
+            && scripts::silent_when_bare(token)
             && self.hub.interested(key.channel()) == 0
     }
 
@@ -529,6 +530,17 @@ impl Store for RedisBackend {
             .await
             .map_err(|e| self.error("inspect", Some(&key.name), e))?;
         Ok(scripts::inspect::read(reply))
+    }
+
+    async fn announce_taken(&self, key: &LockKey) -> Result<(), LockError> {
+        let mut con = self.con("announce", Some(&key.name)).await?;
+        redis::cmd(self.publish_command())
+            .arg(key.channel())
+            .arg(crate::waiting::ELECTED)
+            .query_async::<i64>(&mut con)
+            .await
+            .map_err(|e| self.error("announce", Some(&key.name), e))?;
+        Ok(())
     }
 
     async fn force_unlock(&self, key: &LockKey) -> Result<bool, LockError> {

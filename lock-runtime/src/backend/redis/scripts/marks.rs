@@ -20,6 +20,13 @@ pub(crate) fn marked_when_waited(token: &str) -> bool {
         && pid.bytes().all(|b| b.is_ascii_digit())
 }
 
+/// Whether a release of `token` may end in silence when it finds the bare token (nobody
+/// waited): one the scripts mark, and not a candidate's (see `election`), whose end is news for
+/// its observers, whom no mark counts.
+pub(crate) fn silent_when_bare(token: &str) -> bool {
+    marked_when_waited(token) && crate::token::identity_of(token).is_none()
+}
+
 /// Whether `value` is `token` marked as waited for.
 pub(crate) fn waited_for(value: &[u8], token: &str) -> bool {
     value.strip_suffix(WAITED.as_bytes()) == Some(token.as_bytes())
@@ -36,7 +43,14 @@ mod tests {
         assert!(!super::waited_for(b"h:2:ab+w", "h:1:ab"));
         let ours = "host:12:0123456789abcdef0123456789abcdef";
         assert!(super::marked_when_waited(ours));
-        assert!(super::marked_when_waited(&crate::token::new_token()));
+        assert!(super::marked_when_waited(&crate::token::new_token(None)));
+        let candidate = crate::token::new_token(Some("10.0.0.5:8080"));
+        assert!(super::marked_when_waited(&candidate), "{candidate}");
+        assert!(
+            !super::silent_when_bare(&candidate),
+            "a leader's end is always news"
+        );
+        assert!(super::silent_when_bare(ours));
         for foreign in [
             "python-worker",
             "h:1:ab",

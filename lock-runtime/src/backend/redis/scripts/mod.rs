@@ -26,7 +26,7 @@ pub use acquire_all::ACQUIRE_ALL_LUA;
 pub(crate) use call::Call;
 pub use force_unlock::FORCE_UNLOCK_LUA;
 pub use inspect::INSPECT_LUA;
-pub(crate) use marks::{marked_when_waited, waited_for};
+pub(crate) use marks::{silent_when_bare, waited_for};
 pub use release::{RELEASE_BARE_LUA, RELEASE_LUA};
 pub use renew::RENEW_LUA;
 pub use undo::UNDO_LUA;

@@ -4,7 +4,8 @@ use super::call::{lock_keys, Call, Script};
 use crate::key::LockKey;
 
 /// `KEYS` as for [`ACQUIRE_LUA`](super::ACQUIRE_LUA); `ARGV[1]` token, `ARGV[2]` the publish
-/// command, `ARGV[3]` `1` when the token is one that waiters mark (optional). Lets go of
+/// command, `ARGV[3]` `1` when the token is one that waiters mark and not a candidate's
+/// (optional: see `marks::silent_when_bare`). Lets go of
 /// the token: takes it out of the waiters' queue, and if it holds the lock, hands the lock to
 /// the oldest live waiter or deletes it; of readers or a semaphore (a sorted set, see
 /// [`ACQUIRE_LUA`](super::ACQUIRE_LUA)), removes the token's place, and with the last live one gone deletes the set
@@ -46,7 +47,7 @@ pub(crate) fn call(key: &LockKey, token: &str, queued: bool, publish: &str) -> C
     Call::new(&SCRIPT, &lock_keys(key, queued, false))
         .arg(token)
         .arg(publish)
-        .arg(if super::marks::marked_when_waited(token) {
+        .arg(if super::marks::silent_when_bare(token) {
             "1"
         } else {
             "0"

@@ -1,0 +1,498 @@
+//! Leader election on a lock: candidates campaign for one key, the one holding it leads for a
+//! term (numbered by its fencing token), and anyone can observe who leads.
+//!
+//! An election is a lock whose holders say who they are: a candidate's token starts with its
+//! identity (see `token::new_token`), so a look at the key tells an observer who leads, and
+//! the key's fencing counter numbers the terms. Candidates wait in the lock's queue, so a
+//! leader that resigns hands over at once to the oldest; one that crashes is followed within
+//! one ttl. An elected candidate announces itself on the key's channel (`waiting::ELECTED`),
+//! where observers also hear every release: they look again only when something happened.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::acquisition;
+use crate::backend::Store;
+use crate::backoff::Backoff;
+use crate::error::{LockError, LostReason};
+use crate::guard::LockGuard;
+use crate::lease::Lease;
+use crate::lock::guarded;
+use crate::options::{LockOptions, OnLost};
+use crate::state::RegistryInner;
+use crate::token;
+
+/// The longest identity: it is read back from the key by every observer.
+const MAX_IDENTITY_BYTES: usize = 256;
+
+/// One election: a key that candidates campaign for, and that observers watch. Built by
+/// [`Registry::election`](crate::Registry::election); cheap to clone.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lock_runtime::LockError> {
+/// use std::time::Duration;
+/// let registry = lock_runtime::Registry::in_memory();
+/// let election = registry
+///     .election("scheduler")
+///     .identity("10.0.0.5:8080")
+///     .ttl(Duration::from_secs(10));
+/// let leadership = election.campaign().await?;
+/// let leader = election.leader().await?.expect("elected");
+/// assert_eq!(leader.identity, "10.0.0.5:8080");
+/// assert_eq!(leader.term, leadership.term());
+/// leadership.resign().await?;
+/// assert_eq!(election.leader().await?, None);
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Election {
+    inner: Arc<RegistryInner>,
+    key: String,
+    identity: String,
+    ttl: Duration,
+    pause: Duration,
+}
+
+impl std::fmt::Debug for Election {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Election")
+            .field("key", &self.key)
+            .field("identity", &self.identity)
+            .field("ttl", &self.ttl)
+            .field("pause", &self.pause)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Who leads an election, as anyone sees it ([`Election::leader`], [`Observer::next`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Leader {
+    /// The identity the leader campaigned with ([`Election::identity`]).
+    pub identity: String,
+    /// Its term: the fencing token it was elected with, greater than every earlier term's
+    /// (see the crate's fencing section). `None` on Redlock, which offers no fencing tokens.
+    pub term: Option<u64>,
+    /// How long its lease lasts unless renewed: a leader that crashed is gone by then.
+    pub remaining: Option<Duration>,
+    /// The leader's tenure (`waiting::tenure_name` of its token): which term this is, also
+    /// where no term numbers it.
+    tenure: String,
+}
+
+impl Leader {
+    /// Whether `self` and `other` are the same term of the same leader.
+    fn same_term(&self, other: &Self) -> bool {
+        self.tenure == other.tenure
+    }
+}
+
+/// A term of leadership, won by [`Election::campaign`]. The lease keeper renews it while it
+/// lives; [`resign`](Self::resign) hands it to the next candidate at once, and dropping it
+/// resigns in the background.
+#[must_use = "dropping a leadership resigns at once"]
+#[derive(Debug)]
+pub struct Leadership {
+    guard: LockGuard,
+    term: Term,
+}
+
+impl Leadership {
+    /// This term's number (see [`Leader::term`]).
+    #[must_use]
+    pub fn term(&self) -> Option<u64> {
+        self.term.number()
+    }
+
+    /// This term, to hand to the leader's work: its number, and whether it is at risk or lost.
+    #[must_use]
+    pub fn of_term(&self) -> Term {
+        self.term.clone()
+    }
+
+    /// The identity this leader campaigned with.
+    #[must_use]
+    pub fn identity(&self) -> &str {
+        &self.term.identity
+    }
+
+    /// See [`Term::is_at_risk`].
+    #[must_use]
+    pub fn is_at_risk(&self) -> bool {
+        self.term.is_at_risk()
+    }
+
+    /// See [`Term::is_lost`].
+    #[must_use]
+    pub fn is_lost(&self) -> bool {
+        self.term.is_lost()
+    }
+
+    /// Ends the term: the next candidate in line leads at once (where the store hands locks
+    /// over; elsewhere the waiting candidates are woken).
+    ///
+    /// # Errors
+    /// As [`LockGuard::release_now`]: [`LockError::NotOwner`] when the term was already over.
+    pub async fn resign(self) -> Result<(), LockError> {
+        self.guard.release_now().await
+    }
+}
+
+/// A leader's term, as its work sees it: cheap to clone, also into tasks the work spawns.
+#[derive(Clone)]
+pub struct Term {
+    lease: Arc<Lease>,
+    identity: Arc<str>,
+}
+
+impl std::fmt::Debug for Term {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Term")
+            .field("key", &self.lease.key.name)
+            .field("identity", &self.identity)
+            .field("number", &self.number())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Term {
+    /// The term's number: the fencing token the leader was elected with, to hand to the
+    /// storage the leader writes to (`None` on Redlock).
+    #[must_use]
+    pub fn number(&self) -> Option<u64> {
+        self.lease.fence
+    }
+
+    /// The election's key.
+    #[must_use]
+    pub fn key(&self) -> &str {
+        &self.lease.key.name
+    }
+
+    /// The identity the leader campaigned with.
+    #[must_use]
+    pub fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    /// Whether the term's lease is at risk: a renewal failed or went unanswered while the
+    /// lease still holds (see [`LockGuard::is_at_risk`]). A leader stops taking new work
+    /// until [`out_of_risk`](Self::out_of_risk).
+    #[must_use]
+    pub fn is_at_risk(&self) -> bool {
+        self.lease.is_at_risk()
+    }
+
+    /// Resolves when the term is at risk or lost; at once if it already is.
+    pub async fn at_risk(&self) {
+        self.lease.wait_risk(true).await;
+    }
+
+    /// Resolves when the term is no longer at risk (renewed, or lost).
+    pub async fn out_of_risk(&self) {
+        self.lease.wait_risk(false).await;
+    }
+
+    /// Whether the term is over on this side: lost, resigned, or past its deadline unconfirmed.
+    #[must_use]
+    pub fn is_lost(&self) -> bool {
+        self.lease.lost_reason().is_some()
+    }
+
+    /// Resolves when the term is lost, with the error that says why.
+    pub async fn lost(&self) -> LockError {
+        let reason = self.lease.wait_lost().await;
+        self.lease.lost_error(reason)
+    }
+}
+
+impl Election {
+    pub(crate) fn new(inner: Arc<RegistryInner>, key: String) -> Self {
+        let identity = inner.identity.clone();
+        Self {
+            inner,
+            key,
+            identity: identity.unwrap_or_else(token::default_identity),
+            ttl: Duration::from_secs(10),
+            pause: Duration::from_secs(1),
+        }
+    }
+
+    /// What observers see of this candidate when it leads: its address, say (default: the
+    /// registry's [`identity`](crate::RegistryBuilder::identity), else `host:pid`). Non-empty, at most 256 bytes, no control characters; anything else is
+    /// [`LockError::InvalidOptions`] when campaigning.
+    #[must_use]
+    pub fn identity(mut self, identity: impl Into<String>) -> Self {
+        self.identity = identity.into();
+        self
+    }
+
+    /// The leader's lease (default 10 s): how long a crashed leader keeps the others waiting.
+    /// Renewed every ttl/3 while the leader lives; see [`LockOptions::ttl`].
+    #[must_use]
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// How long [`lead`](Self::lead) waits after a term ends before campaigning again
+    /// (default 1 s): a leader whose work keeps failing lets another candidate try.
+    #[must_use]
+    pub fn pause(mut self, pause: Duration) -> Self {
+        self.pause = pause;
+        self
+    }
+
+    /// The election's key, as given.
+    #[must_use]
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    fn options(&self) -> LockOptions {
+        LockOptions::new()
+            .ttl(self.ttl)
+            .wait(Duration::MAX)
+            .fencing(self.inner.backend.offers_fencing())
+            .on_lost(OnLost::Cancel)
+    }
+
+    fn check_identity(&self) -> Result<(), LockError> {
+        let reason = if self.identity.is_empty() {
+            "an election's identity is empty: observers would see a leader without a name; \
+             give each candidate one (its address, say) with `.identity(..)`"
+                .to_owned()
+        } else if self.identity.len() > MAX_IDENTITY_BYTES {
+            format!(
+                "an election's identity is {} bytes, beyond {MAX_IDENTITY_BYTES}: every \
+                 observer reads it back; give a shorter one",
+                self.identity.len()
+            )
+        } else if self.identity.chars().any(char::is_control) {
+            format!(
+                "the identity {:?} has control characters, which logs and terminals would \
+                 mangle; give one without",
+                self.identity
+            )
+        } else {
+            return Ok(());
+        };
+        Err(LockError::InvalidOptions {
+            key: self.key.clone(),
+            reason,
+        })
+    }
+
+    /// Campaigns until elected: waits in line behind the leader and earlier candidates (with
+    /// no polling: a release hands over, or a notification wakes), riding out Redis being
+    /// unreachable, and returns the term won.
+    ///
+    /// # Errors
+    /// [`LockError::InvalidOptions`] for a bad identity or ttl, or a key held as a lock
+    /// (an election needs a key of its own); [`LockError::InvalidKey`] for a bad key;
+    /// [`LockError::ShutDown`] once the registry was shut down.
+    pub fn campaign(&self) -> impl Future<Output = Result<Leadership, LockError>> + Send + 'static {
+        // Owns what it needs: a campaign can be spawned (`tokio::spawn(election.campaign())`).
+        let this = self.clone();
+        async move { this.elected().await }
+    }
+
+    async fn elected(&self) -> Result<Leadership, LockError> {
+        self.check_identity()?;
+        let lease = acquisition::acquire_lease(
+            self.inner.clone(),
+            vec![self.key.clone()],
+            self.options(),
+            Some(&self.identity),
+        )
+        .await?;
+        if let Err(error) = self.inner.backend.announce_taken(&lease.key).await {
+            // Observers still see the new leader when the old lease ends, or at their next look.
+            tracing::debug!(%error, "an elected leader's announcement failed");
+        }
+        tracing::info!(
+            key = %crate::error::shown(&self.key),
+            identity = %self.identity,
+            term = lease.fence,
+            "elected"
+        );
+        let term = Term {
+            lease: lease.clone(),
+            identity: self.identity.as_str().into(),
+        };
+        Ok(Leadership {
+            guard: LockGuard::new(self.inner.clone(), lease),
+            term,
+        })
+    }
+
+    /// Leads whenever elected, for as long as the registry is open: campaigns, runs `work`
+    /// with the term won, and when the term ends campaigns again after [`pause`](Self::pause).
+    /// A term ends when `work` returns (`Ok` or `Err`: it resigns, and the next candidate
+    /// leads at once) or when its lease is lost, in which case `work` is dropped before the
+    /// lease can expire on the server, as a lock's body with `on_lost = "cancel"` is.
+    ///
+    /// `work` is a service loop that normally never returns; it can watch
+    /// [`Term::at_risk`] to stop taking new work while the lease is in doubt. Returns `Ok(())`
+    /// once [`Registry::shutdown`](crate::Registry::shutdown) ended the term (the next
+    /// candidate leads at once); drop the future to stop leading at any other moment.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lock_runtime::LockError> {
+    /// let registry = lock_runtime::Registry::in_memory();
+    /// let election = registry.election("scheduler").identity("replica-1");
+    /// let stop = registry.clone();
+    /// election
+    ///     .lead(|term| {
+    ///         let stop = stop.clone();
+    ///         async move {
+    ///             assert_eq!(term.identity(), "replica-1");
+    ///             // ... the leader's loop; here it ends by shutting the registry down ...
+    ///             stop.shutdown().await;
+    ///             std::future::pending::<Result<(), std::io::Error>>().await
+    ///         }
+    ///     })
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// The errors of [`campaign`](Self::campaign) that no wait changes, except
+    /// [`LockError::ShutDown`], which ends the loop with `Ok(())`.
+    pub async fn lead<F, Fut, E>(&self, mut work: F) -> Result<(), LockError>
+    where
+        F: FnMut(Term) -> Fut,
+        Fut: Future<Output = Result<(), E>>,
+        E: std::fmt::Display,
+    {
+        loop {
+            let leadership = match self.campaign().await {
+                Ok(leadership) => leadership,
+                Err(LockError::ShutDown { .. }) => return Ok(()),
+                Err(error) => return Err(error),
+            };
+            let term = leadership.of_term();
+            let number = term.number();
+            let ended = guarded(leadership.guard, OnLost::Cancel, work(term)).await;
+            let key = crate::error::shown(&self.key);
+            match ended {
+                Ok(Ok(())) => tracing::info!(%key, term = number, "the leader's work returned"),
+                Ok(Err(error)) => {
+                    tracing::warn!(%key, term = number, %error, "the leader's work failed");
+                }
+                Err(LockError::Lost {
+                    reason: LostReason::Shutdown,
+                    ..
+                }) => return Ok(()),
+                Err(error) => tracing::warn!(%key, term = number, %error, "leadership lost"),
+            }
+            if self.inner.ensure_open(&self.key).is_err() {
+                return Ok(());
+            }
+            tokio::time::sleep(self.pause).await;
+        }
+    }
+
+    /// Who leads now, in one look at the key; `None` while nobody does (a crashed leader's
+    /// lease has not ended yet: it still shows).
+    ///
+    /// # Errors
+    /// [`LockError::Backend`] when Redis fails; [`LockError::InvalidKey`] for a bad key;
+    /// [`LockError::InvalidOptions`] when the key is held as a lock, not by a candidate.
+    pub async fn leader(&self) -> Result<Option<Leader>, LockError> {
+        let key = self.inner.lock_key(self.key.clone())?;
+        let info = self.inner.backend.inspect(&key).await?;
+        let Some(owner) = info.owner else {
+            if info.readers.is_some() || info.permits.is_some() {
+                return Err(held_as_lock(&self.key));
+            }
+            return Ok(None);
+        };
+        let Some(identity) = token::identity_of(&owner) else {
+            return Err(held_as_lock(&self.key));
+        };
+        Ok(Some(Leader {
+            identity: identity.to_owned(),
+            term: info.fence.filter(|_| self.inner.backend.offers_fencing()),
+            remaining: info.remaining,
+            tenure: crate::waiting::tenure_name(&owner),
+        }))
+    }
+
+    /// Follows who leads: see [`Observer`].
+    #[must_use]
+    pub fn observe(&self) -> Observer {
+        Observer {
+            election: self.clone(),
+            seen: None,
+        }
+    }
+}
+
+fn held_as_lock(key: &str) -> LockError {
+    LockError::InvalidOptions {
+        key: key.to_owned(),
+        reason: format!(
+            "`{key}` is held as a lock, not by a candidate: an election needs a key that only \
+             its candidates take; give the election a key of its own"
+        ),
+    }
+}
+
+/// Follows an election's leader: [`next`](Self::next) says who leads, then waits for each
+/// change (a new leader, a new term, or none once a crashed leader's lease ended). Woken by
+/// the key's notifications, as waiters are: it looks at the key only when something happened,
+/// or when the leader's lease would end.
+#[derive(Debug)]
+pub struct Observer {
+    election: Election,
+    /// The leader last returned; `None` before the first call.
+    seen: Option<Option<Leader>>,
+}
+
+impl Observer {
+    /// Who leads now on the first call; afterwards, who leads once that changed. Errors are
+    /// returned as they happen (Redis unreachable, say); calling again goes on observing.
+    ///
+    /// # Errors
+    /// As [`Election::leader`].
+    pub async fn next(&mut self) -> Result<Option<Leader>, LockError> {
+        let election = &self.election;
+        let key = election.inner.lock_key(election.key.clone())?;
+        let hub = election.inner.backend.hub();
+        let far = Instant::now() + Duration::from_secs(100 * 365 * 24 * 3600);
+        let interest = hub.interest(key.channel(), far).await;
+        let mut backoff = Backoff::new();
+        loop {
+            // Enabled before the look: news that arrives during it still wakes this wait.
+            let mut news = std::pin::pin!(interest.news());
+            news.as_mut().enable();
+            let looked_at = Instant::now();
+            let now = election.leader().await?;
+            let changed = match &self.seen {
+                None => true,
+                Some(None) => now.is_some(),
+                Some(Some(seen)) => now.as_ref().is_none_or(|now| !now.same_term(seen)),
+            };
+            if changed {
+                self.seen = Some(now.clone());
+                return Ok(now);
+            }
+            // A lost notification costs at most the leader's lease.
+            let mut wake_at = now
+                .as_ref()
+                .and_then(|leader| leader.remaining)
+                .map_or(far, |left| looked_at + left + Duration::from_millis(1));
+            if !interest.notified_by_server() {
+                wake_at = wake_at.min(Instant::now() + backoff.next_pause());
+            }
+            tokio::select! {
+                () = news => {}
+                () = tokio::time::sleep_until(wake_at) => {}
+            }
+        }
+    }
+}

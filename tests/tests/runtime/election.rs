@@ -1,0 +1,166 @@
+//! Leader election against a real Redis (and memory): `lead`'s terms end and begin again,
+//! shutdown hands over, an observer sees a leader cut off from Redis gone once its lease ended,
+//! and bad identities are refused.
+
+use std::time::Duration;
+
+use lock_runtime::{LockError, Registry};
+use lock_tests::proxy::Proxy;
+use lock_tests::{RedisServer, RENEWED_TTL};
+
+use super::support::{on_redis_and_memory, patient_registry, registry};
+
+/// Bounds every wait for an event.
+const LIMIT: Duration = Duration::from_secs(20);
+/// A lease no test waits out.
+const LONG: Duration = Duration::from_secs(60);
+
+/// What a leader's work reports.
+#[derive(Debug, PartialEq, Eq)]
+enum Work {
+    Began(u64),
+    /// Dropped mid-term: the term ended under it.
+    Stopped(u64),
+}
+
+/// Sends `Stopped` when dropped with its term's work.
+struct OnDrop(u64, tokio::sync::mpsc::UnboundedSender<Work>);
+
+impl Drop for OnDrop {
+    fn drop(&mut self) {
+        let _ = self.1.send(Work::Stopped(self.0));
+    }
+}
+
+async fn next(events: &mut tokio::sync::mpsc::UnboundedReceiver<Work>) -> Work {
+    tokio::time::timeout(LIMIT, events.recv())
+        .await
+        .expect("the leader's work reports within the limit")
+        .expect("the leader runs")
+}
+
+/// A term whose lease is taken away (an operator's force-unlock) ends: its work is dropped,
+/// and after the pause the candidate campaigns again and leads a new term, numbered higher.
+/// Shutting the registry down ends the last term and `lead` with `Ok`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_term_stops_the_work_and_a_new_term_follows() {
+    on_redis_and_memory(|a, b| async move {
+        let (events_tx, mut events) = tokio::sync::mpsc::unbounded_channel();
+        let election = a
+            .election("scheduler")
+            .identity("a")
+            .ttl(RENEWED_TTL)
+            .pause(Duration::from_millis(10));
+        let leading = tokio::spawn(async move {
+            election
+                .lead(|term| {
+                    let events = events_tx.clone();
+                    async move {
+                        let number = term.number().expect("fenced");
+                        let _stopped = OnDrop(number, events.clone());
+                        events.send(Work::Began(number)).expect("the test listens");
+                        std::future::pending::<Result<(), LockError>>().await
+                    }
+                })
+                .await
+        });
+        let Work::Began(first) = next(&mut events).await else {
+            panic!("the first term begins");
+        };
+        assert!(b.force_unlock("scheduler").await.expect("force-unlock"));
+        assert_eq!(next(&mut events).await, Work::Stopped(first));
+        let Work::Began(second) = next(&mut events).await else {
+            panic!("a new term begins");
+        };
+        assert!(second > first, "term {second} after {first}");
+        a.shutdown().await;
+        assert_eq!(next(&mut events).await, Work::Stopped(second));
+        let ended = tokio::time::timeout(LIMIT, leading)
+            .await
+            .expect("lead ends");
+        ended.expect("task").expect("lead ends with Ok at shutdown");
+    })
+    .await;
+}
+
+/// A leader that shuts down hands over at once: the next candidate in line leads long before
+/// the lease would have run out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_hands_the_leadership_to_the_next_candidate_at_once() {
+    on_redis_and_memory(|a, b| async move {
+        let leader = a.election("cron").identity("a").ttl(LONG);
+        let held = leader.campaign().await.expect("elected alone");
+        let next = tokio::spawn({
+            let candidate = b.election("cron").identity("b").ttl(LONG);
+            async move { candidate.campaign().await }
+        });
+        let observer = b.election("cron");
+        super::support::eventually(LIMIT, "b queued", || async {
+            b.inspect("cron").await.unwrap().waiters == 1
+        })
+        .await;
+        a.shutdown().await;
+        assert!(held.is_lost(), "shutdown ended the term");
+        let next = tokio::time::timeout(LIMIT, next)
+            .await
+            .expect("handed over long before the 60 s lease ends")
+            .expect("task")
+            .expect("elected");
+        assert!(next.term() > held.term());
+        let seen = observer.leader().await.unwrap().expect("a leader");
+        assert_eq!((seen.identity.as_str(), seen.term), ("b", next.term()));
+        next.resign().await.expect("resign");
+    })
+    .await;
+}
+
+/// A leader cut off from Redis (as good as crashed, for the others) is followed by no one
+/// until its lease ends on the server; an observer, which no notification tells of that, sees
+/// "no leader" once it has, and the cut-off leader knows it lost the term before then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_observer_sees_a_leader_cut_off_from_redis_gone_once_its_lease_ended() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    let cut_off = patient_registry(&proxy.url());
+    let watcher = registry(&server);
+    let leadership = cut_off
+        .election("scheduler")
+        .identity("cut-off")
+        .ttl(Duration::from_secs(2))
+        .campaign()
+        .await
+        .expect("elected");
+    let mut observer = watcher.election("scheduler").observe();
+    let seen = observer.next().await.expect("observe").expect("a leader");
+    assert_eq!(seen.identity, "cut-off");
+    proxy.blackhole();
+    let gone = tokio::time::timeout(LIMIT, observer.next())
+        .await
+        .expect("the lease ends within the limit")
+        .expect("observe");
+    assert_eq!(gone, None, "no leader once the lease ended");
+    assert!(leadership.is_lost(), "the leader gave the term up before");
+    proxy.heal();
+}
+
+#[tokio::test]
+async fn an_identity_that_observers_could_not_read_is_refused() {
+    let registry = Registry::in_memory();
+    for (identity, says) in [
+        (String::new(), "empty"),
+        ("a\nb".to_owned(), "control characters"),
+        ("x".repeat(257), "beyond 256"),
+    ] {
+        let err = registry
+            .election("scheduler")
+            .identity(identity.clone())
+            .campaign()
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, LockError::InvalidOptions { key, reason } if key == "scheduler" && reason.contains(says)),
+            "{identity:?}: {err}"
+        );
+    }
+    assert_eq!(registry.election("scheduler").leader().await.unwrap(), None);
+}
