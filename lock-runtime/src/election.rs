@@ -309,6 +309,14 @@ impl Election {
             Some(&self.identity),
         )
         .await?;
+        // Guarded first: a campaign dropped while it announces still resigns.
+        let leadership = Leadership {
+            guard: LockGuard::new(self.inner.clone(), lease.clone()),
+            term: Term {
+                lease: lease.clone(),
+                identity: self.identity.as_str().into(),
+            },
+        };
         if let Err(error) = self.inner.backend.announce_taken(&lease.key).await {
             // Observers still see the new leader when the old lease ends, or at their next look.
             tracing::debug!(%error, "an elected leader's announcement failed");
@@ -319,14 +327,7 @@ impl Election {
             term = lease.fence,
             "elected"
         );
-        let term = Term {
-            lease: lease.clone(),
-            identity: self.identity.as_str().into(),
-        };
-        Ok(Leadership {
-            guard: LockGuard::new(self.inner.clone(), lease),
-            term,
-        })
+        Ok(leadership)
     }
 
     /// Leads whenever elected, for as long as the registry is open: campaigns, runs `work`
