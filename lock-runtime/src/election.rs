@@ -131,6 +131,38 @@ impl Leadership {
         self.term.is_lost()
     }
 
+    /// Runs `work` for this term, then resigns: one term of [`Election::lead`]'s loop. The
+    /// work is dropped before the lease can expire if the term is lost, which returns
+    /// [`LockError::Lost`] (converted with `E::from`), as a lock's body with
+    /// `on_lost = "cancel"`; inside it, [`current()`](crate::current) is the term.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lock_runtime::LockError> {
+    /// let registry = lock_runtime::Registry::in_memory();
+    /// let election = registry.election("compaction").identity("replica-2");
+    /// let term = election
+    ///     .campaign()
+    ///     .await?
+    ///     .run(async { Ok::<_, lock_runtime::LockError>(lock_runtime::current().unwrap().fence()) })
+    ///     .await?;
+    /// assert!(term.is_some());
+    /// assert_eq!(election.leader().await?, None, "resigned when the work returned");
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// The work's own errors, and [`LockError::Lost`] when the term was lost.
+    pub async fn run<T, E, F>(self, work: F) -> Result<T, E>
+    where
+        F: Future<Output = Result<T, E>>,
+        E: From<LockError>,
+    {
+        match guarded(self.guard, OnLost::Cancel, work).await {
+            Ok(outcome) => outcome,
+            Err(lost) => Err(lost.into()),
+        }
+    }
+
     /// Ends the term: the next candidate in line leads at once (where the store hands locks
     /// over; elsewhere the waiting candidates are woken).
     ///

@@ -164,3 +164,37 @@ async fn an_identity_that_observers_could_not_read_is_refused() {
     }
     assert_eq!(registry.election("scheduler").leader().await.unwrap(), None);
 }
+
+/// One term run by hand: the work is dropped when the term is lost (its key taken away), and
+/// the run returns `Lost`; a term whose work returns resigns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_term_run_by_hand_is_stopped_when_lost_and_resigns_when_done() {
+    on_redis_and_memory(|a, b| async move {
+        let election = a.election("compactor").ttl(RENEWED_TTL);
+        let (started_tx, started) = tokio::sync::oneshot::channel();
+        let term = election.campaign().await.expect("elected");
+        let running = tokio::spawn(term.run(async move {
+            started_tx.send(()).expect("the test listens");
+            std::future::pending::<Result<(), LockError>>().await
+        }));
+        started.await.expect("the work runs");
+        assert!(b.force_unlock("compactor").await.expect("force-unlock"));
+        let ended = tokio::time::timeout(LIMIT, running).await.expect("stopped");
+        let err = ended.expect("task").unwrap_err();
+        assert!(err.is_lost(), "{err:?}");
+
+        let term = election.campaign().await.expect("elected again");
+        let number = term.term();
+        let seen = term
+            .run(async { Ok::<_, LockError>(lock_runtime::current().expect("a term").fence()) })
+            .await
+            .expect("the work returned");
+        assert_eq!(seen, number, "current() is the term");
+        assert_eq!(
+            b.election("compactor").leader().await.unwrap(),
+            None,
+            "resigned"
+        );
+    })
+    .await;
+}
