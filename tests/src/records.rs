@@ -205,6 +205,8 @@ pub enum LockKind {
     Permit,
     /// Two of three keys at once: alone on each of them.
     Multi,
+    /// A term of an election's leader: alone, like a writer.
+    Leader,
 }
 
 impl LockKind {
@@ -217,6 +219,7 @@ impl LockKind {
             Self::Write => "write",
             Self::Permit => "permit",
             Self::Multi => "multi",
+            Self::Leader => "leader",
         }
     }
 }

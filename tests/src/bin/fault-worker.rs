@@ -377,10 +377,18 @@ enum Kind {
     Permit,
     /// Two of three keys, together.
     Multi,
+    /// A term of the election's leader.
+    Leader,
 }
 
 impl Kind {
-    const ALL: [Self; 4] = [Self::Read, Self::Write, Self::Permit, Self::Multi];
+    const ALL: [Self; 5] = [
+        Self::Read,
+        Self::Write,
+        Self::Permit,
+        Self::Multi,
+        Self::Leader,
+    ];
 
     /// What the records call it.
     fn lock_kind(self) -> LockKind {
@@ -389,6 +397,7 @@ impl Kind {
             Self::Write => LockKind::Write,
             Self::Permit => LockKind::Permit,
             Self::Multi => LockKind::Multi,
+            Self::Leader => LockKind::Leader,
         }
     }
 
@@ -399,13 +408,17 @@ impl Kind {
             Self::Write => 'w',
             Self::Permit => 'p',
             Self::Multi => 'm',
+            Self::Leader => 'l',
         }
     }
 }
 
-/// The keys of the other kinds (`--rw-key`, `--sem-key` with `--permits`, `--multi-keys` a,b,c).
+/// The keys of the other kinds (`--rw-key`, `--sem-key` with `--permits`, `--multi-keys` a,b,c,
+/// `--leader-key`).
 struct Kinds {
     rw: String,
+    /// The election's key: each section is one term.
+    leader: String,
     sem: String,
     permits: u32,
     multi: [String; 3],
@@ -425,6 +438,7 @@ impl Kinds {
             .collect();
         Some(Self {
             rw,
+            leader: args.str("leader-key"),
             sem: args.str("sem-key"),
             permits: u32::try_from(args.num("permits", 2)).expect("a few permits"),
             multi: multi.try_into().expect("--multi-keys names three keys"),
@@ -541,13 +555,18 @@ impl Workload {
     /// lease, so that places are renewed), cancelled on loss.
     async fn kind_section(&self, kinds: &Kinds, kind: Kind, w: &str, seq: u64) {
         let (request, keys) = match kind {
+            // A term is not a lock request: see `term_section`.
+            Kind::Leader => (None, vec![kinds.leader.clone()]),
             Kind::Read => (
-                self.registry.lock(kinds.rw.clone()).mode(Mode::Read),
+                Some(self.registry.lock(kinds.rw.clone()).mode(Mode::Read)),
                 vec![kinds.rw.clone()],
             ),
-            Kind::Write => (self.registry.lock(kinds.rw.clone()), vec![kinds.rw.clone()]),
+            Kind::Write => (
+                Some(self.registry.lock(kinds.rw.clone())),
+                vec![kinds.rw.clone()],
+            ),
             Kind::Permit => (
-                self.registry.lock(kinds.sem.clone()).permits(kinds.permits),
+                Some(self.registry.lock(kinds.sem.clone()).permits(kinds.permits)),
                 vec![kinds.sem.clone()],
             ),
             Kind::Multi => {
@@ -558,7 +577,7 @@ impl Workload {
                     .iter()
                     .map(|&i| kinds.multi[usize::try_from(i).expect("small")].clone())
                     .collect();
-                (self.registry.lock_all(keys.clone()), keys)
+                (Some(self.registry.lock_all(keys.clone())), keys)
             }
         };
         let redis_keys: Vec<String> = keys.iter().map(|k| format!("lock:{k}")).collect();
@@ -579,7 +598,28 @@ impl Workload {
                 Ok::<_, LockError>(())
             }
         };
-        let outcome = request.ttl(self.ttl).wait(self.wait).run(body).await;
+        let outcome = match request {
+            Some(request) => request.ttl(self.ttl).wait(self.wait).run(body).await,
+            None => {
+                let election = self.registry.election(kinds.leader.clone());
+                let campaign = election.identity(w).ttl(self.ttl).campaign();
+                // A campaign waits as long as it takes; the workload's sections wait `wait`.
+                match tokio::time::timeout(self.wait, campaign).await {
+                    Ok(Ok(term)) => term.run(body).await,
+                    Ok(Err(e)) => Err(e),
+                    Err(_) => {
+                        out(&Record::Err {
+                            w: w.to_owned(),
+                            seq,
+                            at: now_us(),
+                            outcome: Outcome::Busy,
+                            msg: format!("not elected within {:?}", self.wait),
+                        });
+                        return;
+                    }
+                }
+            }
+        };
         finish(w, seq, &s, &outcome);
     }
 

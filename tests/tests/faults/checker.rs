@@ -94,7 +94,7 @@ impl Section {
     fn exclusive(&self) -> bool {
         matches!(
             self.kind,
-            LockKind::Lock | LockKind::Write | LockKind::Multi
+            LockKind::Lock | LockKind::Write | LockKind::Multi | LockKind::Leader
         )
     }
 
@@ -894,6 +894,7 @@ fn the_run_exercised_what_it_claims(
             of_kind(LockKind::Multi),
             m.per_kind,
         ),
+        ("terms of a leader", of_kind(LockKind::Leader), m.per_kind),
         (
             "cancelled bodies checked by (e)",
             cancels.checked,

@@ -235,6 +235,7 @@ impl Pool {
                     LockKind::Write,
                     LockKind::Permit,
                     LockKind::Multi,
+                    LockKind::Leader,
                 ]
                 .into_iter()
                 .all(|kind| enough(kind, least.per_kind))

@@ -32,13 +32,15 @@ use super::workers::Pool;
 /// Quiet time between faults, so each fault's effects are judged on their own.
 const GAP: Duration = Duration::from_millis(800);
 const KEY: &str = "register";
-/// The other lock kinds' keys: a read-write lock, a semaphore of [`PERMITS`], and three keys
-/// that multi-key locks take two at a time. Each has the register's lock key as its hash tag,
+/// The other lock kinds' keys: a read-write lock, a semaphore of [`PERMITS`], three keys
+/// that multi-key locks take two at a time, and an election ([`LEADER_KEY`]). Each has the register's lock key as its hash tag,
 /// so in a cluster they share its slot (and its faults, its migration, its failover).
 const RW_KEY: &str = "rw{lock:register}";
 const SEM_KEY: &str = "sem{lock:register}";
 const PERMITS: usize = 2;
 const MULTI_KEYS: &str = "m1{lock:register},m2{lock:register},m3{lock:register}";
+/// The election whose terms the workers' leader tasks hold, one term a section.
+const LEADER_KEY: &str = "leader{lock:register}";
 /// Sections of each other kind a run covers at least.
 const PER_KIND: usize = 100;
 /// Critical sections a mode's run covers at least, of every kind together (each is checked for
@@ -538,6 +540,8 @@ fn run_and_check(
         PERMITS.to_string(),
         "--multi-keys".into(),
         MULTI_KEYS.into(),
+        "--leader-key".into(),
+        LEADER_KEY.into(),
         // The other kinds pause between sections: enough of them, at little cost to the
         // register's. Writers pause longer, leaving room for readers: a reader is refused
         // while a writer waits (see the guide), and with a writer per worker looping every
