@@ -173,52 +173,50 @@ pub(crate) fn validate(args: Args, item: ItemFn, errors: &mut Errors) -> Option<
 /// tenure do not apply to a term: the candidate waits as long as it takes, renews, is stopped
 /// when its term is lost, and its term is numbered by a fencing token.
 fn check_leader(args: &Args, body: Option<&Body>, errors: &mut Errors) {
-    let why = |option: &str| match option {
-        "keys" => "an election is on one key",
-        "wait" => "a candidate campaigns until elected",
-        "renew" | "max_hold" => "a leader's lease is renewed until its term ends",
-        "on_lost" => "a term that is lost stops the body before its lease can expire",
-        "min_hold" => "a term ends when its body returns, and the next candidate leads at once",
-        "fencing" => "every term is numbered by a fencing token already",
-        _ => "a leader leads alone",
-    };
-    let mut refuse = |given: bool, option: &str, at: &dyn ToTokens| {
-        if given {
+    let lease = "a leader's lease is renewed until its term ends";
+    let alone = "a leader leads alone";
+    let given: [(&str, Option<&dyn ToTokens>, &str); 9] = [
+        (
+            "keys",
+            args.keys.as_ref().map(|(_, path)| path as _),
+            "an election is on one key",
+        ),
+        (
+            "wait",
+            args.wait.as_ref().map(|d| &d.lit as _),
+            "a candidate campaigns until elected",
+        ),
+        ("renew", args.renew.as_ref().map(|b| b as _), lease),
+        (
+            "max_hold",
+            args.max_hold.as_ref().map(|d| &d.lit as _),
+            lease,
+        ),
+        (
+            "min_hold",
+            args.min_hold.as_ref().map(|d| &d.lit as _),
+            "a term ends when its body returns, and the next candidate leads at once",
+        ),
+        (
+            "on_lost",
+            args.on_lost.as_ref().map(|(_, lit)| lit as _),
+            "a term that is lost stops the body before its lease can expire",
+        ),
+        (
+            "fencing",
+            args.fencing.as_ref().map(|b| b as _),
+            "every term is numbered by a fencing token already",
+        ),
+        ("mode", args.mode.as_ref().map(|(_, lit)| lit as _), alone),
+        ("permits", args.permits.as_ref().map(|p| p as _), alone),
+    ];
+    for (option, at, why) in given {
+        if let Some(at) = at {
             errors.spanned(
                 at,
-                format!(
-                    "`{option}` does not go with `leader = true`: {}; drop `{option}`",
-                    why(option)
-                ),
+                format!("`{option}` does not go with `leader = true`: {why}; drop `{option}`"),
             );
         }
-    };
-    if let Some((_, path)) = &args.keys {
-        refuse(true, "keys", path);
-    }
-    if let Some(d) = &args.wait {
-        refuse(true, "wait", &d.lit);
-    }
-    if let Some(b) = &args.renew {
-        refuse(true, "renew", b);
-    }
-    if let Some(d) = &args.max_hold {
-        refuse(true, "max_hold", &d.lit);
-    }
-    if let Some(d) = &args.min_hold {
-        refuse(true, "min_hold", &d.lit);
-    }
-    if let Some((_, on_lost)) = &args.on_lost {
-        refuse(true, "on_lost", on_lost);
-    }
-    if let Some(b) = &args.fencing {
-        refuse(true, "fencing", b);
-    }
-    if let Some((_, lit)) = &args.mode {
-        refuse(true, "mode", lit);
-    }
-    if let Some(permits) = &args.permits {
-        refuse(true, "permits", permits);
     }
     if let (Some(Body::Boxed { .. }), Some(leader)) = (body, &args.leader) {
         errors.spanned(
