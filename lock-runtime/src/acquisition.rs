@@ -50,21 +50,28 @@ pub(crate) async fn acquire_lease(
 /// lock's holder, or a lock request that finds a leader, was given the wrong key, and no wait
 /// would change that.
 fn other_kind(key: &str, holder: &str, identity: Option<&str>) -> Option<LockError> {
-    let reason = match (token::identity_of(holder), identity) {
-        (Some(leader), None) => format!(
-            "`{key}` is an election's key (its leader now is `{leader}`), not a lock's: a lock \
-             request would wait for leadership to end; give the lock a key of its own"
-        ),
-        (None, Some(_)) => format!(
+    match (token::identity_of(holder), identity) {
+        (Some(leader), None) => Some(LockError::InvalidOptions {
+            key: key.to_owned(),
+            reason: format!(
+                "`{key}` is an election's key (its leader now is `{leader}`), not a lock's: a \
+                 lock request would wait for leadership to end; give the lock a key of its own"
+            ),
+        }),
+        (None, Some(_)) => Some(held_as_lock(key)),
+        _ => None,
+    }
+}
+
+/// An election given a key that a lock holds (see [`other_kind`]).
+pub(crate) fn held_as_lock(key: &str) -> LockError {
+    LockError::InvalidOptions {
+        key: key.to_owned(),
+        reason: format!(
             "`{key}` is held as a lock, not by a candidate: an election needs a key that only \
              its candidates take; give the election a key of its own"
         ),
-        _ => return None,
-    };
-    Some(LockError::InvalidOptions {
-        key: key.to_owned(),
-        reason,
-    })
+    }
 }
 
 /// A request in progress, counted as cancelled if dropped before its outcome.
@@ -104,7 +111,7 @@ async fn take_lease(
     // no deadline at all (a century stands in for it).
     let give_up_at = started
         .checked_add(options.wait)
-        .unwrap_or_else(|| started + Duration::from_secs(100 * 365 * 24 * 3600));
+        .unwrap_or_else(|| started + crate::options::NO_DEADLINE);
     // A try-lock (no `wait`) never queues: it would only have to leave again. Nor does a
     // permit taker: a release hands over a whole lock, never one permit.
     let share = options.share();

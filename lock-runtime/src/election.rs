@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::acquisition;
+use crate::acquisition::{self, held_as_lock};
 use crate::backend::Store;
 use crate::backoff::Backoff;
 use crate::error::{LockError, LostReason};
@@ -116,7 +116,7 @@ impl Leadership {
     /// The identity this leader campaigned with.
     #[must_use]
     pub fn identity(&self) -> &str {
-        &self.term.identity
+        self.term.identity()
     }
 
     /// See [`Term::is_at_risk`].
@@ -177,14 +177,13 @@ impl Leadership {
 #[derive(Clone)]
 pub struct Term {
     lease: Arc<Lease>,
-    identity: Arc<str>,
 }
 
 impl std::fmt::Debug for Term {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Term")
             .field("key", &self.lease.key.name)
-            .field("identity", &self.identity)
+            .field("identity", &self.identity())
             .field("number", &self.number())
             .finish_non_exhaustive()
     }
@@ -207,7 +206,8 @@ impl Term {
     /// The identity the leader campaigned with.
     #[must_use]
     pub fn identity(&self) -> &str {
-        &self.identity
+        // A candidate's token always shows it (see `token::new_token`).
+        token::identity_of(&self.lease.token).unwrap_or_default()
     }
 
     /// Whether the term's lease is at risk: a renewal failed or went unanswered while the
@@ -346,7 +346,6 @@ impl Election {
             guard: LockGuard::new(self.inner.clone(), lease.clone()),
             term: Term {
                 lease: lease.clone(),
-                identity: self.identity.as_str().into(),
             },
         };
         if let Err(error) = self.inner.backend.announce_taken(&lease.key).await {
@@ -449,7 +448,7 @@ impl Election {
         };
         Ok(Some(Leader {
             identity: identity.to_owned(),
-            term: info.fence.filter(|_| self.inner.backend.offers_fencing()),
+            term: info.fence,
             remaining: info.remaining,
             tenure: crate::waiting::tenure_name(&owner),
         }))
@@ -462,16 +461,6 @@ impl Election {
             election: self.clone(),
             seen: None,
         }
-    }
-}
-
-fn held_as_lock(key: &str) -> LockError {
-    LockError::InvalidOptions {
-        key: key.to_owned(),
-        reason: format!(
-            "`{key}` is held as a lock, not by a candidate: an election needs a key that only \
-             its candidates take; give the election a key of its own"
-        ),
     }
 }
 
@@ -496,7 +485,7 @@ impl Observer {
         let election = &self.election;
         let key = election.inner.lock_key(election.key.clone())?;
         let hub = election.inner.backend.hub();
-        let far = Instant::now() + Duration::from_secs(100 * 365 * 24 * 3600);
+        let far = Instant::now() + crate::options::NO_DEADLINE;
         let interest = hub.interest(key.channel(), far).await;
         let mut backoff = Backoff::new();
         loop {

@@ -58,6 +58,10 @@ impl Default for LockOptions {
 /// Redis takes `PX` as a signed 64-bit count of milliseconds; leases beyond a year are a bug.
 pub(crate) const MAX_TTL: Duration = Duration::from_secs(365 * 24 * 3600);
 
+/// What a wait without a deadline waits (`Duration::MAX`, a campaign): a century, which stays
+/// within the clock's range.
+pub(crate) const NO_DEADLINE: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
 /// The shortest lease: the local deadline is ttl minus drift (ttl/100 + 2 ms), which must leave
 /// room for a round trip and a renewal at ttl/3. At 10 ms that is 7.9 ms of validity.
 pub(crate) const MIN_TTL: Duration = Duration::from_millis(10);

@@ -72,16 +72,27 @@ pub(crate) fn new_token(identity: Option<&str>) -> String {
     token
 }
 
-/// The identity a candidate's token shows (see [`new_token`]); `None` for any other token.
-pub(crate) fn identity_of(token: &str) -> Option<&str> {
+/// What comes before `:pid:random` in a token of our form (as [`new_token`] makes them): the
+/// host, or `identity@host`; `None` for any other token.
+fn owner_of(token: &str) -> Option<&str> {
     let mut parts = token.rsplitn(3, ':');
-    let (random, pid, rest) = (parts.next()?, parts.next()?, parts.next()?);
+    let (random, pid, owner) = (parts.next()?, parts.next()?, parts.next()?);
     let ours = random.len() == 32
         && random.bytes().all(|b| b.is_ascii_hexdigit())
         && !pid.is_empty()
         && pid.bytes().all(|b| b.is_ascii_digit());
-    let (identity, _host) = rest.rsplit_once('@')?;
-    (ours && !identity.is_empty()).then_some(identity)
+    ours.then_some(owner)
+}
+
+/// Whether `token` is of our form: `host:pid:` and 32 hex digits, after a candidate's identity.
+pub(crate) fn is_ours(token: &str) -> bool {
+    owner_of(token).is_some()
+}
+
+/// The identity a candidate's token shows (see [`new_token`]); `None` for any other token.
+pub(crate) fn identity_of(token: &str) -> Option<&str> {
+    let (identity, _host) = owner_of(token)?.rsplit_once('@')?;
+    (!identity.is_empty()).then_some(identity)
 }
 
 #[cfg(test)]

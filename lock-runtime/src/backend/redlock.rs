@@ -379,17 +379,17 @@ impl Store for Redlock {
         if won + busy.len() < quorum {
             return Err(self.too_few("acquire", key, &errors, quorum));
         }
-        let holder = self.quorum_holder(&busy, quorum);
-        let retry_after = match &holder {
+        let quorum_holder = self.quorum_holder(&busy, quorum);
+        let holder = quorum_holder.as_ref().map(|&(holder, _)| holder.to_owned());
+        let retry_after = match quorum_holder {
             // A release notification ends the wait. Until then only expiry frees a quorum: once
             // enough of the holder's nodes have let its lease run out. A holder whose release
             // has already been announced is still deleting the lock on its other nodes.
-            Some((holder, leases))
+            Some((holder, mut leases))
                 if !self
                     .hub
                     .released_recently(taken_channel(key, busy_at), holder) =>
             {
-                let mut leases = leases.clone();
                 leases.sort_by_key(|left| left.unwrap_or(Duration::MAX));
                 leases[leases.len() - quorum]
             }
@@ -401,7 +401,7 @@ impl Store for Redlock {
         Ok(Attempt::Busy {
             retry_after,
             // The holder a quorum agrees on, if any.
-            holder: holder.map(|(holder, _)| holder.to_owned()),
+            holder,
             at: busy_at.unwrap_or(0),
         })
     }

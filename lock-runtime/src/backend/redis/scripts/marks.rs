@@ -10,14 +10,7 @@ const WAITED: &str = "+w";
 /// client's token is never marked, so only the release script can tell whether its lock was
 /// waited for.
 pub(crate) fn marked_when_waited(token: &str) -> bool {
-    let mut parts = token.rsplit(':');
-    let random = parts.next().unwrap_or_default();
-    let pid = parts.next().unwrap_or_default();
-    parts.next().is_some()
-        && random.len() == 32
-        && random.bytes().all(|b| b.is_ascii_hexdigit())
-        && !pid.is_empty()
-        && pid.bytes().all(|b| b.is_ascii_digit())
+    crate::token::is_ours(token)
 }
 
 /// Whether a release of `token` may end in silence when it finds the bare token (nobody
