@@ -33,7 +33,7 @@ pub use locks::{
     assert_lost, most_inside, read_write_round, semaphore_round, spawn_hung_body,
     spawn_hung_body_holding, start_holder, warm_up, RENEWED_TTL,
 };
-pub use poll::eventually;
+pub use poll::{eventually, renewed_on};
 pub use registry::{fast_registry, with_timeouts};
 pub use server::{
     cli_binary, free_port, server_binary, signal, Certificates, RedisServer, SilentServer,

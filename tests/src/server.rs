@@ -329,6 +329,18 @@ impl RedisServer {
             .expect("connect to the test redis-server")
     }
 
+    /// `key`'s remaining lease in ms (-1 without an expiry, -2 when it does not exist).
+    ///
+    /// # Panics
+    /// When the server does not answer.
+    #[must_use]
+    pub fn pttl(&self, key: &str) -> i64 {
+        redis::cmd("PTTL")
+            .arg(key)
+            .query(&mut self.connection())
+            .expect("PTTL on the test redis-server")
+    }
+
     /// The server's process id.
     ///
     /// # Panics

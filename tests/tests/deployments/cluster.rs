@@ -2,7 +2,7 @@ use std::time::Duration;
 
 use lock_runtime::{LockError, LostReason, Registry};
 use lock_tests::cluster::RedisCluster;
-use lock_tests::{eventually, with_timeouts};
+use lock_tests::{renewed_on, with_timeouts};
 
 /// Short timeouts, so operations on a dead master fail (and are retried by the library) well
 /// within the tests' leases.
@@ -248,14 +248,6 @@ async fn fresh_registries_lock_on_a_cluster_created_a_moment_ago() {
     }
 }
 
-/// The remaining lease of `key` on `node`, in ms (negative when it has none).
-fn pttl(node: &lock_tests::RedisServer, key: &str) -> i64 {
-    redis::cmd("PTTL")
-        .arg(key)
-        .query(&mut node.connection())
-        .unwrap()
-}
-
 /// Two locks held in one slot while it migrates for two ttls, one of them `MIGRATE`d midway, and
 /// a third taken during the migration: each is renewed, excludes, and is released wherever its
 /// key is; a fenced acquisition whose keys cannot be on one node yet waits out the migration
@@ -349,17 +341,19 @@ async fn a_lock_held_through_a_slot_migration_is_renewed_acquired_and_released_o
         .expect("acquired once the migration ended");
     assert!(again.fence().unwrap() > old_fence, "the counter went on");
     // The lock that stayed behind until the end is renewed on its new owner...
-    let before = pttl(target, stays.redis_key());
-    eventually(2 * ttl, "a renewal on the new owner", || async {
-        pttl(target, stays.redis_key()) > before
-    })
+    renewed_on(
+        target,
+        stays.redis_key(),
+        2 * ttl,
+        "a renewal on the new owner",
+    )
     .await;
     assert_eq!(stays.lost_reason(), None);
     // ...and every lock is released there.
     for guard in [stays, fresh, again] {
         let key = guard.redis_key().to_owned();
         guard.release().await.unwrap();
-        assert_eq!(pttl(target, &key), -2, "{key} left behind");
+        assert_eq!(target.pttl(&key), -2, "{key} left behind");
     }
     let after = a.lock("{m}:stays").acquire().await.unwrap();
     after.release().await.unwrap();
@@ -413,17 +407,14 @@ async fn a_lock_migrated_while_held_is_renewed_released_and_taken_again_on_its_t
     let target = migration.target().port();
     migration.finish();
     let target = cluster.nodes.iter().find(|n| n.port() == target).unwrap();
-    let before = pttl(target, &key);
-    let renewed = eventually(2 * second_ttl, "a renewal on the new owner", || async {
-        pttl(target, &key) > before
-    });
+    let renewed = renewed_on(target, &key, 2 * second_ttl, "a renewal on the new owner");
     tokio::select! {
         () = renewed => {}
         lost = second.lost() => panic!("lost once the migration ended: {lost}"),
     }
     assert_eq!(second.lost_reason(), None);
     second.release().await.unwrap();
-    assert_eq!(pttl(target, &key), -2, "left behind");
+    assert_eq!(target.pttl(&key), -2, "left behind");
     let third = a.lock("deploy:7").fencing(true).acquire().await.unwrap();
     assert!(third.fence().unwrap() > first_fence, "the counter went on");
     third.release().await.unwrap();

@@ -5,7 +5,8 @@ use std::time::Duration;
 use lock_runtime::{LockError, Registry};
 use lock_tests::sentinel::{RedisSentinels, SERVICE};
 use lock_tests::{
-    eventually, free_port, spawn_hung_body_holding, subscribers, with_timeouts, RedisServer,
+    eventually, free_port, renewed_on, spawn_hung_body_holding, subscribers, with_timeouts,
+    RedisServer,
 };
 
 /// Short timeouts, so operations on a dead master fail quickly and are retried by the library
@@ -50,13 +51,6 @@ fn fenced_waiter(
 
 fn value(server: &RedisServer, key: &str) -> Option<String> {
     redis::cmd("GET")
-        .arg(key)
-        .query(&mut server.connection())
-        .unwrap()
-}
-
-fn pttl(server: &RedisServer, key: &str) -> i64 {
-    redis::cmd("PTTL")
         .arg(key)
         .query(&mut server.connection())
         .unwrap()
@@ -172,10 +166,12 @@ async fn a_holder_cut_off_with_its_old_master_renews_there_unaware_while_the_pro
         "and its key lives on the old master"
     );
     // It keeps renewing there: the key's expiry on the old master moves forward again.
-    let before = pttl(&deployment.master, "lock:split");
-    eventually(ttl * 2, "a renewal on the old master", || async {
-        pttl(&deployment.master, "lock:split") > before
-    })
+    renewed_on(
+        &deployment.master,
+        "lock:split",
+        ttl * 2,
+        "a renewal on the old master",
+    )
     .await;
     assert!(
         !first.is_lost() && !body.is_finished(),
@@ -470,13 +466,12 @@ async fn a_lock_is_taken_renewed_and_handed_over_through_tls_sentinels_on_a_tls_
         Some(guard.token())
     );
     // Renewed over TLS: the key's remaining time goes up again (only a renewal raises it).
-    let mut last = pttl(&deployment.master, "lock:tls:7");
-    eventually(ttl * 3, "a renewal raised the key's expiry", || {
-        let now = pttl(&deployment.master, "lock:tls:7");
-        let raised = now > last;
-        last = now;
-        async move { raised }
-    })
+    renewed_on(
+        &deployment.master,
+        "lock:tls:7",
+        ttl * 3,
+        "a renewal raised the key's expiry",
+    )
     .await;
     assert!(!guard.is_lost());
     // Handed over on release: the waiter's subscription is on the TLS master too.
