@@ -13,6 +13,7 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::time::Duration;
 
 use lock_runtime::{LockError, LostReason};
 use serde::{Deserialize, Serialize};
@@ -120,15 +121,16 @@ pub enum Record {
         /// How long the drop took (µs).
         took_us: u64,
     },
-    /// The runtime ran the worker's 10 ms heartbeat more than 50 ms late: (g) bounds it, except
-    /// while the worker itself was stopped.
+    /// The runtime ran the worker's 10 ms heartbeat [`Record::LATE`] or more late: (g) bounds
+    /// it, except while the worker itself was stopped, and (e) excuses a body cancelled late
+    /// while its process was kept off the CPU.
     Stall {
         /// The worker.
         w: String,
         /// When the late heartbeat ran.
         at: i64,
-        /// How late it was (ms).
-        late_ms: u64,
+        /// How late it was (µs).
+        late_us: u64,
     },
     /// The workload stopped (its stdin closed): the test waits for one from every live worker
     /// before it reads the records.
@@ -173,6 +175,11 @@ pub enum Record {
 }
 
 impl Record {
+    /// The period of the worker's heartbeat.
+    pub const HEARTBEAT: Duration = Duration::from_millis(10);
+    /// The heartbeat's lateness from which it writes a [`Record::Stall`].
+    pub const LATE: Duration = Duration::from_millis(2);
+
     /// The record as one line of JSON, without the newline.
     ///
     /// # Panics
@@ -414,7 +421,7 @@ mod tests {
             Record::Stall {
                 w: "1".into(),
                 at: 6,
-                late_ms: 70,
+                late_us: 70_000,
             },
             Record::Done {
                 w: "1".into(),

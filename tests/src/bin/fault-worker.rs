@@ -475,8 +475,9 @@ struct Workload {
     /// handed fence 0 and accepts everything, and a body writes only while its lease holds.
     fencing: bool,
     stop: Arc<AtomicBool>,
-    /// Per task: a hold (ms) the test asked the next section to use.
-    long_requests: Arc<[AtomicU64; 2]>,
+    /// Per task (the register's two, then the leader's): a hold (ms) the test asked the next
+    /// section to use.
+    long_requests: Arc<[AtomicU64; 3]>,
 }
 
 impl Workload {
@@ -502,18 +503,7 @@ impl Workload {
         async move {
             let current = lock_runtime::current().expect("inside a guarded body");
             let fence = current.fence().unwrap_or(0);
-            // The request counts only if it is still standing (the test withdraws it once
-            // another worker took it).
-            let hold = match forced {
-                Some((task, ms))
-                    if requests[task]
-                        .compare_exchange(ms, 0, Ordering::SeqCst, Ordering::SeqCst)
-                        .is_ok() =>
-                {
-                    Duration::from_millis(ms)
-                }
-                _ => usual,
-            };
+            let hold = forced.map_or(usual, |(task, ms)| take_request(&requests[task], ms, usual));
             begin(&w, seq, &s, current.token(), fence, hold);
             let _stamp = StopStamp(s.clone());
             let read = store.call(fence, "read", 0).await;
@@ -589,8 +579,16 @@ impl Workload {
         };
         let body = {
             let (s, w) = (s.clone(), w.to_owned());
+            let requests = self.long_requests.clone();
             async move {
                 let current = lock_runtime::current().expect("inside a guarded body");
+                let hold = match kind {
+                    Kind::Leader => {
+                        let asked = requests[LEADER_SLOT].load(Ordering::SeqCst);
+                        take_request(&requests[LEADER_SLOT], asked, hold)
+                    }
+                    _ => hold,
+                };
                 begin(&w, seq, &s, current.token(), 0, hold);
                 let _stamp = StopStamp(s.clone());
                 tokio::time::sleep(hold).await;
@@ -735,23 +733,40 @@ impl Workload {
     }
 }
 
-/// Reports every moment the runtime could not run a 10 ms heartbeat within 50 ms of its time.
+/// The slot of `long_requests` the leader's term reads.
+const LEADER_SLOT: usize = 2;
+
+/// The hold a body uses: `asked` if the test's request for it is still standing (the test
+/// withdraws it once another worker took it), which this body then takes; else `usual`.
+fn take_request(request: &AtomicU64, asked: u64, usual: Duration) -> Duration {
+    if asked > 0
+        && request
+            .compare_exchange(asked, 0, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+    {
+        Duration::from_millis(asked)
+    } else {
+        usual
+    }
+}
+
+/// Reports every moment the runtime could not run its heartbeat within [`Record::LATE`] of its
+/// time.
 async fn heartbeat(w: String, stop: Arc<AtomicBool>) -> Duration {
-    let period = Duration::from_millis(10);
     let mut worst = Duration::ZERO;
-    let mut next = tokio::time::Instant::now() + period;
+    let mut next = tokio::time::Instant::now() + Record::HEARTBEAT;
     while !stop.load(Ordering::SeqCst) {
         tokio::time::sleep_until(next).await;
         let late = tokio::time::Instant::now().saturating_duration_since(next);
         worst = worst.max(late);
-        if late > Duration::from_millis(50) {
+        if late >= Record::LATE {
             out(&Record::Stall {
                 w: w.clone(),
                 at: now_us(),
-                late_ms: millis(late),
+                late_us: micros(late),
             });
         }
-        next = tokio::time::Instant::now() + period;
+        next = tokio::time::Instant::now() + Record::HEARTBEAT;
     }
     worst
 }
@@ -760,18 +775,23 @@ async fn workload(args: Args) {
     let id = args.str("id");
     let key = args.str("key");
     let stop = Arc::new(AtomicBool::new(false));
-    let long_requests = Arc::new([AtomicU64::new(0), AtomicU64::new(0)]);
+    let long_requests = Arc::new([AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)]);
     let stdin_stop = stop.clone();
     let requests = long_requests.clone();
     std::thread::spawn(move || {
-        // `long <ms> <task>` asks for one long section; EOF (the test closed stdin, or died)
-        // stops the workload.
+        // `long <ms> <task>` asks for one long section of task 0 or 1 (the register's) or `l`
+        // (a leader's term); EOF (the test closed stdin, or died) stops the workload.
         for line in std::io::stdin().lock().lines().map_while(Result::ok) {
             let mut words = line.split_whitespace();
             if let (Some("long"), Some(ms), Some(task)) = (words.next(), words.next(), words.next())
             {
-                if let (Ok(ms), Ok(task)) = (ms.parse::<u64>(), task.parse::<usize>()) {
-                    requests[task % 2].store(ms, Ordering::SeqCst);
+                let slot = match task {
+                    "0" => 0,
+                    "1" => 1,
+                    _ => LEADER_SLOT,
+                };
+                if let Ok(ms) = ms.parse::<u64>() {
+                    requests[slot].store(ms, Ordering::SeqCst);
                 }
             }
         }

@@ -96,10 +96,11 @@ impl Pool {
         id
     }
 
-    /// Asks task `task` of every live worker to hold its next critical section for `hold`, and
-    /// waits until one of them began it (its `begin` record); the others' requests are
-    /// withdrawn. Returns whether that happened within `limit`.
-    pub fn long_section(&mut self, task: usize, hold: Duration, limit: Duration) -> bool {
+    /// Asks task `task` (`0` or `1` of the register, `l` the leader's) of every live worker to
+    /// hold its next critical section for `hold`, and waits until one of them began it (its
+    /// `begin` record); the others' requests are withdrawn. Returns whether that happened
+    /// within `limit`.
+    pub fn long_section(&mut self, task: &str, hold: Duration, limit: Duration) -> bool {
         let seen = self.lines().len();
         let hold_ms = u64::try_from(hold.as_millis()).expect("a hold of some seconds");
         self.tell_all(&format!("long {hold_ms} {task}"));

@@ -66,6 +66,9 @@ enum Step {
     Node(&'static [usize], NodeFault, Duration),
     PauseHolder(Duration),
     KillHolder,
+    /// The election's leader killed in the middle of a term (2 ttl): another candidate must
+    /// lead within ttl + bound, as the register's next holder must after `KillHolder`.
+    KillLeader,
     /// A process stopped while its task waits in the queue for the register, for longer than
     /// a lease: a release may hand it the lock meanwhile, which then runs out while another
     /// client takes it. Its `wait` outlasts the stop.
@@ -87,6 +90,7 @@ fn client_faults() -> Vec<Scheduled> {
     vec![
         (Step::PauseHolder(ms(2500)), Some(0)),
         (Step::KillHolder, Some(1)),
+        (Step::KillLeader, None),
         (Step::PauseWaiter(ms(1500)), None),
         (Step::PauseWaiter(ms(1500)), None),
     ]
@@ -259,7 +263,8 @@ fn draw_random_step(seed: &mut u64) -> Scheduled {
         45..=54 => Step::Node(ONE, NodeFault::ResetConnections, Duration::ZERO),
         55..=69 => Step::Node(ONE, NodeFault::PauseServer, len),
         70..=84 => Step::PauseHolder(len + TTL),
-        _ => Step::KillHolder,
+        85..=92 => Step::KillHolder,
+        _ => Step::KillLeader,
     };
     (step, long)
 }
@@ -278,13 +283,13 @@ struct Run<'a> {
 }
 
 impl Run<'_> {
-    /// The token a quorum of the servers holds the lock for, asked directly.
-    fn holder(&self) -> Option<String> {
+    /// The token a quorum of the servers holds lock `key` for, asked directly.
+    fn holder(&self, key: &str) -> Option<String> {
         let mut tokens: HashMap<String, usize> = HashMap::new();
         for group in self.system.observed() {
             let token = group.iter().find_map(|port| {
                 redis::cmd("GET")
-                    .arg(format!("lock:{KEY}"))
+                    .arg(format!("lock:{key}"))
                     .query::<Option<String>>(&mut quick_connection(*port)?)
                     .ok()
                     .flatten()
@@ -300,15 +305,15 @@ impl Run<'_> {
             .map(|(t, _)| t)
     }
 
-    /// The lock's remaining lease in ms, as the first server that has it says.
-    fn pttl(&self) -> i64 {
+    /// Lock `key`'s remaining lease in ms, as the first server that has it says.
+    fn pttl(&self, key: &str) -> i64 {
         self.system
             .observed()
             .iter()
             .flatten()
             .find_map(|port| {
                 redis::cmd("PTTL")
-                    .arg(format!("lock:{KEY}"))
+                    .arg(format!("lock:{key}"))
                     .query::<i64>(&mut quick_connection(*port)?)
                     .ok()
                     .filter(|p| *p >= 0)
@@ -316,18 +321,19 @@ impl Run<'_> {
             .unwrap_or(-3)
     }
 
-    /// Finds the worker holding the lock, applies `hit` to it, and tells whether it still held
-    /// the lock after the hit (so the fault landed while it held it).
+    /// Finds the worker holding lock `key`, applies `hit` to it, and tells whether it still
+    /// held the lock after the hit (so the fault landed while it held it).
     fn hit_holder(
         &mut self,
         kind: &str,
+        key: &str,
         hit: &mut dyn FnMut(&mut Pool, u32) -> i64,
     ) -> FaultRecord {
         // The lock may be free for a moment, or still held by a process killed earlier (until
         // its ttl runs out): look again until a live worker holds it.
         let deadline = std::time::Instant::now() + TTL * 5;
         while std::time::Instant::now() < deadline {
-            let victim = self.holder().and_then(|token| {
+            let victim = self.holder(key).and_then(|token| {
                 let worker = token_pid(&token).and_then(|pid| self.pool.by_pid(pid))?;
                 Some((token, worker))
             });
@@ -339,9 +345,9 @@ impl Run<'_> {
             // A read that finds no holder may be one whose connection timed out (a loaded
             // machine): asked again, a holder still there answers; a free lock stays free.
             let held = (0..3)
-                .find_map(|_| self.holder())
+                .find_map(|_| self.holder(key))
                 .is_some_and(|holder| holder == token);
-            let pttl_ms = self.pttl();
+            let pttl_ms = self.pttl(key);
             return FaultRecord {
                 kind: kind.to_owned(),
                 start_us: at,
@@ -350,9 +356,10 @@ impl Run<'_> {
                 held,
                 pttl_ms,
                 victim_token: Some(token),
+                key: Some(format!("lock:{key}")),
             };
         }
-        panic!("no live worker held the lock for 5 ttls: is the workload running?");
+        panic!("no live worker held {key} for 5 ttls: is the workload running?");
     }
 
     /// The tokens queued for the register, oldest first, as the first server that answers says
@@ -380,7 +387,7 @@ impl Run<'_> {
         let deadline = std::time::Instant::now() + TTL * 5;
         while std::time::Instant::now() < deadline {
             let holder = self
-                .holder()
+                .holder(KEY)
                 .and_then(|token| token_pid(&token))
                 .and_then(|pid| self.pool.by_pid(pid));
             let queued: Vec<u32> = self
@@ -405,8 +412,9 @@ impl Run<'_> {
                 end_us: at,
                 victim: Some(victim),
                 held: false,
-                pttl_ms: self.pttl(),
+                pttl_ms: self.pttl(KEY),
                 victim_token: None,
+                key: None,
             };
         }
         panic!("no worker waited for the register for 5 ttls: is the workload running?");
@@ -417,7 +425,7 @@ impl Run<'_> {
     fn long_body(&mut self, task: usize) {
         let started = self
             .pool
-            .long_section(task, TTL * 2, Duration::from_secs(20));
+            .long_section(&task.to_string(), TTL * 2, Duration::from_secs(20));
         if !started {
             let lines = self.pool.lines();
             let tail: Vec<String> = lines[lines.len().saturating_sub(20)..]
@@ -436,6 +444,16 @@ impl Run<'_> {
             self.long_body(task);
         }
         self.inject(step);
+    }
+
+    /// Kills the worker holding lock `key` and starts another in its place.
+    fn kill_holder(&mut self, kind: &str, key: &str) {
+        let record = self.hit_holder(kind, key, &mut |pool, victim| pool.kill(victim));
+        self.pool.spawn();
+        // (c) is judged on this fault alone: no other fault until the lock is free.
+        let since = Duration::from_micros((now_us() - record.start_us).unsigned_abs());
+        std::thread::sleep((TTL + FREE_BOUND).saturating_sub(since));
+        self.faults.push(record);
     }
 
     fn inject(&mut self, step: Step) {
@@ -460,10 +478,11 @@ impl Run<'_> {
                     held: false,
                     pttl_ms: 0,
                     victim_token: None,
+                    key: None,
                 });
             }
             Step::PauseHolder(len) => {
-                let mut record = self.hit_holder("client-sigstop", &mut |pool, victim| {
+                let mut record = self.hit_holder("client-sigstop", KEY, &mut |pool, victim| {
                     pool.pause(victim);
                     now_us()
                 });
@@ -481,14 +500,15 @@ impl Run<'_> {
                     ..record
                 });
             }
-            Step::KillHolder => {
-                let record =
-                    self.hit_holder("client-kill-9", &mut |pool, victim| pool.kill(victim));
-                self.pool.spawn();
-                // (c) is judged on this fault alone: no other fault until the lock is free.
-                let since = Duration::from_micros((now_us() - record.start_us).unsigned_abs());
-                std::thread::sleep((TTL + FREE_BOUND).saturating_sub(since));
-                self.faults.push(record);
+            Step::KillHolder => self.kill_holder("client-kill-9", KEY),
+            Step::KillLeader => {
+                if !self
+                    .pool
+                    .long_section("l", TTL * 2, Duration::from_secs(20))
+                {
+                    panic!("no worker began a long term in 20 s: is the workload running?");
+                }
+                self.kill_holder("client-kill-9-leader", LEADER_KEY);
             }
         }
     }
@@ -690,6 +710,7 @@ fn at_least() -> Minimums {
         register: REGISTER_SECTIONS,
         cancelled: 1,
         hand_overs: 1,
+        new_terms: 1,
         renewals: 10,
         holder_hits: 2,
         asking: 0,
