@@ -236,6 +236,14 @@ impl Lease {
             if let Some(reason) = state.lost {
                 return reason;
             }
+            // Checked against the clock, not left to the timer: after a stall (a process
+            // paused, a runtime blocked) Tokio's timer wheel still lags behind the clock, and a
+            // sleep until a deadline that has already passed would not be ready on this poll.
+            if Instant::now() >= state.deadline {
+                let reason = self.deadline_reason();
+                self.mark_lost(reason);
+                return self.state().lost.unwrap_or(reason);
+            }
             tokio::select! {
                 () = tokio::time::sleep_until(state.deadline) => {
                     // A renewal confirmed at the last moment moves the deadline; check again.

@@ -198,3 +198,34 @@ async fn a_term_run_by_hand_is_stopped_when_lost_and_resigns_when_done() {
     })
     .await;
 }
+
+/// A process that stalls (a GC pause, a stopped VM) between its election and its work past the
+/// term's lease must not start the work: the term is over. In memory the leases are kept on the
+/// caller's runtime, so blocking its one thread stalls them as a process pause would (a fault
+/// run caught it on Redlock: a candidate elected while its process was stopped began its term's
+/// work 1.5 s after its key expired). Also true of `LockRequest::run`, which shares the guard.
+#[tokio::test]
+async fn work_is_not_started_on_a_term_whose_lease_ran_out_before_it() {
+    let registry = Registry::in_memory();
+    let leadership = registry
+        .election("scheduler")
+        .ttl(Duration::from_millis(100))
+        .campaign()
+        .await
+        .unwrap();
+    // The stall: nothing runs on this runtime, its timers included.
+    std::thread::sleep(Duration::from_millis(300));
+    let started = std::sync::atomic::AtomicBool::new(false);
+    let outcome = leadership
+        .run(async {
+            started.store(true, std::sync::atomic::Ordering::SeqCst);
+            Ok::<(), LockError>(())
+        })
+        .await;
+    assert!(
+        !started.load(std::sync::atomic::Ordering::SeqCst),
+        "the work began on a term whose lease had run out"
+    );
+    let err = outcome.unwrap_err();
+    assert!(err.is_lost(), "{err}");
+}
