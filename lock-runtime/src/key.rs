@@ -67,7 +67,7 @@ impl LockKey {
             });
         }
         let [fence_key, queue_key, queued_key] =
-            NAMESPACES.map(|namespace| companion(namespace, &redis_key, tagged));
+            NAMESPACES.map(|namespace| companion(namespace, &redis_key));
         Ok(Self(Arc::new(Names {
             name: key,
             redis_key,
@@ -177,7 +177,8 @@ const NAMESPACES: [&str; 3] = [FENCE_NAMESPACE, "queue:", "queued:"];
 /// The name of a key that belongs to the lock `redis_key`, in `namespace` and in the lock's
 /// cluster slot: a key with a hash tag keeps it, one without gets its whole name as the tag
 /// (which hashes exactly like the untagged lock key).
-fn companion(namespace: &str, redis_key: &str, tagged: bool) -> String {
+pub(crate) fn companion(namespace: &str, redis_key: &str) -> String {
+    let tagged = hash_tag(redis_key).is_some();
     let mut name = String::with_capacity(namespace.len() + redis_key.len() + 2);
     name.push_str(namespace);
     if tagged {

@@ -104,7 +104,12 @@
 //! # Ok(()) }
 //! ```
 //!
-//! In SQL the same check is `UPDATE .. SET .., fence = $token WHERE id = $id AND fence <= $token`.
+//! For data in Redis, [`FencedKey`] is that check: a write carries the holder's token, and one
+//! script refuses it if a higher token was already written to the key, or runs it and records
+//! the token (the `fenced_write` example shows a paused holder's late write refused, where a
+//! plain `SET` overwrites the next holder's). In SQL the same check is a conditional update,
+//! whose row count says whether it was refused: `UPDATE .. SET .., fence = $token WHERE id =
+//! $id AND fence <= $token`.
 //!
 //! **The counter.** It lives at `fence:{lock:<key>}` (`fence:lock:<key>` when the key has a
 //! `{hash tag}`), one name on a single server, Sentinel and Cluster, so moving between them
@@ -160,6 +165,7 @@ mod backoff;
 mod current;
 mod election;
 mod error;
+mod fenced;
 mod guard;
 pub mod guide;
 mod io;
@@ -180,10 +186,11 @@ mod waiting;
 #[doc(hidden)]
 pub mod __private;
 
-pub use backend::{LockInfo, MemoryStore, Permits};
+pub use backend::{LockInfo, MemoryStore, Permits, Place};
 pub use current::{current, CurrentLock};
 pub use election::{Election, Leader, Leadership, Observer, Term};
 pub use error::{LockError, LostReason};
+pub use fenced::{FencedKey, FencedWrite};
 pub use guard::LockGuard;
 pub use key::{KeyBuilder, MAX_KEYS_PER_LOCK, MAX_KEY_BYTES};
 pub use lock::LockRequest;

@@ -53,6 +53,9 @@
 //! assert!(lock_runtime::protocol::RELEASE_LUA.contains("owner ~= ARGV[1]"));
 //! ```
 
+/// Reads who holds a lock from its token, as `lockctl` shows it.
+pub use crate::token::TokenOwner;
+
 pub use crate::backend::redis::scripts::{
     ACQUIRE_ALL_LUA, ACQUIRE_LUA, FORCE_UNLOCK_LUA, INSPECT_LUA, RELEASE_BARE_LUA, RELEASE_LUA,
     RENEW_LUA, UNDO_LUA,

@@ -72,27 +72,64 @@ pub(crate) fn new_token(identity: Option<&str>) -> String {
     token
 }
 
-/// What comes before `:pid:random` in a token of our form (as [`new_token`] makes them): the
-/// host, or `identity@host`; `None` for any other token.
-fn owner_of(token: &str) -> Option<&str> {
-    let mut parts = token.rsplitn(3, ':');
-    let (random, pid, owner) = (parts.next()?, parts.next()?, parts.next()?);
-    let ours = random.len() == 32
-        && random.bytes().all(|b| b.is_ascii_hexdigit())
-        && !pid.is_empty()
-        && pid.bytes().all(|b| b.is_ascii_digit());
-    ours.then_some(owner)
+/// Who holds a lock, as a token of ours says it (`host:pid:` and 128 random bits in hex, after
+/// a candidate's `identity@`): what `lockctl` and other tools show instead of the token, which
+/// must stay secret (whoever has it can release or extend the lock).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct TokenOwner<'a> {
+    /// A candidate's identity (see [`Registry::election`](crate::Registry::election)).
+    pub identity: Option<&'a str>,
+    /// The host name of the process that took the lock.
+    pub host: &'a str,
+    /// Its process id.
+    pub pid: u32,
+    /// The first 8 hex digits of the random part: enough to tell owners apart.
+    pub short: &'a str,
+}
+
+impl<'a> TokenOwner<'a> {
+    /// Reads `token`; `None` when it is not of our form (another client's: redis-py, redsync..).
+    #[must_use]
+    pub fn parse(token: &'a str) -> Option<Self> {
+        let mut parts = token.rsplitn(3, ':');
+        let (random, pid, owner) = (parts.next()?, parts.next()?, parts.next()?);
+        let random_ok = random.len() == 32 && random.bytes().all(|b| b.is_ascii_hexdigit());
+        let pid_ok = !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit());
+        if !(random_ok && pid_ok) {
+            return None;
+        }
+        let (identity, host) = match owner.rsplit_once('@') {
+            Some((identity, host)) => ((!identity.is_empty()).then_some(identity), host),
+            None => (None, owner),
+        };
+        Some(Self {
+            identity,
+            host,
+            pid: pid.parse().ok()?,
+            short: &random[..8],
+        })
+    }
+}
+
+impl std::fmt::Display for TokenOwner<'_> {
+    /// `identity@host:pid:0123abcd…`: the token without the rest of its secret part.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if let Some(identity) = self.identity {
+            write!(f, "{identity}@")?;
+        }
+        write!(f, "{}:{}:{}…", self.host, self.pid, self.short)
+    }
 }
 
 /// Whether `token` is of our form: `host:pid:` and 32 hex digits, after a candidate's identity.
 pub(crate) fn is_ours(token: &str) -> bool {
-    owner_of(token).is_some()
+    TokenOwner::parse(token).is_some()
 }
 
 /// The identity a candidate's token shows (see [`new_token`]); `None` for any other token.
 pub(crate) fn identity_of(token: &str) -> Option<&str> {
-    let (identity, _host) = owner_of(token)?.rsplit_once('@')?;
-    (!identity.is_empty()).then_some(identity)
+    TokenOwner::parse(token)?.identity
 }
 
 #[cfg(test)]
@@ -117,6 +154,24 @@ mod tests {
         assert_eq!(identity_of(&token), Some("10.0.0.5:8080@eu"));
         assert_eq!(identity_of(&new_token(None)), None);
         assert_eq!(identity_of("someone@python-worker"), None);
+    }
+
+    #[test]
+    fn an_owner_is_read_from_our_tokens_only() {
+        let random = "0123456789abcdef0123456789abcdef";
+        let owner = TokenOwner::parse(&format!("web-1:4242:{random}")).map(|o| o.to_string());
+        assert_eq!(owner.as_deref(), Some("web-1:4242:01234567…"));
+        // Hosts may contain colons (IPv6); the last two fields are pid and random.
+        let token = format!("::1:7:{random}");
+        let owner = TokenOwner::parse(&token).unwrap();
+        assert_eq!((owner.host, owner.pid, owner.identity), ("::1", 7, None));
+        let token = format!("10.0.0.5:8080@eu@web-1:9:{random}");
+        let owner = TokenOwner::parse(&token).unwrap();
+        assert_eq!(owner.identity, Some("10.0.0.5:8080@eu"));
+        assert_eq!(owner.to_string(), "10.0.0.5:8080@eu@web-1:9:01234567…");
+        // redis-py writes a bare uuid hex; a pid must be digits.
+        assert_eq!(TokenOwner::parse(random), None);
+        assert_eq!(TokenOwner::parse(&format!("web:x1:{random}")), None);
     }
 
     #[test]

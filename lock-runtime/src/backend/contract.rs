@@ -123,8 +123,38 @@ pub struct LockInfo {
     /// For a read-write lock held by readers: how many.
     pub readers: Option<u32>,
     /// Callers queued for the lock, each to be handed it in turn (places whose owner stopped
-    /// renewing them do not count). Always 0 on Redlock, whose waiters do not queue.
+    /// renewing them do not count): the length of [`queue`](Self::queue). Always 0 on Redlock,
+    /// whose waiters do not queue.
     pub waiters: u32,
+    /// The queued callers in the order they will be handed the lock (the next one first), each
+    /// with how long its place holds unless its waiter renews it. Empty on Redlock.
+    pub queue: Vec<Place>,
+    /// Held shared: each reader or permit holder with its remaining lease, the longest first
+    /// (on Redlock, the holders a quorum of nodes agrees on). Empty when the lock is free or
+    /// held by one owner ([`owner`](Self::owner) and [`remaining`](Self::remaining) say it).
+    pub holders: Vec<Place>,
+}
+
+/// A queued caller's place, or a shared holder's lease, as [`LockInfo`] reports them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Place {
+    /// Its token (`host:pid:random`; a candidate's starts with `identity@`). Whoever has it can
+    /// release or extend what it holds: show it shortened.
+    pub token: String,
+    /// How long the place or lease holds without renewal.
+    pub remaining: Duration,
+}
+
+impl Place {
+    /// A place held by `token` for `remaining`.
+    #[must_use]
+    pub fn new(token: impl Into<String>, remaining: Duration) -> Self {
+        Self {
+            token: token.into(),
+            remaining,
+        }
+    }
 }
 
 /// A semaphore's permits, as [`LockInfo`] reports them.

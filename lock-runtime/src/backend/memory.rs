@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::contract::{
-    Acquire, Attempt, LockInfo, Permits, Renewal, Renewed, Share, Store, FENCE_EXPIRY_MS,
+    Acquire, Attempt, LockInfo, Permits, Place, Renewal, Renewed, Share, Store, FENCE_EXPIRY_MS,
 };
 use crate::error::LockError;
 use crate::key::LockKey;
@@ -571,21 +571,33 @@ impl Store for MemoryStore {
     async fn inspect(&self, key: &LockKey) -> Result<LockInfo, LockError> {
         let now = Instant::now();
         let mut data = self.inner.data();
+        let queue: Vec<Place> = data
+            .queues
+            .get(&key.redis_key)
+            .into_iter()
+            .flatten()
+            .filter(|w| w.deadline > now)
+            .map(|w| Place::new(w.token.clone(), w.deadline - now))
+            .collect();
         let mut info = LockInfo {
             fence: data
                 .fences
                 .get(&key.fence_key)
                 .filter(|f| f.expires_at > now)
                 .map(|f| f.last),
-            waiters: data.queues.get(&key.redis_key).map_or(0, |queue| {
-                let live = queue.iter().filter(|w| w.deadline > now).count();
-                u32::try_from(live).unwrap_or(u32::MAX)
-            }),
+            waiters: u32::try_from(queue.len()).unwrap_or(u32::MAX),
+            queue,
             ..LockInfo::default()
         };
         if let Some(pool) = data.pool(&key.redis_key, now) {
             let held = u32::try_from(pool.holders.len()).unwrap_or(u32::MAX);
             info.remaining = pool.holders.values().max().map(|t| *t - now);
+            info.holders = pool
+                .holders
+                .iter()
+                .map(|(token, deadline)| Place::new(token.clone(), *deadline - now))
+                .collect();
+            info.holders.sort_by_key(|p| std::cmp::Reverse(p.remaining));
             info.permits = match pool.share {
                 Share::Permits(total) => Some(Permits { held, total }),
                 Share::Read | Share::Exclusive => None,

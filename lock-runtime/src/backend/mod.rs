@@ -16,7 +16,7 @@ pub(crate) mod redis;
 pub(crate) mod redlock;
 
 pub(crate) use contract::{ttl_ms, Acquire, Attempt, Renewal, Renewed, Store};
-pub use contract::{LockInfo, Permits};
+pub use contract::{LockInfo, Permits, Place};
 pub use memory::MemoryStore;
 pub(crate) use redis::config::Tls;
 use redis::config::{ClusterSeeds, Topology};

@@ -26,7 +26,7 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::{watch, Notify};
 use tokio::time::{timeout, Instant};
 
-use super::contract::{Acquire, Attempt, LockInfo, Renewal, Renewed, Share, Store};
+use super::contract::{Acquire, Attempt, LockInfo, Place, Renewal, Renewed, Share, Store};
 use super::redis::RedisBackend;
 use crate::key::LockKey;
 use crate::timeouts::Timeouts;
@@ -565,8 +565,10 @@ impl Store for Redlock {
                 .filter_map(|i| i.permits)
                 .max_by_key(|p| p.held),
             readers: infos.iter().filter_map(|i| i.readers).max(),
+            holders: shared_holders(&infos, self.quorum),
             // The nodes hand nothing over, so nobody queues there.
             waiters: 0,
+            queue: Vec::new(),
         })
     }
 
@@ -623,4 +625,24 @@ async fn settle(
 /// The channel of the key a busy attempt found taken (a multi-key lock's `at`-th).
 fn taken_channel(key: &LockKey, at: Option<usize>) -> &str {
     key.keys().get(at.unwrap_or(0)).unwrap_or(key).channel()
+}
+
+/// The readers or permit holders a quorum of the nodes shows, each with its shortest lease
+/// among them, the longest first.
+fn shared_holders(infos: &[LockInfo], quorum: usize) -> Vec<Place> {
+    let mut seen: HashMap<&str, (usize, Duration)> = HashMap::new();
+    for place in infos.iter().flat_map(|i| &i.holders) {
+        let (nodes, shortest) = seen
+            .entry(place.token.as_str())
+            .or_insert((0, place.remaining));
+        *nodes += 1;
+        *shortest = (*shortest).min(place.remaining);
+    }
+    let mut holders: Vec<Place> = seen
+        .into_iter()
+        .filter(|(_, (nodes, _))| *nodes >= quorum)
+        .map(|(token, (_, remaining))| Place::new(token, remaining))
+        .collect();
+    holders.sort_by_key(|p| std::cmp::Reverse(p.remaining));
+    holders
 }

@@ -117,7 +117,8 @@ pub async fn fencing_tokens_rise_with_every_holder(s: &Store) {
 }
 
 /// Waiters are served in the order they came, one after another, each holding the lock when
-/// its turn comes. A store without a queue serves every waiter, in any order.
+/// its turn comes, and `inspect` lists them in that order. A store without a queue serves every
+/// waiter, in any order, and lists none.
 pub async fn waiters_are_served_first_come_first_served(s: &Store) {
     let holder = s.registry();
     let held = holder.lock("fifo").ttl(LONG).acquire().await.unwrap();
@@ -128,18 +129,34 @@ pub async fn waiters_are_served_first_come_first_served(s: &Store) {
         tokio::spawn(async move {
             let guard = registry.lock("fifo").wait(LIMIT).acquire().await;
             let guard = guard.unwrap_or_else(|e| panic!("waiter {i} never got its turn: {e}"));
-            served_tx.send(i).expect("the test listens");
+            served_tx
+                .send((i, guard.token().to_owned()))
+                .expect("the test listens");
             guard.release().await.expect("release");
         });
         s.until_queued(&holder, "fifo", i + 1).await;
     }
+    let queue = holder.inspect("fifo").await.expect("inspect").queue;
     held.release().await.expect("release");
     let mut order = Vec::new();
     for _ in 0..4 {
         order.push(served.recv().await.expect("every waiter is served"));
     }
+    let tokens: Vec<String> = order.iter().map(|(_, token)| token.clone()).collect();
+    let mut order: Vec<usize> = order.into_iter().map(|(i, _)| i).collect();
     if s.lacks(Lack::Queue).is_some() {
         order.sort_unstable();
+        assert_eq!(queue, [], "{s}: nobody queues");
+    } else {
+        let listed: Vec<String> = queue.iter().map(|place| place.token.clone()).collect();
+        assert_eq!(
+            listed, tokens,
+            "{s}: inspect lists the queue in the order it is served"
+        );
+        assert!(
+            queue.iter().all(|place| place.remaining > Duration::ZERO),
+            "{s}: {queue:?}"
+        );
     }
     assert_eq!(order, [0, 1, 2, 3], "{s}: the order waiters were served in");
 }
@@ -210,6 +227,22 @@ pub async fn permits_are_held_up_to_their_number(s: &Store) {
     let info = b.inspect("pool").await.expect("inspect");
     assert_eq!(info.permits, Some(Permits { held: 3, total: 3 }), "{s}");
     assert_eq!(info.owner, None, "{s}: a semaphore has no single owner");
+    // Each holder with its lease, the longest first.
+    let mut shown: Vec<&str> = info.holders.iter().map(|p| p.token.as_str()).collect();
+    let mut tokens: Vec<&str> = held.iter().map(lock_runtime::LockGuard::token).collect();
+    shown.sort_unstable();
+    tokens.sort_unstable();
+    assert_eq!(shown, tokens, "{s}: {info:?}");
+    assert!(
+        info.holders
+            .windows(2)
+            .all(|pair| pair[0].remaining >= pair[1].remaining)
+            && info
+                .holders
+                .iter()
+                .all(|p| p.remaining <= LONG && p.remaining > LONG - LIMIT),
+        "{s}: {info:?}"
+    );
     let err = b.lock("pool").permits(3).acquire().await.unwrap_err();
     let LockError::Busy { retry_after, .. } = err else {
         panic!("{s}: a fourth taker is refused: {err:?}");

@@ -97,3 +97,69 @@ async fn a_holder_that_outlives_its_counter_still_sees_the_next_holder_with_a_gr
     );
     second.release().await.unwrap();
 }
+
+/// `FencedKey`: a holder whose lock passed to another while it was paused has its late write
+/// refused, atomically, and the data keeps the next holder's write.
+#[tokio::test]
+async fn a_fenced_key_refuses_the_late_write_of_a_holder_whose_lock_passed_on() {
+    use lock_runtime::{FencedKey, FencedWrite};
+
+    let server = RedisServer::start();
+    let reg = registry(&server);
+    let mut con = raw(&server.url()).await;
+    let balance = FencedKey::new("balance:7");
+    // The first holder's lease runs out (not renewed: as if its process were paused).
+    let first = reg
+        .lock("account:7")
+        .fencing(true)
+        .renew(false)
+        .ttl(Duration::from_millis(200))
+        .acquire()
+        .await
+        .unwrap();
+    let old = first.fence().unwrap();
+    let _ = first.lost().await;
+    let second = reg
+        .lock("account:7")
+        .fencing(true)
+        .wait(Duration::from_secs(5))
+        .acquire()
+        .await
+        .unwrap();
+    let new = second.fence().unwrap();
+    assert!(new > old);
+    let written = balance
+        .write::<()>(&mut con, new, "SET", 100)
+        .await
+        .unwrap();
+    assert_eq!(written, FencedWrite::Written(()));
+    // Its own token again: accepted (one holder writing twice).
+    let now = balance
+        .write::<i64>(&mut con, new, "INCRBY", 5)
+        .await
+        .unwrap();
+    assert_eq!(now, FencedWrite::Written(105));
+    // The first holder wakes and writes: refused, nothing changed.
+    let late = balance.write::<()>(&mut con, old, "SET", 0).await.unwrap();
+    assert_eq!(late, FencedWrite::Refused { highest: new });
+    let value: i64 = con.get("balance:7").await.unwrap();
+    assert_eq!(value, 105);
+    assert_eq!(balance.highest(&mut con).await.unwrap(), Some(new));
+    second.release().await.unwrap();
+
+    // A command that fails changes neither the data nor the record: a later token is not
+    // recorded by a write that did not happen.
+    let err = balance
+        .write::<()>(&mut con, new + 1, "HSET", ("field", 1))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("WRONGTYPE"), "{err}");
+    assert_eq!(balance.highest(&mut con).await.unwrap(), Some(new));
+    // A nil reply is a reply: GET of a missing key through the fence.
+    let missing = FencedKey::new("nothing:here");
+    let read = missing
+        .write::<Option<String>>(&mut con, 1, "GET", Vec::<String>::new())
+        .await
+        .unwrap();
+    assert_eq!(read, FencedWrite::Written(None));
+}

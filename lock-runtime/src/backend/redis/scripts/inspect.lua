@@ -1,15 +1,24 @@
 local token = holder_of(redis.pcall('GET', KEYS[1]))
-local held, tag = false, false
+local now = now_ms()
+local held, tag, holders = false, false, {}
 if type(token) ~= 'string' then
   token = false
   if redis.call('TYPE', KEYS[1]).ok == 'zset' then
-    held = redis.call('ZCOUNT', KEYS[1], '(' .. now_ms(), '(+inf')
     tag = shared_tag_of(KEYS[1]) or false
+    local live = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '(+inf', 'WITHSCORES')
+    for i = #live - 1, 1, -2 do
+      holders[#holders + 1] = live[i]
+      holders[#holders + 1] = tonumber(live[i + 1]) - now
+    end
+    held = #holders / 2
   end
 end
-local waiters, now = 0, now_ms()
-for _, entry in ipairs(redis.call('HVALS', KEYS[4])) do
-  local deadline = read_place(entry)
-  if deadline and deadline > now then waiters = waiters + 1 end
+local queue = {}
+for _, waiter in ipairs(redis.call('ZRANGE', KEYS[3], 0, -1)) do
+  local deadline = read_place(redis.call('HGET', KEYS[4], waiter))
+  if deadline and deadline > now then
+    queue[#queue + 1] = waiter
+    queue[#queue + 1] = deadline - now
+  end
 end
-return {token, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2]), held, tag, waiters}
+return {token, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2]), held, tag, queue, holders}

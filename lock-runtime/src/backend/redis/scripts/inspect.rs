@@ -3,13 +3,14 @@
 use std::time::Duration;
 
 use super::call::{Call, Script};
-use crate::backend::contract::{LockInfo, Permits, Share};
+use crate::backend::contract::{LockInfo, Permits, Place, Share};
 use crate::key::LockKey;
 
 /// `KEYS[1]` lock, `KEYS[2]` fencing counter, `KEYS[3..4]` the waiters' queue. Returns `{token
-/// or false, pttl, fence or false, live places or false, tag or false, live waiters}` (places
+/// or false, pttl, fence or false, live places or false, tag or false, queue, holders}` (places
 /// and tag for readers or a semaphore: the count of live holders, and `#read` or
-/// `#permits=N`).
+/// `#permits=N`; queue: each live waiter's token and its place's ms left, oldest first;
+/// holders: each live reader's or permit holder's token and its ms left, longest first).
 pub const INSPECT_LUA: &str = concat!(
     include_str!("prelude.lua"),
     include_str!("queue.lua"),
@@ -38,15 +39,22 @@ pub(crate) type Reply = (
     Option<u64>,
     Option<u32>,
     Option<String>,
-    u32,
+    Vec<(String, u64)>,
+    Vec<(String, u64)>,
 );
 
 /// What the reply says. A set whose every place ran out is free, though its key has not
 /// expired yet.
-pub(crate) fn read((owner, pttl, fence, held, tag, waiters): Reply) -> LockInfo {
+pub(crate) fn read((owner, pttl, fence, held, tag, queue, holders): Reply) -> LockInfo {
     let shared = held
         .filter(|held| *held > 0)
         .zip(tag.as_deref().and_then(Share::from_tag));
+    let places = |places: Vec<(String, u64)>| -> Vec<Place> {
+        places
+            .into_iter()
+            .map(|(token, ms)| Place::new(token, Duration::from_millis(ms)))
+            .collect()
+    };
     LockInfo {
         owner,
         remaining: u64::try_from(pttl).ok().map(Duration::from_millis),
@@ -59,6 +67,12 @@ pub(crate) fn read((owner, pttl, fence, held, tag, waiters): Reply) -> LockInfo 
             Some((held, Share::Read)) => Some(held),
             _ => None,
         },
-        waiters,
+        waiters: u32::try_from(queue.len()).unwrap_or(u32::MAX),
+        queue: places(queue),
+        holders: if shared.is_some() {
+            places(holders)
+        } else {
+            Vec::new()
+        },
     }
 }
