@@ -5,7 +5,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 
 /// Inspect the Redis locks of lock-runtime (`#[distributed_lock]`): list, show, watch, and
-/// force-unlock them, and see who leads an election.
+/// force-unlock them, see who leads an election, and run a command under a lock.
 ///
 /// Without --url, --cluster, --redlock or --sentinel, the Redis to inspect comes from the same
 /// environment variables as the library: LOCK_REDIS_SENTINEL with LOCK_REDIS_SENTINEL_MASTER,
@@ -120,6 +120,24 @@ pub enum Command {
         #[arg(long = "for", value_name = "SECS", value_parser = seconds, requires = "watch")]
         duration: Option<Duration>,
     },
+    /// Run CMD under a lock: take it, renew it while CMD runs, release it when CMD ends.
+    ///
+    /// CMD finds the key in LOCK_KEY and, with --fencing, the fencing token in LOCK_FENCE. It
+    /// runs in a process group of its own: every signal lockctl receives (TERM, INT, HUP,
+    /// QUIT, USR1, USR2) is passed on to that group, and if the lease is lost the group is sent
+    /// SIGTERM, then SIGKILL after --grace. CMD cannot read from a terminal (it is not in the
+    /// foreground group). If lockctl itself is killed with SIGKILL, CMD runs on without the
+    /// lock: supervise lockctl, not CMD.
+    ///
+    /// Exits with CMD's status (128 + the signal's number if a signal ended it); without CMD
+    /// running to the end: 75 when the lock was held (after --wait), 79 when the lease was
+    /// lost while CMD ran, 69 when Redis could not be reached, 2 for a bad key or options, 126
+    /// or 127 when CMD could not be run or was not found.
+    #[command(
+        after_help = "Example, a job that runs once a day whichever machine's cron starts it first:\n  \
+        lockctl run report:daily --min-hold 72000 -- ./make-report"
+    )]
+    Run(RunArgs),
     /// Force-unlock a lock, whoever holds it (asks first).
     ///
     /// The holder notices at its next renewal (within a third of its ttl) and, with
@@ -131,6 +149,52 @@ pub enum Command {
         #[arg(long, short = 'y')]
         yes: bool,
     },
+}
+
+/// What `lockctl run` takes.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// The lock's key, without the prefix.
+    pub key: String,
+    /// The lease, renewed every third of it while CMD runs; a crashed lockctl's lock is
+    /// free after it. Default: the library's (30 s).
+    #[arg(long, value_name = "SECS", value_parser = seconds)]
+    pub ttl: Option<Duration>,
+    /// How long to wait for a busy lock (queued, woken by its release) before giving up.
+    #[arg(long, value_name = "SECS", value_parser = seconds, default_value = "0")]
+    pub wait: Duration,
+    /// Keep the lock this long after it was taken when CMD succeeded (not renewed): the
+    /// others' runs of the same job in that period find it busy. A failed CMD releases at
+    /// once, so that another may retry.
+    #[arg(long, value_name = "SECS", value_parser = seconds)]
+    pub min_hold: Option<Duration>,
+    /// Take a fencing token and give it to CMD in LOCK_FENCE.
+    #[arg(long)]
+    pub fencing: bool,
+    /// A semaphore of N permits: up to N such commands run at once.
+    #[arg(long, value_name = "N", conflicts_with = "mode")]
+    pub permits: Option<u32>,
+    /// `read`: a reader of a read-write lock, beside other readers (`write`, the default,
+    /// runs alone).
+    #[arg(long, value_enum, default_value_t = LockMode::Write)]
+    pub mode: LockMode,
+    /// After a loss's SIGTERM, how long CMD may take to stop before SIGKILL. It runs past
+    /// the lease (another holder may have the lock by then): keep it short, or have CMD
+    /// write through fencing.
+    #[arg(long, value_name = "SECS", value_parser = seconds, default_value = "10")]
+    pub grace: Duration,
+    /// The command and its arguments, after `--`.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+/// `lockctl run --mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LockMode {
+    /// Alone (an exclusive lock, or a writer of a read-write one).
+    Write,
+    /// Beside other readers.
+    Read,
 }
 
 fn seconds(s: &str) -> Result<Duration, String> {
@@ -200,6 +264,55 @@ mod tests {
             "list",
         ]);
         assert!(both.is_err());
+    }
+
+    #[test]
+    fn run_takes_its_command_after_a_double_dash() {
+        let cli = Cli::try_parse_from([
+            "lockctl",
+            "run",
+            "job",
+            "--ttl",
+            "5",
+            "--fencing",
+            "--",
+            "sh",
+            "-c",
+            "exit 3",
+        ])
+        .unwrap();
+        let Command::Run(RunArgs {
+            key,
+            ttl,
+            fencing,
+            command,
+            grace,
+            ..
+        }) = cli.command
+        else {
+            panic!("parsed as {:?}", cli.command);
+        };
+        assert_eq!(key, "job");
+        assert_eq!(ttl, Some(Duration::from_secs(5)));
+        assert!(fencing);
+        assert_eq!(command, ["sh", "-c", "exit 3"]);
+        assert_eq!(grace, Duration::from_secs(10));
+        // No command, or one without `--`: refused.
+        assert!(Cli::try_parse_from(["lockctl", "run", "job"]).is_err());
+        assert!(Cli::try_parse_from(["lockctl", "run", "job", "true"]).is_err());
+        // A semaphore has no readers.
+        assert!(Cli::try_parse_from([
+            "lockctl",
+            "run",
+            "job",
+            "--permits",
+            "2",
+            "--mode",
+            "read",
+            "--",
+            "true"
+        ])
+        .is_err());
     }
 
     #[test]

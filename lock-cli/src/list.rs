@@ -21,7 +21,7 @@ pub async fn list(target: &Target, registry: &Registry, key_prefix: &str) -> Res
         eprintln!("warning: could not scan {failed}");
     }
     let redlock = matches!(target, Target::Redlock(_));
-    let mut header = vec!["KEY", "OWNER", "TTL", "FENCE"];
+    let mut header = vec!["KEY", "OWNER", "TTL", "FENCE", "QUEUE"];
     if redlock {
         header.push("NODES");
     }
@@ -74,11 +74,21 @@ async fn row(
         Ok(info) if render::holder(&info).is_none() && redlock_nodes.is_none() => return None,
         Ok(info) => {
             let owner = render::holder(&info).unwrap_or_else(|| "(no majority)".to_owned());
-            row.extend([owner, render::remaining(&info), render::fence(&info)]);
+            row.extend([
+                owner,
+                render::remaining(&info),
+                render::fence(&info),
+                info.waiters.to_string(),
+            ]);
         }
         // Something else under the prefix (not a string, a stray brace in a cluster): show it
         // rather than hide it.
-        Err(e) => row.extend([format!("error: {e}"), "-".to_owned(), "-".to_owned()]),
+        Err(e) => row.extend([
+            format!("error: {e}"),
+            "-".to_owned(),
+            "-".to_owned(),
+            "-".to_owned(),
+        ]),
     }
     if let Some(total) = redlock_nodes {
         row.push(format!("{}/{total}", found.nodes));

@@ -1,5 +1,5 @@
-//! `lockctl`: list, show, watch and force-unlock the Redis locks of lock-runtime, and show who
-//! leads an election.
+//! `lockctl`: list, show, watch and force-unlock the Redis locks of lock-runtime, show who
+//! leads an election, and run a command under a lock.
 //!
 //! Reads and deletes go through `lock_runtime::Registry` (`inspect`, `force_unlock_owned_by`), so the
 //! tool sees the same keys, fencing counters and Redlock quorums as the services; only listing
@@ -10,6 +10,7 @@ mod confirm;
 mod leader;
 mod list;
 mod render;
+mod run;
 mod scan;
 mod target;
 mod watch;
@@ -38,16 +39,23 @@ impl From<LockError> for Failure {
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    match run(cli).await {
-        Ok(()) => ExitCode::SUCCESS,
+    // `run` exits with its command's status, or with one of its own that says why it did not
+    // run; a configuration it cannot use is a usage error there.
+    let usage = if matches!(cli.command, Command::Run(_)) {
+        ExitCode::from(run::status::USAGE)
+    } else {
+        ExitCode::FAILURE
+    };
+    match execute(cli).await {
+        Ok(code) => code,
         Err(Failure(message)) => {
             eprintln!("lockctl: {message}");
-            ExitCode::FAILURE
+            usage
         }
     }
 }
 
-async fn run(cli: Cli) -> Result<(), Failure> {
+async fn execute(cli: Cli) -> Result<ExitCode, Failure> {
     let env = |name: &str| std::env::var(name).ok();
     let mut target = Target::resolve(&cli.target, env).map_err(Failure)?;
     if let Some(password) = env(PASSWORD_VAR).filter(|p| !p.is_empty()) {
@@ -55,11 +63,11 @@ async fn run(cli: Cli) -> Result<(), Failure> {
     }
     let registry = target.registry(&cli.prefix)?;
     match cli.command {
-        Command::List { key_prefix } => list::list(&target, &registry, &key_prefix).await,
+        Command::Run(args) => return Ok(run::run(&registry, args).await),
+        Command::List { key_prefix } => list::list(&target, &registry, &key_prefix).await?,
         Command::Show { key } => {
             let info = registry.inspect(&key).await?;
             print!("{}", render::details(&registry.redis_key(&key), &info));
-            Ok(())
         }
         Command::Watch {
             key,
@@ -69,14 +77,14 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             // Fail fast on a bad key or an unreachable Redis instead of watching an error.
             registry.inspect(&key).await?;
             watch::watch(&registry, &key, Duration::from_millis(every), duration).await;
-            Ok(())
         }
         Command::Leader {
             key, watch: false, ..
-        } => leader::show(&registry, &key).await,
-        Command::Leader { key, duration, .. } => leader::watch(&registry, &key, duration).await,
-        Command::Unlock { key, yes } => unlock(&registry, &key, yes).await,
+        } => leader::show(&registry, &key).await?,
+        Command::Leader { key, duration, .. } => leader::watch(&registry, &key, duration).await?,
+        Command::Unlock { key, yes } => unlock(&registry, &key, yes).await?,
     }
+    Ok(ExitCode::SUCCESS)
 }
 
 async fn unlock(registry: &Registry, key: &str, yes: bool) -> Result<(), Failure> {

@@ -2,7 +2,8 @@
 
 use std::time::Duration;
 
-use lock_runtime::LockInfo;
+use lock_runtime::protocol::TokenOwner;
+use lock_runtime::{LockInfo, Place};
 
 /// A remaining lease, readable at a glance: `850ms`, `4.2s`, `12m05s`, `3h20m`.
 #[must_use]
@@ -24,11 +25,8 @@ pub fn duration(d: Duration) -> String {
 /// token, the first 8 characters of another client's.
 #[must_use]
 pub fn owner(token: &str) -> String {
-    match owner_parts(token) {
-        Some((host, pid)) => {
-            let random = &token[token.len() - 32..];
-            format!("{host}:{pid}:{}…", &random[..8])
-        }
+    match TokenOwner::parse(token) {
+        Some(owner) => owner.to_string(),
         None => {
             let start: String = token.chars().take(8).collect();
             format!("{start}… (not a lock-runtime token)")
@@ -66,23 +64,12 @@ pub fn fence(info: &LockInfo) -> String {
     info.fence.map_or_else(|| "-".to_owned(), |f| f.to_string())
 }
 
-/// `host` and `pid` read from a lock-runtime owner token (`host:pid:<32 hex>`); `None` for a
-/// token written by another client (redis-py, redsync, ...), which has its own format.
-#[must_use]
-pub fn owner_parts(token: &str) -> Option<(&str, u32)> {
-    let (rest, random) = token.rsplit_once(':')?;
-    let (host, pid) = rest.rsplit_once(':')?;
-    let is_ours = random.len() == 32 && random.bytes().all(|b| b.is_ascii_hexdigit());
-    is_ours.then_some(())?;
-    Some((host, pid.parse().ok()?))
-}
-
 /// The lines of `lockctl show`.
 #[must_use]
 pub fn details(redis_key: &str, info: &LockInfo) -> String {
     let owner = match (info.owner.as_deref(), holder(info)) {
-        (Some(token), _) => match owner_parts(token) {
-            Some((host, pid)) => format!("{} (host {host}, pid {pid})", owner(token)),
+        (Some(token), _) => match TokenOwner::parse(token) {
+            Some(parsed) => format!("{parsed} (host {}, pid {})", parsed.host, parsed.pid),
             None => owner(token),
         },
         (None, Some(permits)) => permits,
@@ -98,10 +85,34 @@ pub fn details(redis_key: &str, info: &LockInfo) -> String {
         remaining(info),
         fence(info),
     );
+    if !info.holders.is_empty() {
+        text.push_str("held by:\n");
+        text.push_str(&places(&info.holders, "lease"));
+    }
     if info.waiters > 0 {
-        text.push_str(&format!("queue:  {} waiting\n", info.waiters));
+        text.push_str(&format!(
+            "queue:  {} waiting, handed the lock in this order\n",
+            info.waiters
+        ));
+        text.push_str(&places(&info.queue, "place"));
     }
     text
+}
+
+/// One indented row per place: its rank, owner and time left (`what` says of what).
+fn places(places: &[Place], what: &str) -> String {
+    let rows: Vec<Vec<String>> = places
+        .iter()
+        .enumerate()
+        .map(|(i, place)| {
+            vec![
+                format!("  {}.", i + 1),
+                owner(&place.token),
+                format!("{what} {} left", duration(place.remaining)),
+            ]
+        })
+        .collect();
+    table(&rows)
 }
 
 /// Left-aligned columns, two spaces apart; the last column is not padded.
@@ -156,14 +167,14 @@ mod tests {
     }
 
     #[test]
-    fn owner_token_names_host_and_pid() {
-        let token = "web-1:4242:0123456789abcdef0123456789abcdef";
-        assert_eq!(owner_parts(token), Some(("web-1", 4242)));
-        // Hosts may contain colons (IPv6); the last two fields are pid and random.
-        let token = "::1:7:0123456789abcdef0123456789abcdef";
-        assert_eq!(owner_parts(token), Some(("::1", 7)));
-        // redis-py writes a bare uuid hex.
-        assert_eq!(owner_parts("0123456789abcdef0123456789abcdef"), None);
+    fn show_names_the_owners_host_and_pid() {
+        let mut info = LockInfo::default();
+        info.owner = Some("web-1:4242:0123456789abcdef0123456789abcdef".to_owned());
+        let text = details("lock:deploy", &info);
+        assert!(
+            text.contains("owner:  web-1:4242:01234567… (host web-1, pid 4242)"),
+            "{text}"
+        );
     }
 
     #[test]
@@ -188,11 +199,54 @@ mod tests {
     }
 
     #[test]
-    fn queued_waiters_are_counted() {
+    fn queued_waiters_are_listed_in_order_with_their_places() {
         let mut info = LockInfo::default();
         info.owner = Some(format!("web-1:42:{}", "ab".repeat(16)));
-        info.waiters = 3;
-        assert!(details("lock:deploy", &info).contains("queue:  3 waiting"));
+        info.queue = vec![
+            Place::new(
+                format!("web-2:7:{}", "cd".repeat(16)),
+                Duration::from_millis(900),
+            ),
+            Place::new(
+                format!("web-3:8:{}", "ef".repeat(16)),
+                Duration::from_secs(5),
+            ),
+        ];
+        info.waiters = 2;
+        let text = details("lock:deploy", &info);
+        assert!(
+            text.ends_with(
+                "queue:  2 waiting, handed the lock in this order\n  \
+                 1.  web-2:7:cdcdcdcd…  place 900ms left\n  \
+                 2.  web-3:8:efefefef…  place 5.0s left\n"
+            ),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn shared_holders_are_listed_with_their_leases() {
+        let mut info = LockInfo::default();
+        info.remaining = Some(Duration::from_secs(3));
+        info.readers = Some(2);
+        info.holders = vec![
+            Place::new(
+                format!("web-1:1:{}", "12".repeat(16)),
+                Duration::from_secs(3),
+            ),
+            Place::new(
+                format!("web-2:2:{}", "34".repeat(16)),
+                Duration::from_millis(20),
+            ),
+        ];
+        let text = details("lock:catalog", &info);
+        assert!(
+            text.contains(
+                "held by:\n  1.  web-1:1:12121212…  lease 3.0s left\n  \
+                 2.  web-2:2:34343434…  lease 20ms left\n"
+            ),
+            "{text}"
+        );
     }
 
     #[test]

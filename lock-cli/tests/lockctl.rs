@@ -109,10 +109,11 @@ async fn list_shows_owner_ttl_and_fence_of_locks_under_a_key_prefix() {
     let first_row = row(&out, "deploy:1");
     assert!(first_row.contains(&shown(first.token())), "{out}");
     let fence = first.fence().unwrap().to_string();
+    let columns: Vec<&str> = first_row.split_whitespace().collect();
     assert_eq!(
-        first_row.split_whitespace().last(),
-        Some(fence.as_str()),
-        "{out}"
+        columns[columns.len() - 2..],
+        [fence.as_str(), "0"],
+        "its fence, and nobody queued: {out}"
     );
     assert!(
         first_row.contains('s'),
@@ -455,9 +456,9 @@ async fn cluster_list_scans_every_master_and_unlock_reaches_the_owning_shard() {
         assert!(line.contains(&shown(guard.token())), "{out}");
         let fence = guard.fence().unwrap().to_string();
         assert_eq!(
-            line.split_whitespace().last(),
+            line.split_whitespace().rev().nth(1),
             Some(fence.as_str()),
-            "{out}"
+            "its fence, before its queue: {out}"
         );
     }
     assert!(
@@ -622,8 +623,24 @@ async fn every_command_reaches_the_master_that_tls_sentinels_name() {
         .query(&mut deployment.master.connection())
         .unwrap();
     assert!(!exists, "deleted on the master");
-    let _ = std::fs::remove_file(&ca);
+    let old_fence = guard.fence().unwrap();
     notices_it_is_gone(guard).await;
+    // A command under a lock on that master: its fence is the master's counter's next.
+    let out = succeeded(
+        &run(&mut lockctl_tls(&[
+            "run",
+            "deploy:s",
+            "--fencing",
+            "--",
+            "sh",
+            "-c",
+            "echo \"$LOCK_FENCE\"",
+        ]))
+        .await,
+    );
+    let fence: u64 = out.trim().parse().unwrap();
+    assert!(fence > old_fence, "{out}");
+    let _ = std::fs::remove_file(&ca);
 }
 
 /// With the library's Sentinel variables set, lockctl follows the sentinels, never the
@@ -734,4 +751,316 @@ async fn leader_shows_who_leads_and_watch_follows_each_change() {
     assert!(!out.status.success());
     assert!(stderr(&out).contains("held as a lock"), "{}", stderr(&out));
     held.release().await.unwrap();
+}
+
+/// A waiter queued for `key` on `registry`, in a task of its own.
+fn queue_for(registry: &Registry, key: &'static str) -> tokio::task::JoinHandle<LockGuard> {
+    let registry = registry.clone();
+    tokio::spawn(async move {
+        registry
+            .lock(key)
+            .ttl(TTL)
+            .wait(TTL)
+            .acquire()
+            .await
+            .expect("handed the lock in turn")
+    })
+}
+
+async fn queued(registry: &Registry, key: &str, waiters: u32) {
+    lock_tests::eventually(PATIENCE, "the waiters queued", || async {
+        registry.inspect(key).await.unwrap().waiters == waiters
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn show_lists_the_queue_in_the_order_it_is_served_and_shared_holders_with_their_leases() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let registry = Registry::from_url(&url).unwrap();
+    let holder = hold(&registry, "deploy", false).await;
+    let first = queue_for(&registry, "deploy");
+    queued(&registry, "deploy", 1).await;
+    let second = queue_for(&registry, "deploy");
+    queued(&registry, "deploy", 2).await;
+
+    let out = succeeded(&run(&mut lockctl(&["--url", &url, "show", "deploy"])).await);
+    let listing = succeeded(&run(&mut lockctl(&["--url", &url, "list", ""])).await);
+    assert!(
+        row(&listing, "deploy").ends_with(" 2"),
+        "two queued: {listing}"
+    );
+    // Served in the order shown.
+    holder.release().await.unwrap();
+    let first = first.await.unwrap();
+    let first_token = first.token().to_owned();
+    first.release().await.unwrap();
+    let second = second.await.unwrap();
+    let queue = out
+        .split_once("queue:  2 waiting, handed the lock in this order\n")
+        .unwrap_or_else(|| panic!("{out}"))
+        .1;
+    let rows: Vec<&str> = queue.lines().collect();
+    assert_eq!(rows.len(), 2, "{out}");
+    assert!(
+        rows[0].trim_start().starts_with("1.") && rows[0].contains(&shown(&first_token)),
+        "{out}"
+    );
+    assert!(
+        rows[1].trim_start().starts_with("2.") && rows[1].contains(&shown(second.token())),
+        "{out}"
+    );
+    assert!(
+        rows.iter()
+            .all(|r| r.contains("place ") && r.ends_with(" left")),
+        "{out}"
+    );
+    second.release().await.unwrap();
+
+    // Readers, each with its lease, the longest first.
+    let read = |ttl| {
+        registry
+            .lock("catalog")
+            .mode(lock_runtime::Mode::Read)
+            .ttl(ttl)
+            .acquire()
+    };
+    let long = read(TTL).await.unwrap();
+    let short = read(Duration::from_secs(20)).await.unwrap();
+    let out = succeeded(&run(&mut lockctl(&["--url", &url, "show", "catalog"])).await);
+    let held_by = out
+        .split_once("held by:\n")
+        .unwrap_or_else(|| panic!("{out}"))
+        .1;
+    let rows: Vec<&str> = held_by.lines().collect();
+    assert!(
+        rows[0].contains(&shown(long.token())) && rows[0].contains("lease "),
+        "{out}"
+    );
+    assert!(rows[1].contains(&shown(short.token())), "{out}");
+}
+
+/// A shell command for `lockctl run`.
+fn sh(script: &str) -> [&str; 3] {
+    ["sh", "-c", script]
+}
+
+fn lockctl_run(url: &str, options: &[&str], command: &[&str]) -> Command {
+    let mut args = vec!["--url", url, "run"];
+    args.extend(options);
+    args.push("--");
+    args.extend(command);
+    lockctl(&args)
+}
+
+fn code(out: &Output) -> i32 {
+    out.status.code().expect("lockctl exited by itself")
+}
+
+/// The README's once-a-day job on two machines at once: whichever cron starts first runs it,
+/// and the lock is kept for the day (`--min-hold`), so the other finds it busy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_on_two_machines_at_once_runs_the_daily_job_once() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let dir = tempdir();
+    let log = dir.join("ran");
+    // The job runs long enough that both starts overlap it.
+    let job = format!("echo \"$LOCK_KEY\" >> {}; sleep 1", log.display());
+    let start = || {
+        let mut command = lockctl_run(&url, &["report:daily", "--min-hold", "72000"], &sh(&job));
+        async move { command.output().await }
+    };
+    let (a, b) = tokio::join!(start(), start());
+    let (a, b) = (a.unwrap(), b.unwrap());
+    let mut codes = [code(&a), code(&b)];
+    codes.sort_unstable();
+    assert_eq!(
+        codes,
+        [0, 75],
+        "one ran, the other found it busy: {}{}",
+        stderr(&a),
+        stderr(&b)
+    );
+    let busy = if code(&a) == 75 { &a } else { &b };
+    assert!(
+        stderr(busy).contains("report:daily"),
+        "names the key: {}",
+        stderr(busy)
+    );
+    assert_eq!(
+        std::fs::read_to_string(&log).unwrap(),
+        "report:daily\n",
+        "ran once"
+    );
+    // Kept for the day: a later start finds it busy too, and the job did not run again.
+    let later = run(&mut lockctl_run(&url, &["report:daily"], &sh(&job))).await;
+    assert_eq!(code(&later), 75, "{}", stderr(&later));
+    assert_eq!(std::fs::read_to_string(&log).unwrap(), "report:daily\n");
+    let left = server.pttl("lock:report:daily");
+    assert!(
+        left > 72_000_000 - 60_000,
+        "kept for the min-hold: {left} ms"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_exits_with_the_commands_status_and_gives_it_the_key_and_fence() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let registry = Registry::from_url(&url).unwrap();
+    let out = run(&mut lockctl_run(
+        &url,
+        &["deploy:7", "--fencing", "--min-hold", "600"],
+        &sh("echo \"$LOCK_KEY $LOCK_FENCE\"; exit 3"),
+    ))
+    .await;
+    assert_eq!(code(&out), 3, "{}", stderr(&out));
+    let (key, fence) = stdout(&out)
+        .trim()
+        .split_once(' ')
+        .map(|(k, f)| (k.to_owned(), f.to_owned()))
+        .unwrap();
+    assert_eq!(key, "deploy:7");
+    let info = registry.inspect("deploy:7").await.unwrap();
+    assert_eq!(
+        info.fence.map(|f| f.to_string()),
+        Some(fence),
+        "the fence it was given"
+    );
+    // A failed job releases at once, whatever --min-hold says: another may retry.
+    assert_eq!(info.owner, None);
+
+    // Killed by a signal: 128 + its number, as shells say.
+    let out = run(&mut lockctl_run(&url, &["deploy:7"], &sh("kill -USR1 $$"))).await;
+    assert_eq!(code(&out), 128 + 10);
+    // Not found, not executable.
+    let out = run(&mut lockctl_run(&url, &["deploy:7"], &["/nonexistent/job"])).await;
+    assert_eq!(code(&out), 127, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("/nonexistent/job: not found"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(
+        registry.inspect("deploy:7").await.unwrap().owner,
+        None,
+        "released"
+    );
+    // Unreachable Redis, and a bad option the library refuses.
+    let nowhere = format!("redis://127.0.0.1:{}/", lock_tests::free_port());
+    let out = run(&mut lockctl_run(&nowhere, &["deploy:7"], &["true"])).await;
+    assert_eq!(code(&out), 69, "{}", stderr(&out));
+    let out = run(&mut lockctl_run(
+        &url,
+        &["deploy:7", "--permits", "0"],
+        &["true"],
+    ))
+    .await;
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+}
+
+/// A lost lease stops the job: SIGTERM to its whole process group, then SIGKILL after the
+/// grace period for a job that ignores it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_stops_the_job_when_the_lease_is_lost() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let registry = Registry::from_url(&url).unwrap();
+    let dir = tempdir();
+    let started = dir.join("started");
+    // A job that ignores SIGTERM, with a child of its own in the group.
+    let job = format!(
+        "trap '' TERM; sleep 300 & echo $! > {}; wait",
+        started.display()
+    );
+    let child = lockctl_run(&url, &["job", "--ttl", "1", "--grace", "0.5"], &sh(&job))
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    lock_tests::eventually(PATIENCE, "the job started", || async {
+        std::fs::read_to_string(&started).is_ok_and(|pid| pid.ends_with('\n'))
+    })
+    .await;
+    let sleeper: u32 = std::fs::read_to_string(&started)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // An operator takes the lock away; lockctl learns it at its next renewal.
+    assert!(registry.force_unlock("job").await.unwrap());
+    let out = tokio::time::timeout(PATIENCE, child.wait_with_output())
+        .await
+        .expect("lockctl ends once the job is stopped")
+        .unwrap();
+    assert_eq!(code(&out), 79, "{}", stderr(&out));
+    let said = stderr(&out);
+    assert!(
+        said.contains("lost the lock `job`")
+            && said.contains("SIGTERM")
+            && said.contains("SIGKILL"),
+        "{said}"
+    );
+    // The job's own child was in the group, and is gone too.
+    lock_tests::eventually(PATIENCE, "the job's child was killed", || async {
+        !std::path::Path::new(&format!("/proc/{sleeper}")).exists()
+            || std::fs::read_to_string(format!("/proc/{sleeper}/stat"))
+                .is_ok_and(|s| s.contains(") Z "))
+    })
+    .await;
+}
+
+/// A signal sent to lockctl reaches the job once; the job's end releases the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_passes_signals_on_to_the_job_and_releases_when_it_ends() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let registry = Registry::from_url(&url).unwrap();
+    let dir = tempdir();
+    let (ready, got) = (dir.join("ready"), dir.join("got"));
+    let job = format!(
+        "trap 'echo term >> {got}; exit 5' TERM; touch {ready}; while :; do sleep 0.05; done",
+        got = got.display(),
+        ready = ready.display()
+    );
+    let child = lockctl_run(&url, &["job"], &sh(&job))
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    lock_tests::eventually(PATIENCE, "the job started", || async { ready.exists() }).await;
+    assert!(
+        registry.inspect("job").await.unwrap().owner.is_some(),
+        "held while the job runs"
+    );
+    lock_tests::signal(child.id().unwrap(), "TERM");
+    let out = tokio::time::timeout(PATIENCE, child.wait_with_output())
+        .await
+        .expect("the job ends on the signal it was passed")
+        .unwrap();
+    assert_eq!(code(&out), 5, "{}", stderr(&out));
+    assert_eq!(
+        std::fs::read_to_string(&got).unwrap(),
+        "term\n",
+        "the job got it"
+    );
+    assert_eq!(
+        registry.inspect("job").await.unwrap().owner,
+        None,
+        "released"
+    );
+}
+
+/// A fresh directory under the target dir, for a test's files.
+fn tempdir() -> std::path::PathBuf {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "lockctl-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
 }
