@@ -384,7 +384,6 @@ const MINIMAL_COMMANDS: &[&str] = &[
     "hset",
     "hget",
     "hdel",
-    "hvals",
 ];
 
 /// [`MINIMAL_COMMANDS`], and `delifeq` where the server has it (Valkey 9): the release of a
