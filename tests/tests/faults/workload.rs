@@ -269,6 +269,12 @@ fn draw_random_step(seed: &mut u64) -> Scheduled {
     (step, long)
 }
 
+/// A lock's value without the mark a waiter of ours adds to it (`+w`, see
+/// `lock_runtime::protocol`): the holder's token.
+fn unmarked(value: &str) -> &str {
+    value.strip_suffix("+w").unwrap_or(value)
+}
+
 /// The token's pid (`host:pid:random`).
 fn token_pid(token: &str) -> Option<u32> {
     let mut parts = token.rsplitn(3, ':');
@@ -344,9 +350,10 @@ impl Run<'_> {
             let at = hit(&mut self.pool, victim);
             // A read that finds no holder may be one whose connection timed out (a loaded
             // machine): asked again, a holder still there answers; a free lock stays free.
+            // A waiter may have marked the value meanwhile (`+w`): still the same holder.
             let held = (0..3)
                 .find_map(|_| self.holder(key))
-                .is_some_and(|holder| holder == token);
+                .is_some_and(|holder| unmarked(&holder) == unmarked(&token));
             let pttl_ms = self.pttl(key);
             return FaultRecord {
                 kind: kind.to_owned(),
