@@ -129,10 +129,10 @@ pub enum Command {
     /// foreground group). If lockctl itself is killed with SIGKILL, CMD runs on without the
     /// lock: supervise lockctl, not CMD.
     ///
-    /// Exits with CMD's status (128 + the signal's number if a signal ended it); without CMD
-    /// running to the end: 75 when the lock was held (after --wait), 79 when the lease was
-    /// lost while CMD ran, 69 when Redis could not be reached, 2 for a bad key or options, 126
-    /// or 127 when CMD could not be run or was not found.
+    /// Exits with CMD's status (128 + the signal's number if a signal ended it), or: 75 when
+    /// the lock was held (after --wait), 79 when the lease was lost before CMD ended, 69 when
+    /// Redis could not be reached, 2 for a bad key or options, 126 or 127 when CMD could not
+    /// be run or was not found.
     #[command(
         after_help = "Example, a job that runs once a day whichever machine's cron starts it first:\n  \
         lockctl run report:daily --min-hold 72000 -- ./make-report"

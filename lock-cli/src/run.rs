@@ -26,7 +26,8 @@ pub mod status {
     /// The lock was held by another holder until `--wait` ran out: CMD did not run (sysexits'
     /// `EX_TEMPFAIL`, "try again later": what a cron job on another machine sees).
     pub const BUSY: u8 = 75;
-    /// The lease was lost while CMD ran: CMD was sent SIGTERM, then SIGKILL after `--grace`.
+    /// The lease was lost while CMD ran: CMD was sent SIGTERM, then SIGKILL after `--grace`
+    /// (or it had ended, but only after the loss).
     pub const LOST: u8 = 79;
     /// CMD exists but could not be run (as shells say it).
     pub const CANNOT_EXECUTE: u8 = 126;
@@ -192,6 +193,15 @@ async fn finish(
             return ExitCode::FAILURE;
         }
     };
+    // A command that ended once its lease was over (lockctl stalled, or the loss not yet seen)
+    // may have overlapped the next holder: a loss, as a guarded body's would be.
+    if let Some(reason) = guard.lost_reason() {
+        eprintln!(
+            "lockctl: the command ended ({status}), but the lock {redis_key} was lost before it \
+             did ({reason}): its work may have overlapped the next holder's"
+        );
+        return ExitCode::from(status::LOST);
+    }
     let released = if status.success() {
         guard.release().await
     } else {

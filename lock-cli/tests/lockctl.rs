@@ -1011,6 +1011,38 @@ async fn run_stops_the_job_when_the_lease_is_lost() {
     .await;
 }
 
+/// A job that ended after its lease did (here lockctl itself was stopped, so nothing renewed
+/// it) may have overlapped the next holder: reported lost, not with the job's own status.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_reports_a_job_that_ended_after_its_lease_as_lost() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let dir = tempdir();
+    let (started, done) = (dir.join("started"), dir.join("done"));
+    let job = format!(
+        "touch {}; sleep 1; touch {}",
+        started.display(),
+        done.display()
+    );
+    let child = lockctl_run(&url, &["job", "--ttl", "1"], &sh(&job))
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id().unwrap();
+    lock_tests::eventually(PATIENCE, "the job started", || async { started.exists() }).await;
+    lock_tests::signal(pid, "STOP");
+    lock_tests::eventually(PATIENCE, "the job ended and the key expired", || async {
+        done.exists() && server.pttl("lock:job") == -2
+    })
+    .await;
+    lock_tests::signal(pid, "CONT");
+    let out = tokio::time::timeout(PATIENCE, child.wait_with_output())
+        .await
+        .expect("lockctl ends once continued")
+        .unwrap();
+    assert_eq!(code(&out), 79, "{}", stderr(&out));
+}
+
 /// A signal sent to lockctl reaches the job once; the job's end releases the lock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_passes_signals_on_to_the_job_and_releases_when_it_ends() {
