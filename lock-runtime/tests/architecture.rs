@@ -18,6 +18,7 @@ const LAYERS: &[&str] = &[
     "io",
     "report",
     "metrics",
+    "fenced",
     "waiting",
     "backend::contract",
     "backend::redis::errors",
@@ -69,6 +70,9 @@ const REDIS_OUTSIDE_BACKEND: &[&str] = &[
     // `LockError::Backend` carries the client's error as its source, and tells from it whether
     // a retry may help.
     "error.rs",
+    // `FencedKey` runs its one script on the application's own connection: it is the
+    // application's data, not the library's.
+    "fenced.rs",
 ];
 
 fn src() -> PathBuf {
