@@ -17,7 +17,7 @@ use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::{mpsc, Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 /// The environment variable naming the server binary the fixtures start (default
@@ -67,6 +67,9 @@ pub struct RedisServer {
     config: Option<String>,
     /// The log line that says the process serves.
     ready: &'static str,
+    /// What the process logged after that line, across restarts (a sentinel's `+sdown`,
+    /// `+odown`, `+switch-master`...), for a failed run to keep.
+    log: Arc<Mutex<Vec<String>>>,
 }
 
 impl RedisServer {
@@ -184,6 +187,7 @@ impl RedisServer {
                 tls: tls.clone(),
                 config: config.clone(),
                 ready,
+                log: Arc::default(),
             };
             match server.spawn() {
                 Ok(()) => return server,
@@ -241,15 +245,22 @@ impl RedisServer {
         let stdout = child.stdout.take().expect("piped stdout");
         let (tx, rx) = mpsc::channel();
         let ready = self.ready;
+        let kept = self.log.clone();
         std::thread::spawn(move || {
             let mut log = Vec::new();
+            let mut serving = false;
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if line.contains(ready) {
+                if serving {
+                    // Keep reading so the server never blocks on a full pipe, and keep the log.
+                    kept.lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .push(line);
+                } else if line.contains(ready) {
+                    serving = true;
                     let _ = tx.send(Ok(()));
-                    // Keep reading (the loop goes on) so the server never blocks on a full pipe.
-                    continue;
+                } else {
+                    log.push(line);
                 }
-                log.push(line);
             }
             let _ = tx.send(Err(log.join("\n")));
         });
@@ -339,6 +350,15 @@ impl RedisServer {
             .arg(key)
             .query(&mut self.connection())
             .expect("PTTL on the test redis-server")
+    }
+
+    /// What the process has logged since it first served (restarts included).
+    #[must_use]
+    pub fn log(&self) -> Vec<String> {
+        self.log
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     /// The server's process id.

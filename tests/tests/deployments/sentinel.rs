@@ -111,6 +111,20 @@ async fn after_a_failover_locks_are_taken_on_the_promoted_replica() {
         deployment.replica.port(),
         "the replica was promoted"
     );
+    // The fixture keeps what the sentinels log (a failed fault run writes it out with its
+    // histories, where MONITOR shows no promotion).
+    eventually(
+        Duration::from_secs(10),
+        "a sentinel logged the switch",
+        || {
+            let logged = deployment
+                .sentinels
+                .iter()
+                .any(|s| s.log().iter().any(|line| line.contains("+switch-master")));
+            async move { logged }
+        },
+    )
+    .await;
     // The registry follows the sentinels to the new master: acquisitions succeed there.
     let after = reg
         .lock("after")

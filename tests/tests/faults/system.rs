@@ -89,6 +89,11 @@ pub trait LockSystem {
     fn heal(&mut self, node: usize, fault: NodeFault);
     /// Counters of the fault proxies, for the summary: (replies dropped, connections reset).
     fn proxy_counts(&self) -> (u64, u64);
+    /// Logs worth keeping with a failed run, as (file name, lines): what the servers' histories
+    /// cannot show (a sentinel's view of a failover).
+    fn logs(&self) -> Vec<(String, Vec<String>)> {
+        Vec::new()
+    }
 }
 
 /// One server behind one proxy: the network and process faults every mode shares.

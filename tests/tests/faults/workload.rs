@@ -700,6 +700,9 @@ fn run_and_check(
     let mut report = kept.check();
     if !report.violations.is_empty() {
         let dir = kept.save();
+        for (name, lines) in run.system.logs() {
+            std::fs::write(dir.join(name), lines.join("\n")).expect("write a log of the run");
+        }
         report.lines.push(format!(
             "  kept for replay: {} (LOCK_FAULT_REPLAY=<that directory> cargo test -p \
              lock-tests --test faults -- --ignored a_kept_run_is_checked_again)",

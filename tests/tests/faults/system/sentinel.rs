@@ -166,4 +166,16 @@ impl LockSystem for Sentinel {
     fn proxy_counts(&self) -> (u64, u64) {
         (0, 0)
     }
+
+    /// The sentinels' logs (`+sdown`, `+odown`, `+try-failover`, `+switch-master`...) and the
+    /// servers': MONITOR shows no admin command, so a promotion is seen only here.
+    fn logs(&self) -> Vec<(String, Vec<String>)> {
+        let d = &self.deployment;
+        let servers = [&d.master, &d.replica].into_iter().map(|s| ("server", s));
+        let sentinels = d.sentinels.iter().map(|s| ("sentinel", s));
+        servers
+            .chain(sentinels)
+            .map(|(kind, s)| (format!("{kind}-{}.log", s.port()), s.log()))
+            .collect()
+    }
 }
