@@ -316,10 +316,7 @@ async fn on_terminal(args: &[&str], typed: &str) -> Output {
     let mut stdin = child.stdin.take().unwrap();
     stdin.write_all(typed.as_bytes()).await.unwrap();
     // Kept open until lockctl is done: `script` may end the session at end of input.
-    let out = tokio::time::timeout(PATIENCE, child.wait_with_output())
-        .await
-        .expect("lockctl answered")
-        .unwrap();
+    let out = ended(child, "lockctl answered").await;
     drop(stdin);
     out
 }
@@ -854,6 +851,23 @@ fn lockctl_run(url: &str, options: &[&str], command: &[&str]) -> Command {
     lockctl(&args)
 }
 
+/// `lockctl run` started in the background, its output collected for [`ended`].
+fn spawn_run(url: &str, options: &[&str], command: &[&str]) -> tokio::process::Child {
+    lockctl_run(url, options, command)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start lockctl run")
+}
+
+/// Its output once it exited, within `PATIENCE` (`what` says why it should end).
+async fn ended(child: tokio::process::Child, what: &str) -> Output {
+    tokio::time::timeout(PATIENCE, child.wait_with_output())
+        .await
+        .expect(what)
+        .expect("wait for lockctl")
+}
+
 fn code(out: &Output) -> i32 {
     out.status.code().expect("lockctl exited by itself")
 }
@@ -975,10 +989,7 @@ async fn run_stops_the_job_when_the_lease_is_lost() {
         "trap '' TERM; sleep 300 & echo $! > {}; wait",
         started.display()
     );
-    let child = lockctl_run(&url, &["job", "--ttl", "1", "--grace", "0.5"], &sh(&job))
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = spawn_run(&url, &["job", "--ttl", "1", "--grace", "0.5"], &sh(&job));
     lock_tests::eventually(PATIENCE, "the job started", || async {
         std::fs::read_to_string(&started).is_ok_and(|pid| pid.ends_with('\n'))
     })
@@ -990,10 +1001,7 @@ async fn run_stops_the_job_when_the_lease_is_lost() {
         .unwrap();
     // An operator takes the lock away; lockctl learns it at its next renewal.
     assert!(registry.force_unlock("job").await.unwrap());
-    let out = tokio::time::timeout(PATIENCE, child.wait_with_output())
-        .await
-        .expect("lockctl ends once the job is stopped")
-        .unwrap();
+    let out = ended(child, "lockctl ends once the job is stopped").await;
     assert_eq!(code(&out), 79, "{}", stderr(&out));
     let said = stderr(&out);
     assert!(
@@ -1024,10 +1032,7 @@ async fn run_reports_a_job_that_ended_after_its_lease_as_lost() {
         started.display(),
         done.display()
     );
-    let child = lockctl_run(&url, &["job", "--ttl", "1"], &sh(&job))
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = spawn_run(&url, &["job", "--ttl", "1"], &sh(&job));
     let pid = child.id().unwrap();
     lock_tests::eventually(PATIENCE, "the job started", || async { started.exists() }).await;
     lock_tests::signal(pid, "STOP");
@@ -1036,10 +1041,7 @@ async fn run_reports_a_job_that_ended_after_its_lease_as_lost() {
     })
     .await;
     lock_tests::signal(pid, "CONT");
-    let out = tokio::time::timeout(PATIENCE, child.wait_with_output())
-        .await
-        .expect("lockctl ends once continued")
-        .unwrap();
+    let out = ended(child, "lockctl ends once continued").await;
     assert_eq!(code(&out), 79, "{}", stderr(&out));
 }
 
@@ -1056,20 +1058,14 @@ async fn run_passes_signals_on_to_the_job_and_releases_when_it_ends() {
         got = got.display(),
         ready = ready.display()
     );
-    let child = lockctl_run(&url, &["job"], &sh(&job))
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = spawn_run(&url, &["job"], &sh(&job));
     lock_tests::eventually(PATIENCE, "the job started", || async { ready.exists() }).await;
     assert!(
         registry.inspect("job").await.unwrap().owner.is_some(),
         "held while the job runs"
     );
     lock_tests::signal(child.id().unwrap(), "TERM");
-    let out = tokio::time::timeout(PATIENCE, child.wait_with_output())
-        .await
-        .expect("the job ends on the signal it was passed")
-        .unwrap();
+    let out = ended(child, "the job ends on the signal it was passed").await;
     assert_eq!(code(&out), 5, "{}", stderr(&out));
     assert_eq!(
         std::fs::read_to_string(&got).unwrap(),

@@ -232,27 +232,16 @@ impl Lease {
             let changed = self.changed.notified();
             let mut changed = std::pin::pin!(changed);
             changed.as_mut().enable();
-            let state = self.state();
-            if let Some(reason) = state.lost {
-                return reason;
-            }
-            // Checked against the clock, not left to the timer: after a stall (a process
-            // paused, a runtime blocked) Tokio's timer wheel still lags behind the clock, and a
-            // sleep until a deadline that has already passed would not be ready on this poll.
-            if Instant::now() >= state.deadline {
-                let reason = self.deadline_reason();
+            // Lost, or past the deadline by the clock: not left to the timer, whose wheel lags
+            // behind the clock after a stall (a process paused, a runtime blocked), so a sleep
+            // until a deadline already passed would not be ready on this poll.
+            if let Some(reason) = self.lost_reason() {
                 self.mark_lost(reason);
                 return self.state().lost.unwrap_or(reason);
             }
+            // A renewal confirmed at the last moment moves the deadline: the loop looks again.
             tokio::select! {
-                () = tokio::time::sleep_until(state.deadline) => {
-                    // A renewal confirmed at the last moment moves the deadline; check again.
-                    if self.state().deadline <= Instant::now() {
-                        let reason = self.deadline_reason();
-                        self.mark_lost(reason);
-                        return self.state().lost.unwrap_or(reason);
-                    }
-                }
+                () = tokio::time::sleep_until(self.state().deadline) => {}
                 () = changed => {}
             }
         }

@@ -132,6 +132,11 @@ struct Live {
 /// (`prelude.lua`): the owner is the token without it.
 const WAITED: &str = "+w";
 
+/// A lock's value without the [`WAITED`] mark: the holder's token.
+pub fn unmarked(value: &str) -> &str {
+    value.strip_suffix(WAITED).unwrap_or(value)
+}
+
 struct Builder<'a> {
     prefix: &'a [u8],
     /// Whether the servers carry `SET .. IFEQ` out; a server without it refuses it as a syntax
@@ -394,7 +399,7 @@ impl Builder<'_> {
 
     /// A `SET` of `key` to `value` (a token, marked or not) took effect.
     fn acquired(&mut self, key: &[u8], value: &str, at_us: i64, px_ms: i64, how: &str) {
-        let token = value.strip_suffix(WAITED).unwrap_or(value);
+        let token = unmarked(value);
         let doubted = self.in_doubt(key, at_us);
         self.written_since_loss.insert(key.to_vec());
         if let Some(previous) = self.live.remove(key) {

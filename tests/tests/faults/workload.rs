@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use lock_tests::RedisServer;
 
 use super::checker::{self, FaultRecord, Minimums, Report, FREE_BOUND, TTL};
+use super::model::unmarked;
 use super::monitor::{Event, Monitor};
 use super::replay::Kept;
 use super::support::now_us;
@@ -267,12 +268,6 @@ fn draw_random_step(seed: &mut u64) -> Scheduled {
         _ => Step::KillLeader,
     };
     (step, long)
-}
-
-/// A lock's value without the mark a waiter of ours adds to it (`+w`, see
-/// `lock_runtime::protocol`): the holder's token.
-fn unmarked(value: &str) -> &str {
-    value.strip_suffix("+w").unwrap_or(value)
 }
 
 /// The token's pid (`host:pid:random`).

@@ -1,6 +1,6 @@
 local token = holder_of(redis.pcall('GET', KEYS[1]))
 local now = now_ms()
-local held, tag, holders = false, false, {}
+local tag, holders = false, {}
 if type(token) ~= 'string' then
   token = false
   if redis.call('TYPE', KEYS[1]).ok == 'zset' then
@@ -10,7 +10,6 @@ if type(token) ~= 'string' then
       holders[#holders + 1] = live[i]
       holders[#holders + 1] = tonumber(live[i + 1]) - now
     end
-    held = #holders / 2
   end
 end
 local queue = {}
@@ -21,4 +20,4 @@ for _, waiter in ipairs(redis.call('ZRANGE', KEYS[3], 0, -1)) do
     queue[#queue + 1] = deadline - now
   end
 end
-return {token, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2]), held, tag, queue, holders}
+return {token, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2]), tag, queue, holders}

@@ -7,10 +7,10 @@ use crate::backend::contract::{LockInfo, Permits, Place, Share};
 use crate::key::LockKey;
 
 /// `KEYS[1]` lock, `KEYS[2]` fencing counter, `KEYS[3..4]` the waiters' queue. Returns `{token
-/// or false, pttl, fence or false, live places or false, tag or false, queue, holders}` (places
-/// and tag for readers or a semaphore: the count of live holders, and `#read` or
-/// `#permits=N`; queue: each live waiter's token and its place's ms left, oldest first;
-/// holders: each live reader's or permit holder's token and its ms left, longest first).
+/// or false, pttl, fence or false, tag or false, queue, holders}` (tag for readers or a
+/// semaphore: `#read` or `#permits=N`; queue: each live waiter's token and its place's ms left,
+/// oldest first; holders: each live reader's or permit holder's token and its ms left, longest
+/// first).
 pub const INSPECT_LUA: &str = concat!(
     include_str!("prelude.lua"),
     include_str!("queue.lua"),
@@ -37,7 +37,6 @@ pub(crate) type Reply = (
     Option<String>,
     i64,
     Option<u64>,
-    Option<u32>,
     Option<String>,
     Vec<(String, u64)>,
     Vec<(String, u64)>,
@@ -45,10 +44,13 @@ pub(crate) type Reply = (
 
 /// What the reply says. A set whose every place ran out is free, though its key has not
 /// expired yet.
-pub(crate) fn read((owner, pttl, fence, held, tag, queue, holders): Reply) -> LockInfo {
-    let shared = held
-        .filter(|held| *held > 0)
-        .zip(tag.as_deref().and_then(Share::from_tag));
+pub(crate) fn read((owner, pttl, fence, tag, queue, holders): Reply) -> LockInfo {
+    let held = u32::try_from(holders.len()).unwrap_or(u32::MAX);
+    let shared = tag
+        .as_deref()
+        .and_then(Share::from_tag)
+        .filter(|_| held > 0)
+        .map(|share| (held, share));
     let places = |places: Vec<(String, u64)>| -> Vec<Place> {
         places
             .into_iter()
