@@ -93,7 +93,9 @@ impl CurrentLock {
         &self.frame.lease.token
     }
 
-    /// Whether the lease is lost (or past its deadline without a confirmed renewal).
+    /// Whether the lease is over: lost, past its deadline without a confirmed renewal, or
+    /// ended here (the body returned, or its guard was released or dropped). A clone kept by a
+    /// task the body spawned sees the end before the next holder can be let in.
     #[must_use]
     pub fn is_lost(&self) -> bool {
         self.frame.lease.lost_reason().is_some()
@@ -120,8 +122,9 @@ impl CurrentLock {
         self.frame.lease.wait_risk(false).await;
     }
 
-    /// Resolves when the lease is lost, with the error that says why. With
-    /// `on_lost = "continue"`, a body can `select!` on this to stop at a safe point.
+    /// Resolves when the lease is over (see [`is_lost`](Self::is_lost)), with the error that
+    /// says why ([`LostReason::Released`](crate::LostReason::Released) once it ended here).
+    /// With `on_lost = "continue"`, a body can `select!` on this to stop at a safe point.
     pub async fn lost(&self) -> LockError {
         let reason = self.frame.lease.wait_lost().await;
         self.frame.lease.lost_error(reason)

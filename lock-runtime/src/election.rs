@@ -228,13 +228,16 @@ impl Term {
         self.lease.wait_risk(false).await;
     }
 
-    /// Whether the term is over on this side: lost, resigned, or past its deadline unconfirmed.
+    /// Whether the term is over on this side: lost, resigned (also by its work returning), or
+    /// past its deadline unconfirmed. Every clone sees a resignation before the next candidate
+    /// can be elected.
     #[must_use]
     pub fn is_lost(&self) -> bool {
         self.lease.lost_reason().is_some()
     }
 
-    /// Resolves when the term is lost, with the error that says why.
+    /// Resolves when the term is over (see [`is_lost`](Self::is_lost)), with the error that
+    /// says why ([`LostReason::Released`] once it was resigned).
     pub async fn lost(&self) -> LockError {
         let reason = self.lease.wait_lost().await;
         self.lease.lost_error(reason)
@@ -467,7 +470,8 @@ impl Election {
 /// Follows an election's leader: [`next`](Self::next) says who leads, then waits for each
 /// change (a new leader, a new term, or none once a crashed leader's lease ended). Woken by
 /// the key's notifications, as waiters are: it looks at the key only when something happened,
-/// or when the leader's lease would end.
+/// when the leader's lease would end, or, while nobody leads, once per the election's
+/// [`ttl`](Election::ttl), so a lost notification hides a new leader for at most that long.
 #[derive(Debug)]
 pub struct Observer {
     election: Election,
@@ -503,11 +507,14 @@ impl Observer {
                 self.seen = Some(now.clone());
                 return Ok(now);
             }
-            // A lost notification costs at most the leader's lease.
-            let mut wake_at = now
-                .as_ref()
-                .and_then(|leader| leader.remaining)
-                .map_or(far, |left| looked_at + left + Duration::from_millis(1));
+            // A lost notification costs at most the leader's lease; with nobody leading, at
+            // most the election's ttl (a new leader's lost announcement, say).
+            let mut wake_at = match &now {
+                Some(leader) => leader
+                    .remaining
+                    .map_or(far, |left| looked_at + left + Duration::from_millis(1)),
+                None => looked_at + election.ttl,
+            };
             if !interest.notified_by_server() {
                 wake_at = wake_at.min(Instant::now() + backoff.next_pause());
             }

@@ -128,11 +128,16 @@ pub enum LostReason {
     NotRenewed,
     /// The registry was shut down and released every lock it held.
     Shutdown,
+    /// Not a loss: this side ended the lease (released it, dropped its guard, resigned the
+    /// term, or the guarded body or the term's work returned). What every clone of the lease
+    /// (a [`Term`](crate::Term), a [`CurrentLock`](crate::CurrentLock)) sees from the moment it
+    /// ended, before the release lets the next holder in.
+    Released,
 }
 
 impl LostReason {
     /// The reason in one word, as metrics label it: `expired`, `stolen`, `gone`, `max_hold`,
-    /// `not_renewed`, `shutdown`.
+    /// `not_renewed`, `shutdown`, `released`.
     #[must_use]
     pub const fn label(self) -> &'static str {
         match self {
@@ -142,6 +147,7 @@ impl LostReason {
             Self::MaxHold => "max_hold",
             Self::NotRenewed => "not_renewed",
             Self::Shutdown => "shutdown",
+            Self::Released => "released",
         }
     }
 }
@@ -157,6 +163,9 @@ impl fmt::Display for LostReason {
             Self::MaxHold => "`max_hold` elapsed, so renewal stopped and the lease ran out",
             Self::NotRenewed => "`renew` is off and the lease's `ttl` ran out",
             Self::Shutdown => "the registry was shut down",
+            Self::Released => {
+                "its holder ended it (released, resigned, or the body or work it guarded returned)"
+            }
         })
     }
 }

@@ -150,6 +150,8 @@ impl LockGuard {
         self.done = true;
         let keeper = &self.inner.keeper;
         let lease = &self.lease;
+        // Over for every clone before the release can let the next holder in.
+        lease.end();
         keeper.begin_release(lease.id);
         let mut unfinished = Unfinished {
             keeper,
@@ -245,6 +247,7 @@ impl Drop for Unfinished<'_> {
 impl Drop for LockGuard {
     fn drop(&mut self) {
         if !self.done {
+            self.lease.end();
             // No runtime is needed here: the keeper task performs the release.
             self.inner.keeper.release_in_background(self.lease.id);
         }

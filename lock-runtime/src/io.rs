@@ -42,9 +42,20 @@ thread_local! {
     static ON_IO_THREAD: Cell<bool> = const { Cell::new(false) };
 }
 
+tokio::task_local! {
+    /// Set in the background work a registry runs on its callers' runtime ([`Home::Caller`]).
+    static BACKGROUND: ();
+}
+
 /// Whether the caller already runs on the I/O runtime (which has a single thread).
 pub(crate) fn on_io_thread() -> bool {
     ON_IO_THREAD.get()
+}
+
+/// Whether the caller is the library's own background work (on the I/O thread, or a
+/// registry's work on its callers' runtime), rather than a caller's task.
+pub(crate) fn in_background() -> bool {
+    on_io_thread() || BACKGROUND.try_with(|()| ()).is_ok()
 }
 
 /// Spawns `task` on the I/O runtime.
@@ -95,13 +106,16 @@ impl Home {
     {
         match self {
             Self::Io => drop(spawn(task)),
-            Self::Caller => match Handle::try_current() {
-                Ok(runtime) => drop(runtime.spawn(task.with_current_subscriber())),
-                // Dropped outside every runtime (a request or guard that outlived the runtime
-                // it ran on): the in-memory store's work finishes without waiting, so it runs
-                // here, once; anything that would have to wait is dropped.
-                Err(_) => drop(futures_util::FutureExt::now_or_never(task)),
-            },
+            Self::Caller => {
+                let task = BACKGROUND.scope((), task);
+                match Handle::try_current() {
+                    Ok(runtime) => drop(runtime.spawn(task.with_current_subscriber())),
+                    // Dropped outside every runtime (a request or guard that outlived the
+                    // runtime it ran on): the in-memory store's work finishes without waiting,
+                    // so it runs here, once; anything that would have to wait is dropped.
+                    Err(_) => drop(futures_util::FutureExt::now_or_never(task)),
+                }
+            }
         }
     }
 }

@@ -22,6 +22,9 @@ pub(crate) struct LeaseState {
     /// A renewal failed, or went unanswered for its budget, and none has been confirmed since:
     /// the lease still holds until `deadline`, but may not be renewed before it.
     pub at_risk: bool,
+    /// A guarded body (or a term's work) runs under this lease: a shutdown lets the key go
+    /// only once it is gone.
+    pub body: bool,
 }
 
 pub(crate) struct Lease {
@@ -60,6 +63,7 @@ impl Lease {
             deadline: sent_at + options.ttl - options.drift(),
             lost: None,
             at_risk: false,
+            body: false,
         });
         Arc::new(Self {
             id,
@@ -153,10 +157,10 @@ impl Lease {
             }
             s.at_risk = true;
             left = s.deadline - now;
-            self.labels.at_risk();
             true
         });
         if newly {
+            self.labels.at_risk();
             let (key, fence, why) = (
                 crate::error::shown(&self.key.name).to_string(),
                 self.fence,
@@ -200,21 +204,62 @@ impl Lease {
 
     /// Marks the lease lost (once; the first reason wins). Returns whether this call did it.
     pub(crate) fn mark_lost(&self, reason: LostReason) -> bool {
-        let newly = self.update(|s| {
-            if s.lost.is_some() {
-                return false;
-            }
-            s.lost = Some(reason);
-            // Counted before anyone waiting for the loss is woken (on the I/O thread, handed
-            // to the reporting thread: the body is stopped without waiting for the recorder).
-            self.labels.lost(reason);
-            true
-        });
+        let newly = self.set_lost(reason);
         if newly {
             let (key, fence) = (crate::error::shown(&self.key.name).to_string(), self.fence);
             report::tell(move || tracing::warn!(key, fence, %reason, "lock lease lost"));
         }
         newly
+    }
+
+    /// This side ended the lease ([`LostReason::Released`]): every clone sees it over from now
+    /// on. Called before the release that lets the next holder in is sent.
+    pub(crate) fn end(&self) {
+        self.set_lost(LostReason::Released);
+    }
+
+    fn set_lost(&self, reason: LostReason) -> bool {
+        let newly = {
+            let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+            state.lost.is_none() && {
+                state.lost = Some(reason);
+                true
+            }
+        };
+        if newly {
+            // Counted outside the state's lock (the recorder is the application's code, and
+            // may block), before anyone waiting for the loss is woken.
+            if reason != LostReason::Released {
+                self.labels.lost(reason);
+            }
+            self.changed.notify_waiters();
+        }
+        newly
+    }
+
+    /// Marks a guarded body as running under this lease until the mark is dropped (see
+    /// [`Self::body_gone`]).
+    pub(crate) fn guarding(self: &Arc<Self>) -> BodyRuns {
+        self.update(|s| !std::mem::replace(&mut s.body, true));
+        BodyRuns(self.clone())
+    }
+
+    /// Resolves once no guarded body runs under this lease, or its deadline has passed (the key
+    /// may then be gone on the server, and a release changes nothing any more).
+    pub(crate) async fn body_gone(&self) {
+        loop {
+            let changed = self.changed.notified();
+            let mut changed = std::pin::pin!(changed);
+            changed.as_mut().enable();
+            let state = self.state();
+            if !state.body || Instant::now() >= state.deadline {
+                return;
+            }
+            tokio::select! {
+                () = tokio::time::sleep_until(state.deadline) => {}
+                () = changed => {}
+            }
+        }
     }
 
     pub(crate) fn lost_error(&self, reason: LostReason) -> LockError {
@@ -263,5 +308,14 @@ impl Lease {
         until
             .checked_duration_since(Instant::now())
             .filter(|d| *d >= Duration::from_millis(1))
+    }
+}
+
+/// A guarded body runs under the lease while this lives (see [`Lease::guarding`]).
+pub(crate) struct BodyRuns(Arc<Lease>);
+
+impl Drop for BodyRuns {
+    fn drop(&mut self) {
+        self.0.update(|s| std::mem::take(&mut s.body));
     }
 }

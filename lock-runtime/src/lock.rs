@@ -187,6 +187,8 @@ pub(crate) async fn guarded<T, E, F>(
 where
     F: Future<Output = Result<T, E>>,
 {
+    // Declared before the body, so dropped after it, also when this future is dropped.
+    let body_runs = guard.lease.guarding();
     let body = current::scope(guard.inner.clone(), guard.lease.clone(), body);
     let outcome = match on_lost {
         OnLost::Cancel => {
@@ -201,6 +203,7 @@ where
         }
         OnLost::Continue => Ok(body.await),
     };
+    drop(body_runs);
     // A body that completes in the very poll it resumes in (after a process pause, a GC, a
     // blocking call) can outrun the loss timer: under Cancel, a lease that is already past
     // its deadline means the work may have overlapped the next holder's, so say so.

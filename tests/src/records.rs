@@ -258,13 +258,14 @@ pub enum Outcome {
 }
 
 /// Every reason a lease can be lost, for reading an outcome back.
-const LOST_REASONS: [LostReason; 6] = [
+const LOST_REASONS: [LostReason; 7] = [
     LostReason::Expired,
     LostReason::Stolen,
     LostReason::Gone,
     LostReason::MaxHold,
     LostReason::NotRenewed,
     LostReason::Shutdown,
+    LostReason::Released,
 ];
 
 impl From<&LockError> for Outcome {

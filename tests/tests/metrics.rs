@@ -1,29 +1,238 @@
 //! The `metrics` feature: what a lock does is counted under its registry's name and its key's
-//! template, read back here as an exporter shows it (Prometheus text).
+//! template, read back here as an exporter shows it (Prometheus text). And what the application
+//! plugs in (its metrics recorder, its `tracing` subscriber) never stalls the library, however
+//! long it blocks.
 //!
 //! Its own test binary: a metrics recorder is process-wide, and each test here keeps to its own
 //! registry names, so the counts it reads are its own.
 
 use std::collections::BTreeMap;
-use std::sync::OnceLock;
+use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use lock_runtime::{distributed_lock, LockError, LostReason, Registry};
 use lock_tests::{eventually, fast_registry, RedisServer, SilentServer};
+use metrics::{Key, KeyName, Metadata, SharedString, Unit};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use redis::AsyncCommands;
 
 const LIMIT: Duration = Duration::from_secs(10);
 
-/// The process's recorder, installed before any lock is taken.
+/// The process's recorder, installed before any lock is taken: Prometheus's, behind a [`Gate`].
 fn recorder() -> &'static PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
     HANDLE.get_or_init(|| {
-        PrometheusBuilder::new()
-            .install_recorder()
-            .expect("the only metrics recorder of this test binary")
+        let prometheus = PrometheusBuilder::new().build_recorder();
+        let handle = prometheus.handle();
+        metrics::set_global_recorder(GatedRecorder(prometheus))
+            .expect("the only metrics recorder of this test binary");
+        handle
     })
 }
+
+/// The registry whose losses block their recorder or subscriber while a [`Gate`] is closed: an
+/// application's exporter stuck on its I/O, say.
+const STALLED: &str = "metrics-stalled";
+
+/// Closes over the measurements and events of [`STALLED`] while it lives: whoever records one
+/// blocks until it is dropped (also when the test fails).
+struct Gate;
+
+/// Whether the gate is closed, and how many callers it holds.
+static GATE: Mutex<(bool, usize)> = Mutex::new((false, 0));
+static GATE_MOVED: Condvar = Condvar::new();
+
+impl Gate {
+    fn close() -> Self {
+        *GATE.lock().unwrap() = (true, 0);
+        Self
+    }
+
+    /// Waits until someone is blocked at the gate.
+    fn wait_held() {
+        let (state, timeout) = GATE_MOVED
+            .wait_timeout_while(GATE.lock().unwrap(), LIMIT, |(_, held)| *held == 0)
+            .unwrap();
+        assert!(!timeout.timed_out(), "nothing reached the gate: {state:?}");
+    }
+
+    /// Blocks the caller while the gate is closed.
+    fn pass() {
+        let mut state = GATE.lock().unwrap();
+        if state.0 {
+            state.1 += 1;
+            GATE_MOVED.notify_all();
+            drop(GATE_MOVED.wait_while(state, |(closed, _)| *closed).unwrap());
+        }
+    }
+}
+
+impl Drop for Gate {
+    fn drop(&mut self) {
+        GATE.lock().unwrap().0 = false;
+        GATE_MOVED.notify_all();
+    }
+}
+
+/// Prometheus's recorder, whose counts of [`STALLED`]'s losses pass the [`Gate`] first.
+struct GatedRecorder(metrics_exporter_prometheus::PrometheusRecorder);
+
+struct GatedCounter(metrics::Counter);
+
+impl metrics::CounterFn for GatedCounter {
+    fn increment(&self, value: u64) {
+        Gate::pass();
+        self.0.increment(value);
+    }
+
+    fn absolute(&self, value: u64) {
+        Gate::pass();
+        self.0.absolute(value);
+    }
+}
+
+impl metrics::Recorder for GatedRecorder {
+    fn describe_counter(&self, key: KeyName, unit: Option<Unit>, description: SharedString) {
+        self.0.describe_counter(key, unit, description);
+    }
+
+    fn describe_gauge(&self, key: KeyName, unit: Option<Unit>, description: SharedString) {
+        self.0.describe_gauge(key, unit, description);
+    }
+
+    fn describe_histogram(&self, key: KeyName, unit: Option<Unit>, description: SharedString) {
+        self.0.describe_histogram(key, unit, description);
+    }
+
+    fn register_counter(&self, key: &Key, metadata: &Metadata<'_>) -> metrics::Counter {
+        let counter = self.0.register_counter(key, metadata);
+        let stalled = key
+            .labels()
+            .any(|l| l.key() == "registry" && l.value() == STALLED);
+        if stalled && key.name() == "distributed_lock_lost_total" {
+            return metrics::Counter::from_arc(Arc::new(GatedCounter(counter)));
+        }
+        counter
+    }
+
+    fn register_gauge(&self, key: &Key, metadata: &Metadata<'_>) -> metrics::Gauge {
+        self.0.register_gauge(key, metadata)
+    }
+
+    fn register_histogram(&self, key: &Key, metadata: &Metadata<'_>) -> metrics::Histogram {
+        self.0.register_histogram(key, metadata)
+    }
+}
+
+/// A `tracing` subscriber whose "lock lease lost" events pass the [`Gate`] first.
+struct GatedSubscriber;
+
+impl tracing::Subscriber for GatedSubscriber {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+
+    fn event(&self, event: &tracing::Event<'_>) {
+        struct Message(bool);
+        impl tracing::field::Visit for Message {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                if field.name() == "message" && format!("{value:?}") == "lock lease lost" {
+                    self.0 = true;
+                }
+            }
+        }
+        let mut lost = Message(false);
+        event.record(&mut lost);
+        if lost.0 {
+            Gate::pass();
+        }
+    }
+
+    fn enter(&self, _: &tracing::span::Id) {}
+
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+/// While the application's recorder (or subscriber) blocks on what it was told of a loss, the
+/// registry goes on: another lock is taken and kept (renewed past its ttl) and released. An
+/// in-memory registry, whose keeper runs on the application's own runtime: the keeper's news
+/// must not be told on it. Run on a thread and runtime of its own, so that a stalled registry
+/// fails the test instead of hanging it.
+fn a_blocked_reporter_stalls_no_lock(name: &'static str, subscriber: Option<GatedSubscriber>) {
+    recorder();
+    let _serial = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
+    let gate = Gate::close();
+    let (done_tx, done) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _subscriber = subscriber.map(tracing::subscriber::set_default);
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(goes_on_while_the_reporter_blocks(name));
+        done_tx.send(()).unwrap();
+    });
+    let went_on = done.recv_timeout(LIMIT * 2);
+    drop(gate);
+    went_on.expect("the registry went on while its reporter blocked");
+}
+
+async fn goes_on_while_the_reporter_blocks(name: &str) {
+    let registry = Registry::builder()
+        .memory(lock_runtime::MemoryStore::new())
+        .name(name)
+        .build()
+        .unwrap();
+    // Not renewed and not watched: its keeper tells of the loss when its ttl runs out.
+    let unwatched = registry
+        .lock("stalled:1")
+        .ttl(Duration::from_millis(100))
+        .renew(false)
+        .acquire()
+        .await
+        .unwrap();
+    tokio::task::spawn_blocking(Gate::wait_held).await.unwrap();
+    let kept = tokio::time::timeout(LIMIT, registry.lock("stalled:2").ttl(TTL).acquire())
+        .await
+        .expect("a lock is taken while the reporter blocks")
+        .unwrap();
+    // Held across its ttl twice over: the keeper goes on renewing it.
+    tokio::time::sleep(TTL * 2).await;
+    assert!(!kept.is_lost(), "the keeper stalled behind the reporter");
+    tokio::time::timeout(LIMIT, kept.release())
+        .await
+        .expect("released while the reporter blocks")
+        .expect("still ours");
+    assert!(unwatched.is_lost());
+}
+
+/// The ttl of the lock held while the reporter blocks.
+const TTL: Duration = Duration::from_millis(300);
+
+/// See [`a_blocked_reporter_stalls_no_lock`]: a recorder blocked on the loss's count.
+#[test]
+fn a_recorder_that_blocks_stalls_no_lock() {
+    a_blocked_reporter_stalls_no_lock(STALLED, None);
+}
+
+/// See [`a_blocked_reporter_stalls_no_lock`]: a subscriber blocked on the loss's event.
+#[test]
+fn a_subscriber_that_blocks_stalls_no_lock() {
+    // Another registry's name: its losses' counts do not block.
+    a_blocked_reporter_stalls_no_lock("metrics-stalled-events", Some(GatedSubscriber));
+}
+
+/// One gate at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
 
 /// The value of the sample `name` whose labels are exactly `labels`, in a Prometheus scrape.
 fn sample(scrape: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {

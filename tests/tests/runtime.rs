@@ -4,6 +4,7 @@ mod runtime {
     mod admin;
     mod coalescing;
     mod election;
+    mod ending;
     mod exclusion;
     mod failures;
     mod fencing;

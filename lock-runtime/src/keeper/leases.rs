@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tokio::time::Instant;
 
+use crate::error::LostReason;
 use crate::lease::Lease;
 
 /// Every lease this registry holds, and the keeper's schedule for each.
@@ -33,6 +34,9 @@ enum Release {
 pub(super) struct Plan {
     pub renewals: Vec<Arc<Lease>>,
     pub releases: Vec<Arc<Lease>>,
+    /// Past their deadline: the keeper marks them lost, outside the table's lock (marking
+    /// records a metric, the application's code).
+    pub lost: Vec<(Arc<Lease>, LostReason)>,
     pub next: Option<Instant>,
 }
 
@@ -117,6 +121,7 @@ impl Leases {
         let mut plan = Plan {
             renewals: Vec::new(),
             releases: Vec::new(),
+            lost: Vec::new(),
             next: None,
         };
         for entry in self.map().values_mut() {
@@ -136,7 +141,7 @@ impl Leases {
                 let state = lease.state();
                 if state.lost.is_none() {
                     if let Some(reason) = lease.lost_reason() {
-                        lease.mark_lost(reason);
+                        plan.lost.push((lease.clone(), reason));
                     } else {
                         plan.next =
                             Some(plan.next.map_or(state.deadline, |n| n.min(state.deadline)));
@@ -145,7 +150,7 @@ impl Leases {
                 continue;
             };
             if let Some(reason) = lease.lost_reason() {
-                lease.mark_lost(reason);
+                plan.lost.push((lease.clone(), reason));
                 entry.next_renew = None;
             } else if lease.max_hold_reached(now) {
                 // The lease runs out on its own; its watchers report MaxHold at the deadline.

@@ -128,6 +128,9 @@ async fn keep(keeper: Weak<Keeper>, wake: Arc<Notify>, _running: Running) {
             };
             let now = Instant::now();
             let plan = keeper.leases.plan(now);
+            for (lease, reason) in plan.lost {
+                lease.mark_lost(reason);
+            }
             let home = keeper.backend.home();
             for lease in plan.releases {
                 home.spawn(release_dropped(keeper.clone(), lease));
@@ -275,6 +278,8 @@ fn retry_delay(lease: &Lease) -> Duration {
 /// Releases a lock whose guard was dropped, retrying until the server confirms or the lock
 /// has certainly expired on its own.
 async fn release_dropped(keeper: Arc<Keeper>, lease: Arc<Lease>) {
+    // A shutdown dropped midway hands over leases whose bodies may still run.
+    lease.body_gone().await;
     let give_up = lease.state().deadline + lease.options.ttl;
     let mut backoff = Backoff::new();
     loop {

@@ -186,11 +186,17 @@ impl Registry {
     }
 
     /// Graceful shutdown: marks every held lease lost (guarded bodies with `on_lost = "cancel"`
-    /// stop) and releases every lock on the server, all at once, waiting at most the connect
-    /// timeout plus the command timeout for the whole (enough for one reconnection and one
-    /// round of releases). Returns how many held locks are no longer held on the server
-    /// afterwards (released here, or by their own body as it stopped); a lock whose release
-    /// failed or did not finish in time is left to expire by its ttl and not counted.
+    /// stop) and releases every lock on the server, each as soon as the body it guarded is
+    /// gone: a body that does not yield (it blocks its thread) keeps its key until it ends or
+    /// its lease runs out, so it never overlaps the next holder. Each release waits at most the
+    /// connect timeout plus the command timeout (enough for one reconnection and one round of
+    /// releases). Returns how many held locks are no longer held on the server afterwards
+    /// (released here, or by their own body as it stopped); a lock whose release failed or did
+    /// not finish in time is left to expire by its ttl and not counted.
+    ///
+    /// Called from inside a body that this registry guards, under `on_lost = "cancel"`, it
+    /// stops that body (and with it the shutdown's own future: the keeper finishes the
+    /// releases); under `"continue"`, it waits for that body until its lease runs out.
     ///
     /// Afterwards this registry and all its clones take no new locks: acquisitions fail with
     /// [`LockError::ShutDown`] (one already waiting for a busy lock fails when it would have
@@ -209,29 +215,28 @@ impl Registry {
             leases: &leases,
             armed: true,
         };
-        let released = AtomicUsize::new(0);
+        let (released, late) = (AtomicUsize::new(0), AtomicUsize::new(0));
+        let bound = self.inner.timeouts.round();
         let releases = leases.iter().map(|lease| async {
-            // `Ok(false)`: not ours any more, which is what shutdown wants too.
-            if self
-                .inner
-                .backend
-                .release(&lease.key, &lease.token, lease.options.share())
-                .await
-                .is_ok()
-            {
-                released.fetch_add(1, Ordering::Relaxed);
+            lease.body_gone().await;
+            let release =
+                self.inner
+                    .backend
+                    .release(&lease.key, &lease.token, lease.options.share());
+            match tokio::time::timeout(bound, release).await {
+                // `Ok(false)`: not ours any more, which is what shutdown wants too.
+                Ok(Ok(_)) => drop(released.fetch_add(1, Ordering::Relaxed)),
+                Ok(Err(_)) => {}
+                Err(_) => drop(late.fetch_add(1, Ordering::Relaxed)),
             }
         });
-        let bound = self.inner.timeouts.round();
-        if tokio::time::timeout(bound, join_all(releases))
-            .await
-            .is_err()
-        {
+        join_all(releases).await;
+        let late = late.into_inner();
+        if late > 0 {
             tracing::warn!(
                 node = %self.node(),
-                locks = leases.len(),
-                released = released.load(Ordering::Relaxed),
-                "shutdown gave up waiting for releases after {bound:?}; the rest expire by their ttl"
+                locks = late,
+                "shutdown gave up waiting for releases after {bound:?}; they expire by their ttl"
             );
         }
         unfinished.armed = false;

@@ -229,3 +229,38 @@ async fn work_is_not_started_on_a_term_whose_lease_ran_out_before_it() {
     let err = outcome.unwrap_err();
     assert!(err.is_lost(), "{err}");
 }
+
+/// An observer that last saw no leader looks again within the election's ttl even when no
+/// notification comes: a leader whose announcement was lost (here: a candidate's token written
+/// straight into the key, announced by no one) is seen, not hidden for its whole term.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_observer_that_saw_no_leader_finds_one_whose_announcement_was_lost() {
+    let server = RedisServer::start();
+    let watcher = registry(&server);
+    let mut observer = watcher
+        .election("announce")
+        .ttl(Duration::from_millis(500))
+        .observe();
+    assert_eq!(observer.next().await.unwrap(), None, "nobody leads yet");
+    let next = tokio::spawn(async move { observer.next().await });
+    // Time for the observer to look and find nobody again; had it not yet looked, it would
+    // find the leader below at once, and the test would prove nothing rather than fail.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut con = lock_tests::raw(&server.url()).await;
+    let token = format!("silent@elsewhere:4242:{}", "ab".repeat(16));
+    let _: () = redis::cmd("SET")
+        .arg(watcher.redis_key("announce"))
+        .arg(&token)
+        .arg("PX")
+        .arg(LONG.as_millis().to_string())
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let seen = tokio::time::timeout(LIMIT, next)
+        .await
+        .expect("seen within the election's ttl of its arrival, not after its whole term")
+        .unwrap()
+        .unwrap()
+        .expect("a leader");
+    assert_eq!(seen.identity, "silent");
+}

@@ -105,20 +105,25 @@ impl SharedConnection {
         command: &'static str,
         key: Option<&str>,
     ) -> Result<Connection, LockError> {
-        let attempt = {
+        let (attempt, replaced) = {
             let mut slot = lock(&self.slot);
-            if let Some(con) = self.usable(&mut slot) {
+            let replaced = Self::drop_stuck(&mut slot);
+            if let Some(con) = slot.ready.clone() {
                 return Ok(con);
             }
-            match &slot.connecting {
+            let attempt = match &slot.connecting {
                 Some(attempt) if attempt.peek().is_none() => attempt.clone(),
                 _ => {
                     let attempt = self.start_connecting();
                     slot.connecting = Some(attempt.clone());
                     attempt
                 }
-            }
+            };
+            (attempt, replaced)
         };
+        if replaced {
+            self.tell_replaced();
+        }
         let failure = |message: String, source| LockError::Backend {
             node: self.node.clone(),
             command,
@@ -164,23 +169,27 @@ impl SharedConnection {
         .shared()
     }
 
-    /// The cached connection, unless it is a cluster client that answers nothing any more
-    /// (see `stall`): that one is dropped so the caller connects afresh. Requests already
+    /// Drops the cached connection if it is a cluster client that answers nothing any more
+    /// (see `stall`), so the caller connects afresh; returns whether it did. Requests already
     /// sent on it finish or time out on their own.
-    fn usable(&self, slot: &mut Slot) -> Option<Connection> {
-        if let Some(Connection::Cluster(_, stall)) = &slot.ready {
-            if stall.is_stuck() {
-                let (node, after) = (self.node.to_string(), self.timeouts.command);
-                report::tell(move || {
-                    tracing::warn!(
-                        node,
-                        "the cluster client has answered nothing for {after:?}; replacing it"
-                    );
-                });
-                slot.ready = None;
-            }
+    fn drop_stuck(slot: &mut Slot) -> bool {
+        let stuck = matches!(&slot.ready, Some(Connection::Cluster(_, stall)) if stall.is_stuck());
+        if stuck {
+            slot.ready = None;
         }
-        slot.ready.clone()
+        stuck
+    }
+
+    /// Says that a stuck cluster client was dropped: outside the slot's lock, since the
+    /// application's subscriber may block.
+    fn tell_replaced(&self) {
+        let (node, after) = (self.node.to_string(), self.timeouts.command);
+        report::tell(move || {
+            tracing::warn!(
+                node,
+                "the cluster client has answered nothing for {after:?}; replacing it"
+            );
+        });
     }
 }
 

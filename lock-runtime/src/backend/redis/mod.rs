@@ -413,7 +413,10 @@ impl RedisBackend {
             // The client's slot map is wrong (a cluster still forming, a failover) and it runs
             // without retries of its own: the next operation builds a client that reads the
             // map afresh. A migration's refusals say nothing against the map.
-            tracing::debug!(node = %self.node, error = %e, "replacing the cluster client");
+            let (node, error) = (self.node.clone(), e.to_string());
+            crate::report::tell(move || {
+                tracing::debug!(node, error, "replacing the cluster client");
+            });
             self.connection.reset();
         }
         errors::lock_error(&self.node, command, key, e)
