@@ -122,12 +122,13 @@ pub enum Command {
     },
     /// Run CMD under a lock: take it, renew it while CMD runs, release it when CMD ends.
     ///
-    /// CMD finds the key in LOCK_KEY and, with --fencing, the fencing token in LOCK_FENCE. It
-    /// runs in a process group of its own: every signal lockctl receives (TERM, INT, HUP,
-    /// QUIT, USR1, USR2) is passed on to that group, and if the lease is lost the group is sent
-    /// SIGTERM, then SIGKILL after --grace. CMD cannot read from a terminal (it is not in the
-    /// foreground group). If lockctl itself is killed with SIGKILL, CMD runs on without the
-    /// lock: supervise lockctl, not CMD.
+    /// CMD finds the key in LOCK_KEY and, with --fencing, the fencing token in LOCK_FENCE,
+    /// not lockctl's credentials (see --pass-credentials). It runs in a process group of its
+    /// own: every signal lockctl receives (TERM, INT, HUP, QUIT, USR1, USR2) is passed on to
+    /// that group, and if the lease is lost the group is sent SIGTERM, then SIGKILL after
+    /// --grace. CMD cannot read from a terminal (it is not in the foreground group). If
+    /// lockctl itself is killed with SIGKILL, CMD runs on without the lock: supervise lockctl,
+    /// not CMD.
     ///
     /// Exits with CMD's status (128 + the signal's number if a signal ended it), or: 75 when
     /// the lock was held (after --wait), 79 when the lease was lost before CMD ended, 69 when
@@ -186,6 +187,12 @@ pub struct RunArgs {
     /// write through fencing.
     #[arg(long, value_name = "DURATION", value_parser = duration, default_value = "10s")]
     pub grace: Duration,
+    /// Leave lockctl's credentials in CMD's environment: LOCK_REDIS_PASSWORD, and those of
+    /// LOCK_REDIS_URL, REDIS_URL, LOCK_REDIS_CLUSTER, LOCK_REDIS_SENTINEL and
+    /// LOCK_REDIS_SENTINEL_MASTER that hold a URL with a password. Without it, CMD does not
+    /// find them.
+    #[arg(long)]
+    pub pass_credentials: bool,
     /// The command and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<String>,

@@ -122,7 +122,8 @@ pub async fn run(registry: &Registry, job: RunArgs) -> ExitCode {
 }
 
 /// CMD, in a process group of its own, with the key (and the fencing token) in its
-/// environment. An error is the status to exit with and what to say.
+/// environment, and without lockctl's credentials unless asked. An error is the status to
+/// exit with and what to say.
 fn spawn(job: &RunArgs, guard: &LockGuard) -> Result<Child, (u8, String)> {
     let (program, args) = job.command.split_first().expect("clap requires a command");
     let mut command = tokio::process::Command::new(program);
@@ -134,6 +135,11 @@ fn spawn(job: &RunArgs, guard: &LockGuard) -> Result<Child, (u8, String)> {
         .process_group(0);
     if let Some(fence) = guard.fence() {
         command.env(FENCE_VAR, fence.to_string());
+    }
+    if !job.pass_credentials {
+        for var in crate::target::credential_vars(|name| std::env::var(name).ok()) {
+            command.env_remove(var);
+        }
     }
     command.spawn().map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => (status::NOT_FOUND, format!("{program}: not found")),

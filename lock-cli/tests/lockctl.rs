@@ -1092,3 +1092,37 @@ fn tempdir() -> std::path::PathBuf {
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
+
+/// LOCK_REDIS_PASSWORD, and a Redis URL variable that carries a password, are lockctl's
+/// credentials: not in the job's environment unless `--pass-credentials` asks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_keeps_its_credentials_from_the_job_unless_asked() {
+    let server = RedisServer::start_with(&["--requirepass", "s3cret"]);
+    let url = server.url();
+    let with_login = format!("redis://:s3cret@127.0.0.1:{}/", server.port());
+    let plain = "redis://127.0.0.1:1/";
+    let show =
+        sh("echo \"${LOCK_REDIS_PASSWORD-unset} ${REDIS_URL-unset} ${LOCK_REDIS_CLUSTER-unset}\"");
+    let start = |options: &[&str]| {
+        let mut command = lockctl_run(&url, options, &show);
+        command
+            .env("LOCK_REDIS_PASSWORD", "s3cret")
+            .env("REDIS_URL", &with_login)
+            .env("LOCK_REDIS_CLUSTER", plain);
+        command
+    };
+    let out = run(&mut start(&["pw:job"])).await;
+    assert_eq!(
+        stdout(&out).trim(),
+        format!("unset unset {plain}"),
+        "{}",
+        stderr(&out)
+    );
+    let out = run(&mut start(&["pw:job", "--pass-credentials"])).await;
+    assert_eq!(
+        stdout(&out).trim(),
+        format!("s3cret {with_login} {plain}"),
+        "{}",
+        stderr(&out)
+    );
+}
