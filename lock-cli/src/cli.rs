@@ -120,28 +120,41 @@ pub enum Command {
         #[arg(long = "for", value_name = "DURATION", value_parser = duration, requires = "watch")]
         duration: Option<Duration>,
     },
-    /// Run CMD under a lock: take it, renew it while CMD runs, release it when CMD ends.
+    /// Run CMD under a lock: take it, renew it while the job runs, release it when the job
+    /// has ended.
     ///
-    /// CMD finds the key in LOCK_KEY and, with --fencing, the fencing token in LOCK_FENCE,
-    /// not lockctl's credentials (see --pass-credentials). It runs in a process group of its
-    /// own: every signal lockctl receives (TERM, INT, HUP, QUIT, USR1, USR2) is passed on to
-    /// that group, and if the lease is lost the group is sent SIGTERM, then SIGKILL after
-    /// --grace. CMD cannot read from a terminal (it is not in the foreground group). If
-    /// lockctl itself is killed with SIGKILL, CMD runs on without the lock: supervise lockctl,
-    /// not CMD.
+    /// The job is CMD and every process it starts, in CMD's process group or out of it
+    /// (setsid, a daemon): lockctl is their subreaper and holds the lock until the last of
+    /// them has ended. CMD finds the key in LOCK_KEY and, with --fencing, the fencing token in
+    /// LOCK_FENCE; it does not find lockctl's credentials (see --pass-credentials).
+    ///
+    /// Signals: TERM, INT, HUP, QUIT, USR1 and USR2 sent to lockctl are passed on to CMD's
+    /// process group. Ctrl-Z (TSTP) is refused with a word on stderr, and TTIN and TTOU are
+    /// blocked: a stopped lockctl would stop renewing the lock while the job runs on. If the
+    /// lease is lost, every process of the job is sent SIGTERM, then SIGKILL after --grace,
+    /// and lockctl exits once none is left. If lockctl is killed with SIGKILL, CMD is killed
+    /// with it; processes CMD started run on, without the lock.
+    ///
+    /// CMD runs outside the terminal's foreground: it cannot read from the terminal. A job
+    /// that stops to read from it (SIGTTIN), or to change its settings (SIGTTOU), is ended
+    /// and the lock released.
     ///
     /// Exits with CMD's status (128 + the signal's number if a signal ended it), or: 75 when
-    /// the lock was held (after --wait), 79 when the lease was lost before CMD ended, 69 when
-    /// Redis could not be reached, 2 for a bad key or options, 126 or 127 when CMD could not
-    /// be run or was not found.
+    /// the lock was held (after --wait), 79 when the lease was lost before the job ended, 66
+    /// when the job stopped to use the terminal, 69 when Redis could not be reached, 2 for a
+    /// bad key or options, 126 or 127 when CMD could not be run or was not found.
     ///
     /// Durations are written as the attribute's (500ms, 30s, 2m, 12h) or in plain seconds
-    /// (30, 0.5).
+    /// (30, 0.5). Linux only (the subreaper and the parent-death signal are Linux's).
     #[command(
         after_help = "Example, a job that runs once a day whichever machine's cron starts it first:\n  \
         lockctl run report:daily --min-hold 20h -- ./make-report"
     )]
     Run(RunArgs),
+    /// How `lockctl run` starts CMD: ties CMD's life to the lockctl given (it is killed if that
+    /// lockctl dies), then executes CMD in its place. Not for direct use.
+    #[command(name = "exec-job", hide = true)]
+    ExecJob(ExecJobArgs),
     /// Force-unlock a lock, whoever holds it (asks first).
     ///
     /// The holder notices at its next renewal (within a third of its ttl) and, with
@@ -160,7 +173,7 @@ pub enum Command {
 pub struct RunArgs {
     /// The lock's key, without the prefix.
     pub key: String,
-    /// The lease, renewed every third of it while CMD runs; a crashed lockctl's lock is
+    /// The lease, renewed every third of it while the job runs; a crashed lockctl's lock is
     /// free after it. Default: the library's (30s).
     #[arg(long, value_name = "DURATION", value_parser = duration)]
     pub ttl: Option<Duration>,
@@ -182,9 +195,9 @@ pub struct RunArgs {
     /// runs alone).
     #[arg(long, value_enum, default_value_t = LockMode::Write)]
     pub mode: LockMode,
-    /// After a loss's SIGTERM, how long CMD may take to stop before SIGKILL. It runs past
-    /// the lease (another holder may have the lock by then): keep it short, or have CMD
-    /// write through fencing.
+    /// After a loss's SIGTERM (or the job's stop at the terminal), how long the job's
+    /// processes may take to end before SIGKILL. It runs past the lease (another holder may
+    /// have the lock by then): keep it short, or have CMD write through fencing.
     #[arg(long, value_name = "DURATION", value_parser = duration, default_value = "10s")]
     pub grace: Duration,
     /// Leave lockctl's credentials in CMD's environment: LOCK_REDIS_PASSWORD, and those of
@@ -193,6 +206,18 @@ pub struct RunArgs {
     /// find them.
     #[arg(long)]
     pub pass_credentials: bool,
+    /// The command and its arguments, after `--`.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+/// What `lockctl exec-job` takes.
+#[derive(Debug, Args)]
+pub struct ExecJobArgs {
+    /// The pid of the `lockctl run` that starts it: if that is no longer its parent, CMD is
+    /// not run.
+    #[arg(long, value_name = "PID")]
+    pub parent: i32,
     /// The command and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<String>,
