@@ -98,8 +98,8 @@ pub enum Command {
     Watch {
         /// The lock's key, without the prefix.
         key: String,
-        /// Stop after this many seconds instead of waiting for Ctrl-C.
-        #[arg(long = "for", value_name = "SECS", value_parser = seconds)]
+        /// Stop after this long (`30s`, `2m`, or seconds) instead of waiting for Ctrl-C.
+        #[arg(long = "for", value_name = "DURATION", value_parser = duration)]
         duration: Option<Duration>,
         /// How often to look, in milliseconds. Taking a lock publishes nothing, so watching
         /// polls; a change shorter than this can go unseen.
@@ -116,28 +116,45 @@ pub enum Command {
         /// notifications: nothing is polled while nothing changes.
         #[arg(long)]
         watch: bool,
-        /// With --watch: stop after this many seconds.
-        #[arg(long = "for", value_name = "SECS", value_parser = seconds, requires = "watch")]
+        /// With --watch: stop after this long (`30s`, `2m`, or seconds).
+        #[arg(long = "for", value_name = "DURATION", value_parser = duration, requires = "watch")]
         duration: Option<Duration>,
     },
-    /// Run CMD under a lock: take it, renew it while CMD runs, release it when CMD ends.
+    /// Run CMD under a lock: take it, renew it while the job runs, release it when the job
+    /// has ended.
     ///
-    /// CMD finds the key in LOCK_KEY and, with --fencing, the fencing token in LOCK_FENCE. It
-    /// runs in a process group of its own: every signal lockctl receives (TERM, INT, HUP,
-    /// QUIT, USR1, USR2) is passed on to that group, and if the lease is lost the group is sent
-    /// SIGTERM, then SIGKILL after --grace. CMD cannot read from a terminal (it is not in the
-    /// foreground group). If lockctl itself is killed with SIGKILL, CMD runs on without the
-    /// lock: supervise lockctl, not CMD.
+    /// The job is CMD and every process it starts, in CMD's process group or out of it
+    /// (setsid, a daemon): lockctl is their subreaper and holds the lock until the last of
+    /// them has ended. CMD finds the key in LOCK_KEY and, with --fencing, the fencing token in
+    /// LOCK_FENCE; it does not find lockctl's credentials (see --pass-credentials).
+    ///
+    /// Signals: TERM, INT, HUP, QUIT, USR1 and USR2 sent to lockctl are passed on to CMD's
+    /// process group. Ctrl-Z (TSTP) is refused with a word on stderr, and TTIN and TTOU are
+    /// blocked: a stopped lockctl would stop renewing the lock while the job runs on. If the
+    /// lease is lost, every process of the job is sent SIGTERM, then SIGKILL after --grace,
+    /// and lockctl exits once none is left. If lockctl is killed with SIGKILL, CMD is killed
+    /// with it; processes CMD started run on, without the lock.
+    ///
+    /// CMD runs outside the terminal's foreground: it cannot read from the terminal. A job
+    /// that stops to read from it (SIGTTIN), or to change its settings (SIGTTOU), is ended
+    /// and the lock released.
     ///
     /// Exits with CMD's status (128 + the signal's number if a signal ended it), or: 75 when
-    /// the lock was held (after --wait), 79 when the lease was lost before CMD ended, 69 when
-    /// Redis could not be reached, 2 for a bad key or options, 126 or 127 when CMD could not
-    /// be run or was not found.
+    /// the lock was held (after --wait), 79 when the lease was lost before the job ended, 66
+    /// when the job stopped to use the terminal, 69 when Redis could not be reached, 2 for a
+    /// bad key or options, 126 or 127 when CMD could not be run or was not found.
+    ///
+    /// Durations are written as the attribute's (500ms, 30s, 2m, 12h) or in plain seconds
+    /// (30, 0.5). Linux only (the subreaper and the parent-death signal are Linux's).
     #[command(
         after_help = "Example, a job that runs once a day whichever machine's cron starts it first:\n  \
-        lockctl run report:daily --min-hold 72000 -- ./make-report"
+        lockctl run report:daily --min-hold 20h -- ./make-report"
     )]
     Run(RunArgs),
+    /// How `lockctl run` starts CMD: ties CMD's life to the lockctl given (it is killed if that
+    /// lockctl dies), then executes CMD in its place. Not for direct use.
+    #[command(name = "exec-job", hide = true)]
+    ExecJob(ExecJobArgs),
     /// Force-unlock a lock, whoever holds it (asks first).
     ///
     /// The holder notices at its next renewal (within a third of its ttl) and, with
@@ -156,17 +173,17 @@ pub enum Command {
 pub struct RunArgs {
     /// The lock's key, without the prefix.
     pub key: String,
-    /// The lease, renewed every third of it while CMD runs; a crashed lockctl's lock is
-    /// free after it. Default: the library's (30 s).
-    #[arg(long, value_name = "SECS", value_parser = seconds)]
+    /// The lease, renewed every third of it while the job runs; a crashed lockctl's lock is
+    /// free after it. Default: the library's (30s).
+    #[arg(long, value_name = "DURATION", value_parser = duration)]
     pub ttl: Option<Duration>,
     /// How long to wait for a busy lock (queued, woken by its release) before giving up.
-    #[arg(long, value_name = "SECS", value_parser = seconds, default_value = "0")]
+    #[arg(long, value_name = "DURATION", value_parser = duration, default_value = "0s")]
     pub wait: Duration,
     /// Keep the lock this long after it was taken when CMD succeeded (not renewed): the
     /// others' runs of the same job in that period find it busy. A failed CMD releases at
     /// once, so that another may retry.
-    #[arg(long, value_name = "SECS", value_parser = seconds)]
+    #[arg(long, value_name = "DURATION", value_parser = duration)]
     pub min_hold: Option<Duration>,
     /// Take a fencing token and give it to CMD in LOCK_FENCE.
     #[arg(long)]
@@ -178,11 +195,29 @@ pub struct RunArgs {
     /// runs alone).
     #[arg(long, value_enum, default_value_t = LockMode::Write)]
     pub mode: LockMode,
-    /// After a loss's SIGTERM, how long CMD may take to stop before SIGKILL. It runs past
-    /// the lease (another holder may have the lock by then): keep it short, or have CMD
-    /// write through fencing.
-    #[arg(long, value_name = "SECS", value_parser = seconds, default_value = "10")]
+    /// After a loss's SIGTERM (or the job's stop at the terminal), how long the job's
+    /// processes may take to end before SIGKILL. It runs past the lease (another holder may
+    /// have the lock by then): keep it short, or have CMD write through fencing.
+    #[arg(long, value_name = "DURATION", value_parser = duration, default_value = "10s")]
     pub grace: Duration,
+    /// Leave lockctl's credentials in CMD's environment: LOCK_REDIS_PASSWORD, and those of
+    /// LOCK_REDIS_URL, REDIS_URL, LOCK_REDIS_CLUSTER, LOCK_REDIS_SENTINEL and
+    /// LOCK_REDIS_SENTINEL_MASTER that hold a URL with a password. Without it, CMD does not
+    /// find them.
+    #[arg(long)]
+    pub pass_credentials: bool,
+    /// The command and its arguments, after `--`.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+/// What `lockctl exec-job` takes.
+#[derive(Debug, Args)]
+pub struct ExecJobArgs {
+    /// The pid of the `lockctl run` that starts it: if that is no longer its parent, CMD is
+    /// not run.
+    #[arg(long, value_name = "PID")]
+    pub parent: i32,
     /// The command and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<String>,
@@ -197,11 +232,68 @@ pub enum LockMode {
     Read,
 }
 
-fn seconds(s: &str) -> Result<Duration, String> {
-    let secs: f64 = s
-        .parse()
-        .map_err(|_| format!("`{s}` is not a number of seconds"))?;
-    Duration::try_from_secs_f64(secs).map_err(|_| format!("`{s}` is not a positive duration"))
+/// The longest duration any option takes: 365 days, as the attribute's grammar and the
+/// library's own bound for `ttl` and `min_hold`.
+const MAX_MILLIS: u64 = 365 * 24 * 3_600_000;
+
+/// The attribute's units (`lock-macros/src/duration.rs`), with their length in milliseconds.
+const UNITS: [(&str, u64); 4] = [("ms", 1), ("s", 1_000), ("m", 60_000), ("h", 3_600_000)];
+
+/// A duration as the attribute writes it (a whole number and a unit: `500ms`, `30s`, `2m`,
+/// `12h`), or a plain number of seconds (`30`, `0.5`).
+fn duration(text: &str) -> Result<Duration, String> {
+    const UNIT_LIST: &str = "`ms`, `s`, `m` or `h`";
+    let too_long = || format!("`{text}` is too long: at most 365 days (`8760h`)");
+    if text.is_empty() {
+        return Err(format!(
+            "empty duration: write a number and a unit ({UNIT_LIST}), e.g. `30s`"
+        ));
+    }
+    let digits = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, rest) = text.split_at(digits);
+    if number.is_empty() {
+        return Err(format!(
+            "`{text}`: a duration starts with a number, e.g. `30s`, `500ms` or `0.5` (seconds)"
+        ));
+    }
+    if let Some(fraction) = rest.strip_prefix('.') {
+        // Plain seconds with a fraction; a unit takes whole numbers only, as in the attribute.
+        let digits = fraction
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(fraction.len());
+        if digits == 0 {
+            return Err(format!("`{text}` is not a number of seconds"));
+        }
+        if digits < fraction.len() {
+            return Err(format!(
+                "`{text}`: fractions are taken in plain seconds only (`1.5`); with a unit, \
+                 use a smaller one (`1500ms`)"
+            ));
+        }
+    }
+    if rest.is_empty() || rest.starts_with('.') {
+        let secs: f64 = text
+            .parse()
+            .map_err(|_| format!("`{text}` is not a number of seconds"))?;
+        return match Duration::try_from_secs_f64(secs) {
+            Ok(d) if d <= Duration::from_millis(MAX_MILLIS) => Ok(d),
+            _ => Err(too_long()),
+        };
+    }
+    let Some(&(_, unit_millis)) = UNITS.iter().find(|(name, _)| *name == rest) else {
+        return Err(format!(
+            "`{text}`: unknown unit `{rest}`; use {UNIT_LIST} (or a plain number of seconds)"
+        ));
+    };
+    number
+        .parse::<u64>()
+        .ok()
+        .and_then(|count| count.checked_mul(unit_millis))
+        .filter(|&millis| millis <= MAX_MILLIS)
+        .map(Duration::from_millis)
+        .ok_or_else(too_long)
 }
 
 #[cfg(test)]
@@ -313,6 +405,71 @@ mod tests {
             "true"
         ])
         .is_err());
+    }
+
+    #[test]
+    fn durations_take_the_attributes_units_or_plain_seconds() {
+        let ms = Duration::from_millis;
+        for (text, expected) in [
+            ("500ms", ms(500)),
+            ("30s", ms(30_000)),
+            ("2m", ms(120_000)),
+            ("12h", ms(43_200_000)),
+            ("0s", ms(0)),
+            ("30", ms(30_000)),
+            ("0.5", ms(500)),
+            ("0", ms(0)),
+            ("8760h", ms(365 * 24 * 3_600_000)),
+        ] {
+            assert_eq!(duration(text), Ok(expected), "{text}");
+        }
+        for (text, why) in [
+            ("", "empty"),
+            ("s", "starts with a number"),
+            ("1.5s", "fractions"),
+            ("5x", "unknown unit `x`"),
+            ("5 s", "unknown unit ` s`"),
+            ("-1", "starts with a number"),
+            ("1e3", "unknown unit `e3`"),
+            ("inf", "starts with a number"),
+            ("8761h", "too long"),
+            ("31536001", "too long"),
+            ("99999999999999999999s", "too long"),
+            ("1.", "not a number"),
+        ] {
+            let error = duration(text).expect_err(text);
+            assert!(error.contains(why), "{text}: {error}");
+        }
+        let cli = Cli::try_parse_from([
+            "lockctl",
+            "run",
+            "job",
+            "--ttl",
+            "30s",
+            "--wait",
+            "2m",
+            "--min-hold",
+            "12h",
+            "--grace",
+            "500ms",
+            "--",
+            "true",
+        ])
+        .unwrap();
+        let Command::Run(args) = cli.command else {
+            panic!("parsed as {:?}", cli.command);
+        };
+        assert_eq!(
+            (args.ttl, args.wait, args.min_hold, args.grace),
+            (Some(ms(30_000)), ms(120_000), Some(ms(43_200_000)), ms(500))
+        );
+        let refused = Cli::try_parse_from(["lockctl", "run", "job", "--ttl", "5x", "--", "true"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            refused.contains("--ttl") && refused.contains("unknown unit `x`"),
+            "{refused}"
+        );
     }
 
     #[test]

@@ -7,6 +7,7 @@
 
 mod cli;
 mod confirm;
+mod job;
 mod leader;
 mod list;
 mod render;
@@ -36,9 +37,35 @@ impl From<LockError> for Failure {
     }
 }
 
-#[tokio::main(flavor = "current_thread")]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     let cli = Cli::parse();
+    match &cli.command {
+        // Before any runtime: this process becomes CMD.
+        Command::ExecJob(args) => return job::exec(args),
+        // Before any thread starts, so that every thread has them blocked.
+        Command::Run(_) => {
+            if let Err(e) = job::block_terminal_signals() {
+                eprintln!("lockctl: cannot block SIGTTIN and SIGTTOU: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+        _ => {}
+    }
+    // One thread: `run` starts CMD from it, and CMD dies with the thread that started it.
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("lockctl: cannot start: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(start(cli))
+}
+
+async fn start(cli: Cli) -> ExitCode {
     // `run` exits with its command's status, or with one of its own that says why it did not
     // run; a configuration it cannot use is a usage error there.
     let usage = if matches!(cli.command, Command::Run(_)) {
@@ -83,6 +110,7 @@ async fn execute(cli: Cli) -> Result<ExitCode, Failure> {
         } => leader::show(&registry, &key).await?,
         Command::Leader { key, duration, .. } => leader::watch(&registry, &key, duration).await?,
         Command::Unlock { key, yes } => unlock(&registry, &key, yes).await?,
+        Command::ExecJob(_) => unreachable!("exec-job runs before any registry"),
     }
     Ok(ExitCode::SUCCESS)
 }

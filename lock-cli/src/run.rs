@@ -1,8 +1,9 @@
 //! `lockctl run KEY -- CMD`: a command run under a lock, as `etcdctl lock` and `consul lock`
 //! do; the cron entry on every machine that must run once.
 //!
-//! CMD runs in a process group of its own, so that a loss stops the whole job (a shell and its
-//! children), and each signal sent to `lockctl` reaches it once, by `lockctl` passing it on.
+//! The job is CMD and every process it starts (see [`crate::job`]): the lock is held until the
+//! last of them has ended, and a loss stops them all. CMD runs in a process group of its own,
+//! and each signal sent to `lockctl` reaches that group once, by `lockctl` passing it on.
 
 use std::process::{ExitCode, ExitStatus, Stdio};
 use std::time::Duration;
@@ -10,24 +11,28 @@ use std::time::Duration;
 use lock_runtime::{LockError, LockGuard, Registry};
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
-use tokio::process::Child;
 use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::cli::{LockMode, RunArgs};
+use crate::job::{self, Event};
 
 /// The exit statuses `lockctl run` gives of itself; otherwise it exits with CMD's status (128 +
 /// the signal's number when a signal ended CMD, as shells do).
 pub mod status {
     /// A bad option: the library refused the key or the options (as clap's usage errors).
     pub const USAGE: u8 = 2;
+    /// The job stopped to read from the terminal (or to change its settings), which it cannot
+    /// do under `lockctl run`: it was ended and the lock released (sysexits' `EX_NOINPUT`).
+    pub const TERMINAL: u8 = 66;
     /// Redis could not be reached, or refused a command: CMD did not run (sysexits'
     /// `EX_UNAVAILABLE`).
     pub const UNAVAILABLE: u8 = 69;
     /// The lock was held by another holder until `--wait` ran out: CMD did not run (sysexits'
     /// `EX_TEMPFAIL`, "try again later": what a cron job on another machine sees).
     pub const BUSY: u8 = 75;
-    /// The lease was lost while CMD ran: CMD was sent SIGTERM, then SIGKILL after `--grace`
-    /// (or it had ended, but only after the loss).
+    /// The lease was lost while the job ran: its processes were sent SIGTERM, then SIGKILL
+    /// after `--grace` (or the job had ended, but only after the loss).
     pub const LOST: u8 = 79;
     /// CMD exists but could not be run (as shells say it).
     pub const CANNOT_EXECUTE: u8 = 126;
@@ -41,18 +46,54 @@ pub const KEY_VAR: &str = "LOCK_KEY";
 /// writes to to refuse a stale holder.
 pub const FENCE_VAR: &str = "LOCK_FENCE";
 
-/// The signals passed on to CMD: the ones that ask a process to stop, or that operators send
-/// to jobs.
-const PASSED_ON: [(SignalKind, Signal); 6] = [
-    (SignalKind::terminate(), Signal::SIGTERM),
-    (SignalKind::interrupt(), Signal::SIGINT),
-    (SignalKind::hangup(), Signal::SIGHUP),
-    (SignalKind::quit(), Signal::SIGQUIT),
-    (SignalKind::user_defined1(), Signal::SIGUSR1),
-    (SignalKind::user_defined2(), Signal::SIGUSR2),
+/// What `lockctl` does with a signal it receives while the job runs.
+#[derive(Debug, Clone, Copy)]
+enum Received {
+    /// Passed on to CMD's process group: the signals that ask a process to stop, or that
+    /// operators send to jobs.
+    PassOn(Signal),
+    /// Refused, with a word on stderr: Ctrl-Z would stop lockctl's renewals while the job
+    /// runs on past its lease.
+    Refuse(Signal),
+}
+
+const HANDLED: [(SignalKind, Received); 7] = [
+    (SignalKind::terminate(), Received::PassOn(Signal::SIGTERM)),
+    (SignalKind::interrupt(), Received::PassOn(Signal::SIGINT)),
+    (SignalKind::hangup(), Received::PassOn(Signal::SIGHUP)),
+    (SignalKind::quit(), Received::PassOn(Signal::SIGQUIT)),
+    (
+        SignalKind::user_defined1(),
+        Received::PassOn(Signal::SIGUSR1),
+    ),
+    (
+        SignalKind::user_defined2(),
+        Received::PassOn(Signal::SIGUSR2),
+    ),
+    (
+        SignalKind::from_raw(Signal::SIGTSTP as i32),
+        Received::Refuse(Signal::SIGTSTP),
+    ),
 ];
 
-/// Takes the lock, runs CMD under it and releases it; the status to exit with.
+type Signals = Vec<(tokio::signal::unix::Signal, Received)>;
+
+/// How long the job's processes have after each round of SIGKILL before the next round (for
+/// those forked meanwhile).
+const KILL_ROUND: Duration = Duration::from_millis(100);
+
+/// How the supervision of a job came to an end.
+enum Outcome {
+    /// Every process of the job ended; CMD's own status.
+    Ended(std::io::Result<ExitStatus>),
+    /// The lease was lost while the job ran.
+    Lost(LockError),
+    /// A process of the job stopped on SIGTTIN or SIGTTOU: it used the terminal.
+    Terminal(Pid, Signal),
+}
+
+/// Takes the lock, runs CMD under it and releases it once CMD and every process it started
+/// have ended; the status to exit with.
 pub async fn run(registry: &Registry, job: RunArgs) -> ExitCode {
     let redis_key = registry.redis_key(&job.key);
     let mut request = registry
@@ -75,111 +116,217 @@ pub async fn run(registry: &Registry, job: RunArgs) -> ExitCode {
         Ok(guard) => guard,
         Err(e) => return not_run(&e),
     };
+    if let Err(e) = job::become_subreaper() {
+        eprintln!(
+            "lockctl: cannot become the subreaper of the command's processes: {e}; the command \
+             did not run"
+        );
+        let _ = guard.release_now().await;
+        return ExitCode::FAILURE;
+    }
     // Listening before CMD starts: a signal that comes at once is passed on, not lost.
-    let mut signals = Vec::with_capacity(PASSED_ON.len());
-    for (kind, sig) in PASSED_ON {
+    let mut signals = Vec::with_capacity(HANDLED.len());
+    for (kind, action) in HANDLED {
         match signal(kind) {
-            Ok(stream) => signals.push((stream, sig)),
+            Ok(stream) => signals.push((stream, action)),
             Err(e) => {
-                eprintln!(
-                    "lockctl: cannot listen for {}: {e}; the command did not run",
-                    sig.as_str()
-                );
+                eprintln!("lockctl: cannot listen for signals: {e}; the command did not run");
                 let _ = guard.release_now().await;
                 return ExitCode::FAILURE;
             }
         }
     }
-    let mut child = match spawn(&job, &guard) {
+    let child = match spawn(&job, &guard) {
         Ok(child) => child,
-        Err((status, message)) => {
+        Err(message) => {
             eprintln!("lockctl: {message}; {redis_key} released");
             let _ = guard.release_now().await;
-            return ExitCode::from(status);
+            return ExitCode::from(status::CANNOT_EXECUTE);
         }
     };
-    let group = child
-        .id()
-        .and_then(|id| i32::try_from(id).ok())
-        .map(Pid::from_raw)
-        .expect("a child just spawned has a pid");
-    let ended = tokio::select! {
-        status = child.wait() => Ok(status),
-        lost = guard.lost() => Err(lost),
-        () = pass_on(&mut signals, group) => unreachable!("passing signals on never ends"),
-    };
-    match ended {
-        Ok(status) => finish(guard, &redis_key, status).await,
-        Err(lost) => {
+    // CMD's process group is its own pid (`process_group(0)`).
+    let group = Pid::from_raw(i32::try_from(child.id()).expect("a pid fits in an i32"));
+    let mut events = job::watch(child);
+    let outcome = supervise(&guard, &redis_key, &mut events, &mut signals, group).await;
+    match outcome {
+        Outcome::Ended(status) => finish(guard, &redis_key, status).await,
+        Outcome::Lost(lost) => {
             eprintln!(
-                "lockctl: {lost}; sending SIGTERM to the command (SIGKILL in {})",
+                "lockctl: {lost}; sending SIGTERM to every process of the job (SIGKILL in {})",
                 crate::render::duration(job.grace)
             );
-            stop(&mut child, group, job.grace, &mut signals).await;
+            stop(&mut events, group, job.grace, &mut signals).await;
             ExitCode::from(status::LOST)
+        }
+        Outcome::Terminal(pid, sig) => {
+            let (cannot, instead) = if sig == Signal::SIGTTIN {
+                (
+                    "read from the terminal",
+                    "redirect its input (`< /dev/null`, or a file)",
+                )
+            } else {
+                (
+                    "change the terminal's settings, nor write to it under `stty tostop`",
+                    "redirect its output, and leave the terminal's settings alone",
+                )
+            };
+            eprintln!(
+                "lockctl: the job's process {pid} stopped on {}: a command under `lockctl run` \
+                 runs outside the terminal's foreground and cannot {cannot}; {instead}. Ending \
+                 the job (SIGTERM, SIGKILL in {}) and releasing {redis_key}",
+                sig.as_str(),
+                crate::render::duration(job.grace)
+            );
+            stop(&mut events, group, job.grace, &mut signals).await;
+            let _ = guard.release_now().await;
+            ExitCode::from(status::TERMINAL)
         }
     }
 }
 
-/// CMD, in a process group of its own, with the key (and the fencing token) in its
-/// environment. An error is the status to exit with and what to say.
-fn spawn(job: &RunArgs, guard: &LockGuard) -> Result<Child, (u8, String)> {
-    let (program, args) = job.command.split_first().expect("clap requires a command");
-    let mut command = tokio::process::Command::new(program);
+/// CMD through `lockctl exec-job`, in a process group of its own, with the key (and the
+/// fencing token) in its environment, and without lockctl's credentials unless asked. An error
+/// is what to say.
+fn spawn(job: &RunArgs, guard: &LockGuard) -> Result<std::process::Child, String> {
+    let mut command = job::command(&job.command);
     command
-        .args(args)
         .env(KEY_VAR, &job.key)
         .env_remove(FENCE_VAR)
-        .stdin(Stdio::inherit())
-        .process_group(0);
+        .stdin(Stdio::inherit());
     if let Some(fence) = guard.fence() {
         command.env(FENCE_VAR, fence.to_string());
     }
-    command.spawn().map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => (status::NOT_FOUND, format!("{program}: not found")),
-        _ => (status::CANNOT_EXECUTE, format!("cannot run {program}: {e}")),
-    })
+    if !job.pass_credentials {
+        for var in crate::target::credential_vars(|name| std::env::var(name).ok()) {
+            command.env_remove(var);
+        }
+    }
+    command
+        .spawn()
+        .map_err(|e| format!("cannot start the command: {e}"))
 }
 
-/// Sends each signal `lockctl` receives on to CMD's process group.
-async fn pass_on(signals: &mut [(tokio::signal::unix::Signal, Signal)], group: Pid) {
+/// Follows the job until every process of it has ended, the lease is lost, or the job stops
+/// on the terminal; passing signals on meanwhile.
+async fn supervise(
+    guard: &LockGuard,
+    redis_key: &str,
+    events: &mut UnboundedReceiver<Event>,
+    signals: &mut Signals,
+    group: Pid,
+) -> Outcome {
+    let relaying = relay(signals, group);
+    tokio::pin!(relaying);
+    let lost = guard.lost();
+    tokio::pin!(lost);
+    let mut command = None;
     loop {
-        let received = futures_util::future::select_all(
-            signals
-                .iter_mut()
-                .map(|(stream, sig)| Box::pin(async move { stream.recv().await.map(|_| *sig) })),
-        )
-        .await
-        .0;
-        if let Some(sig) = received {
-            // The group may be gone already (CMD exited): nothing to pass on then.
-            let _ = killpg(group, sig);
+        tokio::select! {
+            event = events.recv() => match event {
+                Some(Event::CommandEnded(status)) => {
+                    let left = job::members();
+                    if !left.is_empty() {
+                        eprintln!(
+                            "lockctl: the command ended ({}), but left {} process(es) running \
+                             (pid {}): {redis_key} is held until they end",
+                            describe(&status),
+                            left.len(),
+                            job::listed(&left)
+                        );
+                    }
+                    command = Some(status);
+                }
+                Some(Event::Stopped(pid, sig @ (Signal::SIGTTIN | Signal::SIGTTOU))) => {
+                    return Outcome::Terminal(pid, sig);
+                }
+                // Stopped by SIGSTOP or SIGTSTP: someone paused it on purpose; it still holds.
+                Some(Event::Stopped(..)) => {}
+                Some(Event::Ended) | None => {
+                    return Outcome::Ended(command.unwrap_or_else(|| {
+                        Err(std::io::Error::other("the command's end went unreported"))
+                    }));
+                }
+            },
+            lost = &mut lost => return Outcome::Lost(lost),
+            () = &mut relaying => unreachable!("relaying signals never ends"),
         }
     }
 }
 
-/// After a loss: SIGTERM to CMD's group, SIGKILL after `grace` if CMD is still running. Signals
-/// sent to `lockctl` meanwhile still reach CMD.
-async fn stop(
-    child: &mut Child,
-    group: Pid,
-    grace: Duration,
-    signals: &mut [(tokio::signal::unix::Signal, Signal)],
-) {
-    let _ = killpg(group, Signal::SIGTERM);
-    let waited = tokio::select! {
-        status = tokio::time::timeout(grace, child.wait()) => status.is_ok(),
-        () = pass_on(signals, group) => unreachable!("passing signals on never ends"),
-    };
-    if !waited {
-        eprintln!("lockctl: the command outlived its grace period; sending SIGKILL");
-        let _ = killpg(group, Signal::SIGKILL);
-        let _ = child.wait().await;
+fn describe(status: &std::io::Result<ExitStatus>) -> String {
+    match status {
+        Ok(status) => status.to_string(),
+        Err(e) => e.to_string(),
     }
 }
 
-/// CMD ended while the lock held: released (kept until `--min-hold` if CMD succeeded), and
-/// CMD's status is ours.
+/// Passes each signal `lockctl` receives on to CMD's process group, or refuses it.
+async fn relay(signals: &mut Signals, group: Pid) {
+    loop {
+        let received =
+            futures_util::future::select_all(signals.iter_mut().map(|(stream, action)| {
+                Box::pin(async move { stream.recv().await.map(|_| *action) })
+            }))
+            .await
+            .0;
+        match received {
+            // The group may be gone already (CMD exited): nothing to pass on then.
+            Some(Received::PassOn(sig)) => {
+                let _ = killpg(group, sig);
+            }
+            Some(Received::Refuse(sig)) => eprintln!(
+                "lockctl: not stopping on {}: the lock is renewed only while lockctl runs, and \
+                 the command would run on past its lease; to end the command, send SIGINT \
+                 (Ctrl-C) or SIGTERM",
+                sig.as_str()
+            ),
+            None => {}
+        }
+    }
+}
+
+/// SIGTERM to every process of the job, then SIGKILL after `grace` to every one still alive,
+/// round after round until none is left. Signals sent to `lockctl` meanwhile still reach CMD's
+/// group during the grace period.
+async fn stop(
+    events: &mut UnboundedReceiver<Event>,
+    group: Pid,
+    grace: Duration,
+    signals: &mut Signals,
+) {
+    job::signal(group, Signal::SIGTERM);
+    // A stopped process acts on SIGTERM only once continued.
+    job::signal(group, Signal::SIGCONT);
+    let ended = tokio::select! {
+        ended = tokio::time::timeout(grace, all_ended(events)) => ended.is_ok(),
+        () = relay(signals, group) => unreachable!("relaying signals never ends"),
+    };
+    if ended {
+        return;
+    }
+    eprintln!("lockctl: the job outlived its grace period; sending SIGKILL to its processes");
+    loop {
+        job::signal(group, Signal::SIGKILL);
+        if tokio::time::timeout(KILL_ROUND, all_ended(events))
+            .await
+            .is_ok()
+        {
+            return;
+        }
+    }
+}
+
+/// Until the reaper finds no process of the job left.
+async fn all_ended(events: &mut UnboundedReceiver<Event>) {
+    while let Some(event) = events.recv().await {
+        if matches!(event, Event::Ended) {
+            return;
+        }
+    }
+}
+
+/// The job ended while the lock held: released (kept until `--min-hold` if CMD succeeded),
+/// and CMD's status is ours.
 async fn finish(
     guard: LockGuard,
     redis_key: &str,
@@ -197,8 +344,8 @@ async fn finish(
     // may have overlapped the next holder: a loss, as a guarded body's would be.
     if let Some(reason) = guard.lost_reason() {
         eprintln!(
-            "lockctl: the command ended ({status}), but the lock {redis_key} was lost before it \
-             did ({reason}): its work may have overlapped the next holder's"
+            "lockctl: the job ended (the command: {status}), but the lock {redis_key} was lost \
+             before it did ({reason}): its work may have overlapped the next holder's"
         );
         return ExitCode::from(status::LOST);
     }

@@ -10,6 +10,42 @@ pub const PASSWORD_VAR: &str = "LOCK_REDIS_PASSWORD";
 
 use crate::cli::TargetArgs;
 
+/// The variables [`Target::resolve`] reads for a deployment: each may hold URLs, and so
+/// passwords.
+const URL_VARS: [&str; 5] = [
+    "LOCK_REDIS_SENTINEL",
+    "LOCK_REDIS_SENTINEL_MASTER",
+    "LOCK_REDIS_CLUSTER",
+    "LOCK_REDIS_URL",
+    "REDIS_URL",
+];
+
+/// The variables of `env` that hold lockctl's credentials: [`PASSWORD_VAR`] when set, and each
+/// of [`URL_VARS`] that holds a URL with a password. `lockctl run` keeps them from its
+/// command.
+pub fn credential_vars(env: impl Fn(&str) -> Option<String>) -> Vec<&'static str> {
+    std::iter::once(PASSWORD_VAR)
+        .filter(|&name| env(name).is_some())
+        .chain(
+            URL_VARS
+                .into_iter()
+                .filter(|&name| env(name).is_some_and(|value| carries_password(&value))),
+        )
+        .collect()
+}
+
+/// Whether one of the comma-separated URLs in `value` has a password. A part that does not
+/// parse counts when it has an `@` (a login, perhaps with characters a URL must escape); a
+/// service name (`mymaster`) does not.
+fn carries_password(value: &str) -> bool {
+    value
+        .split(',')
+        .any(|part| match url::Url::parse(part.trim()) {
+            Ok(url) => url.password().is_some(),
+            Err(_) => part.contains('@'),
+        })
+}
+
 /// A deployment of lock-runtime's Redis backends.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Target {
@@ -198,6 +234,33 @@ mod tests {
         };
         assert_eq!(master, "rediss://:pw@mymaster/");
         assert_eq!(sentinels, ["rediss://s:26379"]);
+    }
+
+    #[test]
+    fn credentials_are_the_password_and_the_url_variables_with_a_password() {
+        let vars = [
+            ("LOCK_REDIS_PASSWORD", "s3cret"),
+            ("LOCK_REDIS_URL", "redis://a:1,redis://:pw@b:1"),
+            ("REDIS_URL", "redis://user@c:1/"),
+            ("LOCK_REDIS_CLUSTER", "redis://d:1"),
+            ("LOCK_REDIS_SENTINEL", "rediss://user:pw@e:1"),
+            ("LOCK_REDIS_SENTINEL_MASTER", "mymaster"),
+        ];
+        assert_eq!(
+            credential_vars(env(&vars)),
+            [
+                "LOCK_REDIS_PASSWORD",
+                "LOCK_REDIS_SENTINEL",
+                "LOCK_REDIS_URL"
+            ]
+        );
+        let master = [("LOCK_REDIS_SENTINEL_MASTER", "redis://u:p#w@mymaster/0")];
+        assert_eq!(
+            credential_vars(env(&master)),
+            ["LOCK_REDIS_SENTINEL_MASTER"]
+        );
+        assert!(credential_vars(env(&[("REDIS_URL", "redis://h:1/")])).is_empty());
+        assert!(credential_vars(env(&[])).is_empty());
     }
 
     #[test]

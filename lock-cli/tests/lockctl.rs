@@ -1092,3 +1092,269 @@ fn tempdir() -> std::path::PathBuf {
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
+
+/// The state letter in `/proc/<pid>/stat` (`None` once the process is gone).
+fn state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // `pid (comm) state ...`: the command name may hold spaces and parentheses.
+    stat.rfind(')')
+        .and_then(|end| stat[end + 1..].trim_start().chars().next())
+}
+
+/// Dead: gone from `/proc`, or a zombie nobody has reaped yet.
+fn dead(pid: u32) -> bool {
+    matches!(state(pid), None | Some('Z' | 'X'))
+}
+
+/// The pids a job wrote to `path`, one a line, once `count` of them are there.
+async fn pids_written(path: &std::path::Path, count: usize) -> Vec<u32> {
+    lock_tests::eventually(PATIENCE, "the job wrote its pids", || async {
+        std::fs::read_to_string(path).is_ok_and(|s| s.lines().count() >= count && s.ends_with('\n'))
+    })
+    .await;
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|line| line.trim().parse().expect("a pid"))
+        .collect()
+}
+
+/// Fails if any of `pids` still lives, after killing those that do (no stray process outlives
+/// a failed test).
+fn assert_all_dead(pids: &[u32], what: &str) {
+    let alive: Vec<u32> = pids.iter().copied().filter(|&pid| !dead(pid)).collect();
+    for &pid in &alive {
+        lock_tests::signal(pid, "KILL");
+    }
+    assert!(alive.is_empty(), "{what}: {alive:?} still alive");
+}
+
+/// The job is its whole process tree: a background worker left in its process group and one
+/// that left it (`setsid`, orphaned by a subshell) keep the lock held after the command itself
+/// has exited, so that a second run waits for them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_holds_the_lock_until_every_process_of_the_job_has_ended() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let registry = Registry::from_url(&url).unwrap();
+    let dir = tempdir();
+    let (go, log, shell) = (dir.join("go"), dir.join("log"), dir.join("shell"));
+    let worker = |name: &str| {
+        format!(
+            "until [ -e {go} ]; do sleep 0.05; done; echo {name} >> {log}",
+            go = go.display(),
+            log = log.display()
+        )
+    };
+    let job = format!(
+        "({in_group}) & (setsid sh -c '{detached}' &); echo $$ > {shell}; exit 0",
+        in_group = worker("in-group"),
+        detached = worker("detached"),
+        shell = shell.display()
+    );
+    let first = spawn_run(&url, &["job:bg", "--ttl", "5"], &sh(&job));
+    let shell_pid = pids_written(&shell, 1).await[0];
+    lock_tests::eventually(PATIENCE, "the command itself exited", || async {
+        dead(shell_pid)
+    })
+    .await;
+
+    let second_job = format!("echo second >> {}", log.display());
+    let second = spawn_run(&url, &["job:bg", "--wait", "60"], &sh(&second_job));
+    lock_tests::eventually(PATIENCE, "the second run queued, or ran", || async {
+        std::fs::read_to_string(&log).is_ok_and(|s| s.contains("second"))
+            || registry.inspect("job:bg").await.unwrap().waiters == 1
+    })
+    .await;
+    std::fs::write(&go, "").unwrap();
+
+    let out = ended(first, "lockctl ends once its workers have").await;
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let out = ended(
+        second,
+        "the second run gets the lock once the first lets go",
+    )
+    .await;
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let lines: Vec<String> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(lines.len(), 3, "both workers and the second run: {lines:?}");
+    assert_eq!(
+        lines[2], "second",
+        "the second run ran only after the first job's workers ended: {lines:?}"
+    );
+}
+
+/// After a loss, lockctl exits only once every process of the job is dead: processes that
+/// ignore SIGTERM, in the job's process group or outside it, are killed after `--grace`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_after_a_loss_kills_every_process_of_the_job_before_it_exits() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let registry = Registry::from_url(&url).unwrap();
+    let dir = tempdir();
+    let pids = dir.join("pids");
+    let stubborn = format!(
+        "trap \"\" TERM; echo $$ >> {}; exec sleep 300 >/dev/null 2>&1",
+        pids.display()
+    );
+    // Not holding lockctl's output open: its end is seen as soon as it comes.
+    let job = format!("sh -c '{stubborn}' & setsid sh -c '{stubborn}' & wait");
+    let child = spawn_run(&url, &["job", "--ttl", "1", "--grace", "0.5"], &sh(&job));
+    let stubborn = pids_written(&pids, 2).await;
+    assert!(registry.force_unlock("job").await.unwrap());
+    let out = ended(child, "lockctl ends once the job is stopped").await;
+    assert_eq!(code(&out), 79, "{}", stderr(&out));
+    assert_all_dead(&stubborn, "when lockctl exited after the loss");
+}
+
+/// `lockctl` killed with SIGKILL (no chance to pass anything on) takes its command with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_killed_takes_its_command_with_it() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let dir = tempdir();
+    let pid = dir.join("pid");
+    // Not holding lockctl's output open: its end is seen as soon as it comes.
+    let job = format!(
+        "echo $$ > {}; exec sleep 300 >/dev/null 2>&1",
+        pid.display()
+    );
+    let child = spawn_run(&url, &["job"], &sh(&job));
+    let command = pids_written(&pid, 1).await[0];
+    lock_tests::signal(child.id().unwrap(), "KILL");
+    ended(child, "lockctl dies of SIGKILL").await;
+    let died = tokio::time::timeout(PATIENCE, async {
+        while !dead(command) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    assert_all_dead(&[command], "the command after lockctl was killed");
+    assert!(died.is_ok());
+}
+
+/// Ctrl-Z (SIGTSTP) must not stop lockctl while its job runs (its renewals would stop, the job
+/// would not): refused, with a word on stderr; SIGTTIN and SIGTTOU do not stop it either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_refuses_to_stop_on_ctrl_z_while_its_job_runs() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let registry = Registry::from_url(&url).unwrap();
+    let dir = tempdir();
+    let (ready, go) = (dir.join("ready"), dir.join("go"));
+    let job = format!(
+        "touch {}; until [ -e {} ]; do sleep 0.05; done",
+        ready.display(),
+        go.display()
+    );
+    let mut child = spawn_run(&url, &["job"], &sh(&job));
+    let pid = child.id().unwrap();
+    let said = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let reader = {
+        let said = said.clone();
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        tokio::spawn(async move {
+            while let Ok(Some(line)) = lines.next_line().await {
+                let mut said = said.lock().unwrap();
+                said.push_str(&line);
+                said.push('\n');
+            }
+        })
+    };
+    lock_tests::eventually(PATIENCE, "the job started", || async { ready.exists() }).await;
+
+    lock_tests::signal(pid, "TSTP");
+    lock_tests::eventually(
+        PATIENCE,
+        "lockctl stopped, or said it would not",
+        || async { state(pid) == Some('T') || said.lock().unwrap().contains("SIGTSTP") },
+    )
+    .await;
+    let stopped = state(pid) == Some('T');
+    if stopped {
+        lock_tests::signal(pid, "CONT");
+    }
+    assert!(!stopped, "lockctl stopped on SIGTSTP");
+    lock_tests::signal(pid, "TTIN");
+    lock_tests::signal(pid, "TTOU");
+    std::fs::write(&go, "").unwrap();
+    let status = tokio::time::timeout(PATIENCE, child.wait())
+        .await
+        .expect("lockctl ends with its job: not stopped by SIGTTIN or SIGTTOU")
+        .unwrap();
+    reader.await.unwrap();
+    let said = said.lock().unwrap().clone();
+    assert_eq!(status.code(), Some(0), "{said}");
+    assert!(said.contains("SIGTSTP"), "{said}");
+    assert_eq!(
+        registry.inspect("job").await.unwrap().owner,
+        None,
+        "released"
+    );
+}
+
+/// A command that reads from (or sets up) the terminal stops in the background, where lockctl
+/// runs it; lockctl says so, ends it and releases instead of renewing the lock forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_ends_a_job_that_stops_to_use_the_terminal() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let registry = Registry::from_url(&url).unwrap();
+    for (command, said) in [
+        (
+            &["cat"][..],
+            "cannot read from the terminal; redirect its input",
+        ),
+        (&["stty", "sane"], "cannot change the terminal's settings"),
+    ] {
+        let mut args = vec!["--url", &url, "run", "tty:job", "--"];
+        args.extend(command);
+        let out = on_terminal(&args, "").await;
+        let screen = stdout(&out);
+        assert_eq!(out.status.code(), Some(66), "{command:?}: {screen}");
+        assert!(screen.contains(said), "{command:?}: {screen}");
+        assert_eq!(
+            registry.inspect("tty:job").await.unwrap().owner,
+            None,
+            "released"
+        );
+    }
+}
+
+/// LOCK_REDIS_PASSWORD, and a Redis URL variable that carries a password, are lockctl's
+/// credentials: not in the job's environment unless `--pass-credentials` asks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_keeps_its_credentials_from_the_job_unless_asked() {
+    let server = RedisServer::start_with(&["--requirepass", "s3cret"]);
+    let url = server.url();
+    let with_login = format!("redis://:s3cret@127.0.0.1:{}/", server.port());
+    let plain = "redis://127.0.0.1:1/";
+    let show =
+        sh("echo \"${LOCK_REDIS_PASSWORD-unset} ${REDIS_URL-unset} ${LOCK_REDIS_CLUSTER-unset}\"");
+    let start = |options: &[&str]| {
+        let mut command = lockctl_run(&url, options, &show);
+        command
+            .env("LOCK_REDIS_PASSWORD", "s3cret")
+            .env("REDIS_URL", &with_login)
+            .env("LOCK_REDIS_CLUSTER", plain);
+        command
+    };
+    let out = run(&mut start(&["pw:job"])).await;
+    assert_eq!(
+        stdout(&out).trim(),
+        format!("unset unset {plain}"),
+        "{}",
+        stderr(&out)
+    );
+    let out = run(&mut start(&["pw:job", "--pass-credentials"])).await;
+    assert_eq!(
+        stdout(&out).trim(),
+        format!("s3cret {with_login} {plain}"),
+        "{}",
+        stderr(&out)
+    );
+}
