@@ -9,6 +9,8 @@
 //!
 //! [`RedisSentinels::start_tls`] makes every server speak only TLS, with one throwaway CA:
 //! the replica replicates and the sentinels monitor, and talk to each other, over TLS.
+//!
+//! The sentinels judge a server down after [`DOWN_AFTER`].
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
@@ -27,6 +29,13 @@ pub const REPLICA_SOURCE: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
 
 /// Where every sentinel's links come from in a partitionable deployment.
 pub const SENTINEL_SOURCE: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 3));
+
+/// The sentinels' `down-after-milliseconds`. A sentinel reconnects to a server at most once a
+/// second, and on `+switch-master` it restarts the new master's ping clock: below about a
+/// second, it can judge a just-promoted, healthy master down before it has reconnected to it
+/// and fail over again, to whatever replica is left (an old master back a moment ago, before
+/// its first sync). Five seconds leave that reconnect, and a loaded machine, room.
+pub const DOWN_AFTER: Duration = Duration::from_secs(5);
 
 pub struct RedisSentinels {
     pub master: RedisServer,
@@ -95,9 +104,10 @@ impl RedisSentinels {
         poll("the replica linked to the master", || {
             info(&replica, "replication").contains("master_link_status:up")
         });
+        let down_after = DOWN_AFTER.as_millis();
         let mut config = format!(
             "sentinel monitor {SERVICE} 127.0.0.1 {master_port} 2\n\
-             sentinel down-after-milliseconds {SERVICE} 500\n\
+             sentinel down-after-milliseconds {SERVICE} {down_after}\n\
              sentinel failover-timeout {SERVICE} 5000\n"
         );
         if partitionable {
