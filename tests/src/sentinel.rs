@@ -10,6 +10,9 @@
 //! [`RedisSentinels::start_tls`] makes every server speak only TLS, with one throwaway CA:
 //! the replica replicates and the sentinels monitor, and talk to each other, over TLS.
 //!
+//! [`RedisSentinels::start_min_replicas`] runs the servers as a lock deployment should
+//! ([`MIN_REPLICAS_ARGS`]): a master without a replica in sync refuses writes.
+//!
 //! The sentinels judge a server down after [`DOWN_AFTER`].
 
 use std::net::{IpAddr, Ipv4Addr};
@@ -37,6 +40,16 @@ pub const SENTINEL_SOURCE: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 3));
 /// its first sync). Five seconds leave that reconnect, and a loaded machine, room.
 pub const DOWN_AFTER: Duration = Duration::from_secs(5);
 
+/// What every server of [`RedisSentinels::start_min_replicas`] runs with: a master refuses
+/// writes unless a replica in sync acknowledged within the last 10 s, so a master that lost its
+/// replica (promoted away from it, or not yet joined after a failover) takes no lock.
+pub const MIN_REPLICAS_ARGS: [&str; 4] = [
+    "--min-replicas-to-write",
+    "1",
+    "--min-replicas-max-lag",
+    "10",
+];
+
 pub struct RedisSentinels {
     pub master: RedisServer,
     pub replica: RedisServer,
@@ -54,7 +67,17 @@ impl RedisSentinels {
     /// When `redis-server` is missing or the deployment does not come together in 30 s.
     #[must_use]
     pub fn start() -> Self {
-        Self::start_inner(false, None)
+        Self::start_inner(false, None, &[])
+    }
+
+    /// As [`start`](Self::start), every server with [`MIN_REPLICAS_ARGS`] (kept across
+    /// restarts): the deployment the fault workload runs with `confirm_replicas(1)`.
+    ///
+    /// # Panics
+    /// As [`start`](Self::start).
+    #[must_use]
+    pub fn start_min_replicas() -> Self {
+        Self::start_inner(false, None, &MIN_REPLICAS_ARGS)
     }
 
     /// As [`start`](Self::start), every server listening only for TLS (`--port 0`,
@@ -66,7 +89,7 @@ impl RedisSentinels {
     /// As [`start`](Self::start), or when `openssl` is missing.
     #[must_use]
     pub fn start_tls() -> Self {
-        Self::start_inner(false, Some(Arc::new(Certificates::make())))
+        Self::start_inner(false, Some(Arc::new(Certificates::make())), &[])
     }
 
     /// As [`start`](Self::start), with the master reached through a proxy that
@@ -81,13 +104,20 @@ impl RedisSentinels {
     /// As [`start`](Self::start).
     #[must_use]
     pub fn start_partitionable() -> Self {
-        Self::start_inner(true, None)
+        Self::start_inner(true, None, &[])
     }
 
-    fn start_inner(partitionable: bool, tls: Option<Arc<Certificates>>) -> Self {
-        let server = |args: &[&str]| match &tls {
-            Some(certs) => RedisServer::start_tls_with(certs, args),
-            None => RedisServer::start_with(args),
+    fn start_inner(
+        partitionable: bool,
+        tls: Option<Arc<Certificates>>,
+        server_args: &[&str],
+    ) -> Self {
+        let server = |args: &[&str]| {
+            let args = [server_args, args].concat();
+            match &tls {
+                Some(certs) => RedisServer::start_tls_with(certs, &args),
+                None => RedisServer::start_with(&args),
+            }
         };
         let master = server(&[]);
         let front = partitionable.then(|| Proxy::start(master.port()));
