@@ -11,13 +11,16 @@ use std::time::Duration;
 pub const RENEWED_TTL: Duration = Duration::from_secs(1);
 
 /// One lock cycle, so `registry`'s connection is made and its scripts loaded before a fault is
-/// injected: the fault then hits the operation under test, not the handshake.
+/// injected: the fault then hits the operation under test, not the handshake. A first connect
+/// that outlasts a test registry's short connect timeout on a loaded machine (a TLS handshake
+/// with a sentinel, then with the master) is tried again within 10 s.
 ///
 /// # Panics
 /// When the cycle fails.
 pub async fn warm_up(registry: &lock_runtime::Registry) {
     registry
         .lock("warm-up")
+        .wait(Duration::from_secs(10))
         .acquire()
         .await
         .expect("warm-up lock")

@@ -9,6 +9,11 @@
 //!
 //! [`RedisSentinels::start_tls`] makes every server speak only TLS, with one throwaway CA:
 //! the replica replicates and the sentinels monitor, and talk to each other, over TLS.
+//!
+//! [`RedisSentinels::start_min_replicas`] runs the servers as a lock deployment should
+//! ([`MIN_REPLICAS_ARGS`]): a master without a replica in sync refuses writes.
+//!
+//! The sentinels judge a server down after [`DOWN_AFTER`].
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
@@ -28,6 +33,23 @@ pub const REPLICA_SOURCE: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
 /// Where every sentinel's links come from in a partitionable deployment.
 pub const SENTINEL_SOURCE: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 3));
 
+/// The sentinels' `down-after-milliseconds`. A sentinel reconnects to a server at most once a
+/// second, and on `+switch-master` it restarts the new master's ping clock: below about a
+/// second, it can judge a just-promoted, healthy master down before it has reconnected to it
+/// and fail over again, to whatever replica is left (an old master back a moment ago, before
+/// its first sync). Five seconds leave that reconnect, and a loaded machine, room.
+pub const DOWN_AFTER: Duration = Duration::from_secs(5);
+
+/// What every server of [`RedisSentinels::start_min_replicas`] runs with: a master refuses
+/// writes unless a replica in sync acknowledged within the last 10 s, so a master that lost its
+/// replica (promoted away from it, or not yet joined after a failover) takes no lock.
+pub const MIN_REPLICAS_ARGS: [&str; 4] = [
+    "--min-replicas-to-write",
+    "1",
+    "--min-replicas-max-lag",
+    "10",
+];
+
 pub struct RedisSentinels {
     pub master: RedisServer,
     pub replica: RedisServer,
@@ -45,7 +67,17 @@ impl RedisSentinels {
     /// When `redis-server` is missing or the deployment does not come together in 30 s.
     #[must_use]
     pub fn start() -> Self {
-        Self::start_inner(false, None)
+        Self::start_inner(false, None, &[])
+    }
+
+    /// As [`start`](Self::start), every server with [`MIN_REPLICAS_ARGS`] (kept across
+    /// restarts): the deployment the fault workload runs with `confirm_replicas(1)`.
+    ///
+    /// # Panics
+    /// As [`start`](Self::start).
+    #[must_use]
+    pub fn start_min_replicas() -> Self {
+        Self::start_inner(false, None, &MIN_REPLICAS_ARGS)
     }
 
     /// As [`start`](Self::start), every server listening only for TLS (`--port 0`,
@@ -57,7 +89,7 @@ impl RedisSentinels {
     /// As [`start`](Self::start), or when `openssl` is missing.
     #[must_use]
     pub fn start_tls() -> Self {
-        Self::start_inner(false, Some(Arc::new(Certificates::make())))
+        Self::start_inner(false, Some(Arc::new(Certificates::make())), &[])
     }
 
     /// As [`start`](Self::start), with the master reached through a proxy that
@@ -72,13 +104,20 @@ impl RedisSentinels {
     /// As [`start`](Self::start).
     #[must_use]
     pub fn start_partitionable() -> Self {
-        Self::start_inner(true, None)
+        Self::start_inner(true, None, &[])
     }
 
-    fn start_inner(partitionable: bool, tls: Option<Arc<Certificates>>) -> Self {
-        let server = |args: &[&str]| match &tls {
-            Some(certs) => RedisServer::start_tls_with(certs, args),
-            None => RedisServer::start_with(args),
+    fn start_inner(
+        partitionable: bool,
+        tls: Option<Arc<Certificates>>,
+        server_args: &[&str],
+    ) -> Self {
+        let server = |args: &[&str]| {
+            let args = [server_args, args].concat();
+            match &tls {
+                Some(certs) => RedisServer::start_tls_with(certs, &args),
+                None => RedisServer::start_with(&args),
+            }
         };
         let master = server(&[]);
         let front = partitionable.then(|| Proxy::start(master.port()));
@@ -95,9 +134,10 @@ impl RedisSentinels {
         poll("the replica linked to the master", || {
             info(&replica, "replication").contains("master_link_status:up")
         });
+        let down_after = DOWN_AFTER.as_millis();
         let mut config = format!(
             "sentinel monitor {SERVICE} 127.0.0.1 {master_port} 2\n\
-             sentinel down-after-milliseconds {SERVICE} 500\n\
+             sentinel down-after-milliseconds {SERVICE} {down_after}\n\
              sentinel failover-timeout {SERVICE} 5000\n"
         );
         if partitionable {

@@ -97,11 +97,14 @@ impl Args {
 
 /// The lock backend under test (`--backend`), one arm per mode of the suite's `LockSystem`;
 /// the workload and the checks are the same for all. `--lock-url` is a comma-separated list
-/// for Redlock's masters, a cluster's seeds and the sentinels.
+/// for Redlock's masters, a cluster's seeds and the sentinels; `--confirm-replicas N` is
+/// `RegistryBuilder::confirm_replicas` (0, the default: none).
 fn registry(args: &Args) -> Registry {
+    let confirm = u32::try_from(args.num("confirm-replicas", 0)).expect("a replica count");
     let builder = Registry::builder()
         .connect_timeout(args.ms("connect-ms", 500))
-        .command_timeout(args.ms("command-ms", 500));
+        .command_timeout(args.ms("command-ms", 500))
+        .confirm_replicas(confirm);
     let urls = args.str("lock-url");
     let list = urls.split(',');
     let backend = args.0.get("backend").map_or("single", String::as_str);
@@ -426,6 +429,8 @@ struct Kinds {
     pause: Duration,
     /// Between two sections of the writer's (`--write-pause-ms`, else `pause`).
     write_pause: Duration,
+    /// Between two sections of the reader's (`--read-pause-ms`, else `pause`).
+    read_pause: Duration,
 }
 
 impl Kinds {
@@ -444,6 +449,7 @@ impl Kinds {
             multi: multi.try_into().expect("--multi-keys names three keys"),
             pause: args.ms("kind-pause-ms", 0),
             write_pause: args.ms("write-pause-ms", args.num("kind-pause-ms", 0)),
+            read_pause: args.ms("read-pause-ms", args.num("kind-pause-ms", 0)),
         })
     }
 }
@@ -628,6 +634,7 @@ impl Workload {
             self.kind_section(kinds, kind, &w, seq).await;
             let pause = match kind {
                 Kind::Write => kinds.write_pause,
+                Kind::Read => kinds.read_pause,
                 _ => kinds.pause,
             };
             tokio::time::sleep(pause).await;

@@ -402,6 +402,90 @@ async fn a_master_demoted_under_an_open_connection_is_left_for_the_new_one() {
     locks_on_the_new_master(&reg, &deployment).await;
 }
 
+/// Two masters at once: the old master stalls past `down-after-milliseconds`, the sentinels
+/// promote the replica, and the old master comes back still a master, until they see it and
+/// demote it (`+convert-to-slave`, seconds later). `reg` locked on it before, and its
+/// connection never broke.
+async fn two_masters(deployment: &mut RedisSentinels, reg: &Registry) {
+    lock_tests::warm_up(reg).await;
+    fail_over(deployment, |master| master.pause()).await;
+    deployment.master.resume();
+    let role: Vec<redis::Value> = redis::cmd("ROLE")
+        .query(&mut deployment.master.connection())
+        .unwrap();
+    assert_eq!(
+        role.first(),
+        Some(&redis::Value::BulkString(b"master".to_vec())),
+        "nothing has demoted the old master yet"
+    );
+}
+
+/// The limit: on the default deployment, a registry still connected to the old master takes a
+/// lock there while a registry that asks the sentinels takes the same lock on the promoted
+/// replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_old_master_back_beside_the_promoted_one_grants_a_lock_held_on_the_new_master_too() {
+    let mut deployment = RedisSentinels::start();
+    let reg = registry(&deployment);
+    two_masters(&mut deployment, &reg).await;
+    let ttl = Duration::from_secs(5);
+    let first = reg.lock("split").ttl(ttl).acquire().await.unwrap();
+    assert_eq!(
+        value(&deployment.master, "lock:split").as_deref(),
+        Some(first.token()),
+        "taken on the old master"
+    );
+    let second = registry(&deployment)
+        .lock("split")
+        .ttl(ttl)
+        .acquire()
+        .await
+        .expect("taken again on the promoted replica");
+    assert_eq!(
+        value(&deployment.replica, "lock:split").as_deref(),
+        Some(second.token())
+    );
+    assert!(!first.is_lost() && !second.is_lost(), "two holders at once");
+    let _ = first.release().await;
+    second.release().await.unwrap();
+}
+
+/// The same two masters on the deployment `GUARANTEES.md` promises exclusion for: with the
+/// servers' `min-replicas-to-write 1` and the registry's `confirm_replicas(1)`, a master whose
+/// replica left grants nothing; once the sentinels have made it follow the new master, locks
+/// are taken on the new master again, acknowledged by it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_back_beside_the_promoted_one_grants_no_lock_until_it_follows_it() {
+    let mut deployment = RedisSentinels::start_min_replicas();
+    let reg = confirming(&deployment, 1);
+    two_masters(&mut deployment, &reg).await;
+    let ttl = Duration::from_secs(2);
+    let refused = reg.lock("split").ttl(ttl).acquire().await;
+    assert!(
+        refused.is_err(),
+        "a master whose replica was promoted away granted a lock"
+    );
+    assert_eq!(value(&deployment.master, "lock:split"), None);
+    let after = reg
+        .lock("split")
+        .ttl(ttl)
+        .wait(Duration::from_secs(60))
+        .acquire()
+        .await
+        .expect("locked once the old master follows the new one");
+    assert_eq!(
+        value(&deployment.replica, "lock:split").as_deref(),
+        Some(after.token()),
+        "taken on the promoted replica"
+    );
+    assert_eq!(
+        value(&deployment.master, "lock:split").as_deref(),
+        Some(after.token()),
+        "and acknowledged by the old master, now its replica"
+    );
+    after.release().await.unwrap();
+}
+
 #[tokio::test]
 async fn unreachable_sentinels_fail_cleanly_and_name_the_sentinels() {
     let port = free_port();

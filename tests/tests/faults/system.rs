@@ -80,6 +80,16 @@ pub trait LockSystem {
     }
     /// How many groups must hold a lock for it to be held.
     fn quorum(&self) -> usize;
+    /// Whether waiters queue beside the lock (not on Redlock, nor with `confirm_replicas`).
+    fn queues(&self) -> bool {
+        self.quorum() == 1
+    }
+    /// How long a worker's reader pauses between sections. Where a waiting writer does not
+    /// hold new readers off (waiters do not queue), readers one after another can keep the
+    /// read-write lock from ever being free for it.
+    fn read_pause(&self) -> Duration {
+        Duration::from_millis(10)
+    }
     /// Whether locks carry fencing tokens in this mode.
     fn fencing(&self) -> bool {
         true

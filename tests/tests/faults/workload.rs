@@ -72,7 +72,8 @@ enum Step {
     KillLeader,
     /// A process stopped while its task waits in the queue for the register, for longer than
     /// a lease: a release may hand it the lock meanwhile, which then runs out while another
-    /// client takes it. Its `wait` outlasts the stop.
+    /// client takes it. Its `wait` outlasts the stop. Where waiters do not queue, a process
+    /// that does not hold the register.
     PauseWaiter(Duration),
 }
 
@@ -225,7 +226,9 @@ fn cluster_schedule() -> Vec<Scheduled> {
 /// Sentinel (no fault proxy: the sentinels name the servers' own ports): short pauses of the
 /// master, client faults, and the master's death with the replica's promotion, the old master
 /// coming back as a replica. Three pauses: the long bodies that ride them out are most of the
-/// run's renewals, which must clear the minimum with room to spare.
+/// run's renewals, which must clear the minimum with room to spare. The deployment is the one
+/// `GUARANTEES.md` promises exclusion across a failover for: `min-replicas-to-write` on the
+/// servers, `confirm_replicas(1)` on the clients (see `system::sentinel`).
 fn sentinel_schedule() -> Vec<Scheduled> {
     let mut steps = vec![
         (Step::Node(ONE, NodeFault::PauseServer, ms(150)), Some(0)),
@@ -365,7 +368,7 @@ impl Run<'_> {
     }
 
     /// The tokens queued for the register, oldest first, as the first server that answers says
-    /// (none on Redlock, whose waiters do not queue).
+    /// (none where waiters do not queue).
     fn queued(&self) -> Vec<String> {
         self.system
             .observed()
@@ -384,7 +387,7 @@ impl Run<'_> {
     }
 
     /// Stops a worker that waits for the register without holding it: the oldest one queued
-    /// (else any but the holder's, on Redlock).
+    /// (else any but the holder's, where waiters do not queue).
     fn stop_a_waiter(&mut self) -> FaultRecord {
         let deadline = std::time::Instant::now() + TTL * 5;
         while std::time::Instant::now() < deadline {
@@ -397,7 +400,7 @@ impl Run<'_> {
                 .iter()
                 .filter_map(|token| token_pid(token).and_then(|pid| self.pool.by_pid(pid)))
                 .collect();
-            let victim = if self.system.quorum() > 1 {
+            let victim = if !self.system.queues() {
                 self.pool.live().into_iter().find(|id| Some(*id) != holder)
             } else {
                 queued.into_iter().find(|id| Some(*id) != holder)
@@ -572,6 +575,8 @@ fn run_and_check(
         "10".into(),
         "--write-pause-ms".into(),
         "100".into(),
+        "--read-pause-ms".into(),
+        system.read_pause().as_millis().to_string(),
     ]);
     let mut run = Run {
         system,

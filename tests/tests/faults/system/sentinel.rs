@@ -1,5 +1,11 @@
 //! Redis Sentinel: a master, a replica and three sentinels (`lock_tests::sentinel`). Node 0 is
 //! whichever server the sentinels name as master when the fault starts, node 1 the other.
+//!
+//! Run as `GUARANTEES.md` says a lock deployment must be for exclusion to hold across a
+//! failover: the servers with `min-replicas-to-write 1` (a master that lost its replica takes
+//! no write), the workers with `confirm_replicas(1)` (a lock or renewal counts only once the
+//! replica holds it). Replication is asynchronous, and Sentinel can leave two masters at once
+//! (an old master back before it is demoted); without these a second holder gets in.
 
 use std::time::Duration;
 
@@ -17,7 +23,7 @@ pub struct Sentinel {
 impl Sentinel {
     pub fn start() -> Self {
         Self {
-            deployment: RedisSentinels::start(),
+            deployment: RedisSentinels::start_min_replicas(),
             hit: None,
         }
     }
@@ -105,6 +111,8 @@ impl LockSystem for Sentinel {
             urls.join(","),
             "--master".into(),
             SERVICE.into(),
+            "--confirm-replicas".into(),
+            "1".into(),
         ]
     }
 
@@ -114,6 +122,17 @@ impl LockSystem for Sentinel {
 
     fn quorum(&self) -> usize {
         1
+    }
+
+    /// With `confirm_replicas`, waiters take the lock themselves (a hand-over inside a release
+    /// would be unconfirmed).
+    fn queues(&self) -> bool {
+        false
+    }
+
+    /// Writers do not queue, so readers leave the read-write lock free most of the time.
+    fn read_pause(&self) -> Duration {
+        Duration::from_millis(100)
     }
 
     fn inject(&mut self, node: usize, fault: NodeFault) {
