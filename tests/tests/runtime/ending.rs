@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::FutureExt;
-use lock_runtime::{current, CurrentLock, LockError, LostReason, Term};
+use lock_runtime::{current, CurrentLock, Leadership, LockError, LostReason, Registry, Term};
 
 use super::support::{eventually, on_redis_and_memory};
 
@@ -43,18 +43,23 @@ fn assert_lock_over(lock: &CurrentLock, why: &str) {
     );
 }
 
+/// `registry`'s candidate `a`, elected alone for a long lease.
+async fn elected(registry: &Registry, key: &str) -> Leadership {
+    registry
+        .election(key)
+        .identity("a")
+        .ttl(LONG)
+        .campaign()
+        .await
+        .expect("elected alone")
+}
+
 /// The next candidate is elected only after every clone of the resigned term is over: a task
 /// the old leader spawned with a clone stops before the new leader starts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resigned_terms_clones_are_over_before_the_next_leader_is_elected() {
     on_redis_and_memory(|a, b| async move {
-        let leadership = a
-            .election("ending:resign")
-            .identity("a")
-            .ttl(LONG)
-            .campaign()
-            .await
-            .expect("elected alone");
+        let leadership = elected(&a, "ending:resign").await;
         let clone = leadership.of_term();
         let next = tokio::spawn({
             let candidate = b.election("ending:resign").identity("b").ttl(LONG);
@@ -88,13 +93,7 @@ async fn a_resigned_terms_clones_are_over_before_the_next_leader_is_elected() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_terms_clones_are_over_once_its_work_returned() {
     on_redis_and_memory(|a, _b| async move {
-        let leadership = a
-            .election("ending:run")
-            .identity("a")
-            .ttl(LONG)
-            .campaign()
-            .await
-            .expect("elected alone");
+        let leadership = elected(&a, "ending:run").await;
         let clone = leadership.of_term();
         leadership
             .run(async { Ok::<_, LockError>(()) })
