@@ -9,10 +9,10 @@ use crate::key::LockKey;
 pub(crate) use crate::options::Share;
 use crate::waiting::WaitHub;
 
-/// How long a fencing counter outlives the last fenced acquisition of its key: one day, so a
-/// server re-creating an expired counter may have a clock up to a day behind (`prelude.lua`
-/// of the Redis scripts spells the same number; a test holds the two equal). Clock errors are seconds, not days; a longer
-/// expiry would only keep more counters around.
+/// How long a fencing counter outlives the lease of the holder that last took it: one day, so
+/// per-entity counters do not pile up. A counter's expiry costs no safety (the next token is
+/// at least the server's clock in microseconds), only the number `inspect` shows.
+/// `prelude.lua` of the Redis scripts spells the same number; a test holds the two equal.
 pub(crate) const FENCE_EXPIRY_MS: u64 = 24 * 3600 * 1000;
 
 /// The outcome of one acquisition attempt.
@@ -116,7 +116,7 @@ pub struct LockInfo {
     /// free or without expiry.
     pub remaining: Option<Duration>,
     /// The last fencing token handed out for this key, while its counter lives (it expires a
-    /// day after the key's last fenced acquisition).
+    /// day beyond the lease of the key's last fenced holder).
     pub fence: Option<u64>,
     /// For a semaphore: its permits, and how many are held now.
     pub permits: Option<Permits>,

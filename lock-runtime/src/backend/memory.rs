@@ -193,9 +193,10 @@ impl Data {
             self.locks.insert(key.redis_key.clone(), entry);
         }
         let fence = attempt.fencing.then(|| {
+            let until = now + attempt.ttl;
             let fence = keys
                 .iter()
-                .map(|k| self.next_fence(&k.fence_key, now))
+                .map(|k| self.next_fence(&k.fence_key, now, until))
                 .max()
                 .unwrap_or(0);
             for key in keys {
@@ -322,7 +323,7 @@ impl Data {
             },
         );
         let fence = if waiter.fencing {
-            self.next_fence(&key.fence_key, now)
+            self.next_fence(&key.fence_key, now, waiter.deadline)
         } else {
             0
         };
@@ -345,9 +346,10 @@ impl Data {
     }
 
     /// The next token for `fence_key`, with the same rules as Redis: the counter expires a day
-    /// after its last use, and a new one starts above every earlier token.
-    fn next_fence(&mut self, fence_key: &str, now: Instant) -> u64 {
-        let expires_at = now + Duration::from_millis(FENCE_EXPIRY_MS);
+    /// after the lease it was taken for (`held_until`), and a new one starts above every earlier
+    /// token (this store's highest, where Redis has its clock: memory is never rolled back).
+    fn next_fence(&mut self, fence_key: &str, now: Instant, held_until: Instant) -> u64 {
+        let expires_at = held_until + Duration::from_millis(FENCE_EXPIRY_MS);
         let fence = match self.fences.get_mut(fence_key) {
             Some(f) if f.expires_at > now => {
                 f.last += 1;
@@ -511,11 +513,17 @@ impl Store for MemoryStore {
                     },
                 );
                 // A holder asking again keeps its fence (see queue.lua's `own_fence`).
+                let until = now + attempt.ttl;
                 let fence = attempt
                     .fencing
                     .then(|| match data.live_fence(&key.fence_key, now) {
-                        Some(fence) if again => fence,
-                        _ => data.next_fence(&key.fence_key, now),
+                        Some(fence) if again => {
+                            if let Some(counter) = data.fences.get_mut(&key.fence_key) {
+                                counter.expires_at = until + Duration::from_millis(FENCE_EXPIRY_MS);
+                            }
+                            fence
+                        }
+                        _ => data.next_fence(&key.fence_key, now, until),
                     });
                 Attempt::Acquired { fence }
             }
