@@ -119,7 +119,9 @@
 //! clock (`TIME`) in microseconds since 1970, so tokens are large (about 1.8 × 10^15, exact in a
 //! JSON number) and follow the clock: compare them; never count on their values. The counter
 //! expires a day after the lease it was taken for, so per-entity keys (`invoice:<id>`) do not
-//! pile up in Redis. A counter that holds anything else than a token fails
+//! pile up in Redis; while a fenced lock is held, its renewals keep the counter (and put it back
+//! at the holder's token if it was deleted), so it names the holder's token, an election's
+//! term, for as long as the hold lasts. A counter that holds anything else than a token fails
 //! the acquisition, with nothing written, naming it: delete it.
 //!
 //! **The promise.** Per key, each token is greater than every token handed out before it,

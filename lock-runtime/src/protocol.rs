@@ -37,8 +37,9 @@
 //!   plain lock holding the same token), and releases and renews each as a lock.
 //! - Redlock takes back an attempt that won only a minority with [`UNDO_LUA`], which wakes
 //!   nobody.
-//! - A renewal is [`RENEW_LUA`] (an owner-checked `PEXPIRE`), an inspection [`INSPECT_LUA`],
-//!   an operator's unconditional unlock [`FORCE_UNLOCK_LUA`].
+//! - A renewal is [`RENEW_LUA`] (an owner-checked `PEXPIRE`; for a fenced lock it also keeps
+//!   the counter), an inspection [`INSPECT_LUA`], an operator's unconditional unlock
+//!   [`FORCE_UNLOCK_LUA`].
 //! - An election's candidates hold its key as a lock whose token starts with the identity the
 //!   leader shows: `<identity>@<host>:<pid>:` and 32 hex digits. An elected candidate publishes
 //!   `+elected` on the key's channel (it wakes observers, not waiters), and a candidate's
@@ -52,7 +53,10 @@
 //!   a day. So tokens rise over a counter that is gone or that a failover rolled back,
 //!   assuming the server's clock is not behind the previous server's by more than the time
 //!   since its last token (a failover's duration at least) and tokens of a key come slower than
-//!   one a microsecond.
+//!   one a microsecond. [`RENEW_LUA`] keeps a held fenced lock's counter: when it has less than
+//!   the lease plus half a day left, it is set again to the greater of its value and the
+//!   holder's token, expiring a day beyond the lease, so it names the holder's token (an
+//!   election's term) for as long as the lock is held.
 //! - The scripts check the keys beside the lock before writing anything: a counter that is not
 //!   digits below 2^53, a queue that is not a sorted set, or places that are not a hash fail
 //!   the script with the error `CORRUPTKEY <counter|queue|queued> <type found> <key>` and

@@ -370,6 +370,32 @@ impl Data {
         self.highest_fence = self.highest_fence.max(fence);
         fence
     }
+
+    /// A held fenced lock's counter at a renewal of its lease (until `held_until`), as the
+    /// Redis scripts' `hold_fence`: kept a day beyond the lease once it has less than half a
+    /// day beyond it, and put back at the holder's `fence` if it is gone, never lowered.
+    fn hold_fence(&mut self, fence_key: &str, fence: u64, now: Instant, held_until: Instant) {
+        let day = Duration::from_millis(FENCE_EXPIRY_MS);
+        match self.fences.get_mut(fence_key) {
+            Some(f) if f.expires_at > now => {
+                if f.expires_at < held_until + day / 2 {
+                    f.expires_at = held_until + day;
+                    f.last = f.last.max(fence);
+                }
+            }
+            _ => {
+                let expires_at = held_until + day;
+                self.fences.insert(
+                    fence_key.to_owned(),
+                    Fence {
+                        last: fence,
+                        expires_at,
+                    },
+                );
+                self.highest_fence = self.highest_fence.max(fence);
+            }
+        }
+    }
 }
 
 impl MemoryStore {
@@ -565,7 +591,11 @@ impl Store for MemoryStore {
                 }
                 match data.live(r.redis_key, now) {
                     Some(entry) if entry.token == r.token => {
-                        entry.expires_at = Some(now + Duration::from_millis(r.ttl_ms));
+                        let until = now + Duration::from_millis(r.ttl_ms);
+                        entry.expires_at = Some(until);
+                        if let Some((counter, fence)) = r.fence {
+                            data.hold_fence(counter, fence, now, until);
+                        }
                         Renewed::Yes
                     }
                     Some(_) => Renewed::Taken,

@@ -50,7 +50,8 @@ use crate::key::LockKey;
 /// that expired, was deleted or lost, as long as this server's clock is not behind the clock
 /// that handed out the earlier tokens by more than the time since, and a key's tokens come
 /// slower than one a microsecond (see `next_fence` in `prelude.lua`). The counter expires a day
-/// after the lease it was taken for, so per-entity keys do not pile up. Lua numbers are doubles, exact to 2^53: microseconds since 1970 stay below that
+/// after the lease it was taken for (renewals keep a held lock's), so per-entity keys do not
+/// pile up. Lua numbers are doubles, exact to 2^53: microseconds since 1970 stay below that
 /// until 2255.
 ///
 /// Before it writes anything, the script checks the keys it shares with the others: a counter

@@ -65,3 +65,13 @@ end
 local function corrupt(role, found, key)
   return redis.error_reply('CORRUPTKEY ' .. role .. ' ' .. found .. ' ' .. key)
 end
+-- A held fenced lock's counter, at each renewal (renew.lua): written only when it has less than
+-- half a day beyond the lease left, so it always outlives the lease (a leader's term numbers its
+-- leadership for as long as it lasts), and put back at the holder's token when gone (deleted,
+-- or lost), never lowered. One that holds what no script wrote is left for an acquisition to
+-- refuse.
+local function hold_fence(key, fence, ttl)
+  if redis.call('PTTL', key) >= tonumber(ttl) + tonumber(FENCE_EXPIRY_MS) / 2 then return end
+  if bad_counter(key) then return end
+  keep_fence(key, math.max(tonumber(redis.call('GET', key)) or 0, tonumber(fence)), ttl)
+end
