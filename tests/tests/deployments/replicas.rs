@@ -184,7 +184,12 @@ async fn after_a_failover_to_a_replica_that_missed_the_last_tokens_the_next_ones
         term.resign().await.unwrap();
     };
     take(&on_master, &mut tokens, &mut terms).await;
-    let acknowledged: i64 = redis::cmd("WAIT")
+    // `WAIT` waits for this connection's own writes: one after the first tokens covers them.
+    let (_, acknowledged): ((), i64) = redis::pipe()
+        .cmd("SET")
+        .arg("replicated")
+        .arg("up to here")
+        .cmd("WAIT")
         .arg(1)
         .arg(10_000)
         .query(&mut master.connection())
