@@ -74,7 +74,10 @@ pub struct Leader {
     /// The identity the leader campaigned with ([`Election::identity`]).
     pub identity: String,
     /// Its term: the fencing token it was elected with, greater than every earlier term's
-    /// (see the crate's fencing section). `None` on Redlock, which offers no fencing tokens.
+    /// (see the crate's fencing section), read from the key's fencing counter, which the
+    /// leader's renewals keep at its token for as long as the term lasts (a deleted one is put
+    /// back at the next renewal; until then, and if anything but the library wrote the counter,
+    /// it may be `None` or another number). `None` on Redlock, which offers no fencing tokens.
     pub term: Option<u64>,
     /// How long its lease lasts unless renewed: a leader that crashed is gone by then.
     pub remaining: Option<Duration>,

@@ -35,10 +35,28 @@ const RECORD_NAMESPACE: &str = "fenced:";
 /// token is lower than one already written: a holder that lost its lock while paused cannot
 /// overwrite the next holder's data.
 ///
-/// The highest token written is kept beside the key ([`record_key`](Self::record_key), in its
-/// cluster slot, with no expiry: delete it with the data). A token equal to the highest is
-/// accepted (one holder writing twice). Any command whose first argument is the key can be
-/// fenced: `SET`, `HSET`, `INCRBY`, `XADD`...
+/// The highest token written is kept beside the key ([`record_key`](Self::record_key), with no
+/// expiry: delete it with the data). A token equal to the highest is accepted (one holder
+/// writing twice: no two holders of a lock get the same token). Any command whose first
+/// argument is the key can be fenced: `SET`, `HSET`, `INCRBY`, `XADD`...
+///
+/// # Limits
+///
+/// - **One lock per key.** A token is only meaningful against tokens of the same lock: fence a
+///   key with the tokens of one lock key (or one multi-key lock's keys) only. Tokens of two
+///   locks do not compare (each is at least the Redis server's clock in microseconds when it
+///   was taken, so a lock taken later can carry a lower token than another lock's), and a key
+///   written under two locks refuses the writes of whichever has the lower tokens.
+/// - **Redis Cluster.** The record is `fenced:{key}` (`fenced:key` when the key has a hash tag
+///   of its own), in the key's slot, for every key that has a hash tag or no `}` at all. A key
+///   without a hash tag that has a `}` (`a}b`, `{}x`) cannot have its record in its own slot:
+///   in a cluster every write to it fails with `CROSSSLOT` (nothing is written). Give such a
+///   key a hash tag (`{a}b`).
+/// - **ACL.** The user runs the script by hash: `+evalsha +script|load` (loaded again after a
+///   `SCRIPT FLUSH` or a restart), and inside it `+get +set` on the record and the fenced
+///   command on the key: for instance `~balance:* ~fenced:* +evalsha +script|load +get +set
+///   +incrby` (a key with its own hash tag has its record at `fenced:` plus its name, which
+///   `~fenced:*` covers too).
 ///
 /// ```no_run
 /// # async fn demo(con: &mut redis::aio::MultiplexedConnection) -> Result<(), Box<dyn std::error::Error>> {
@@ -161,6 +179,12 @@ impl FencedKey {
 mod tests {
     use super::*;
 
+    /// The slot Redis Cluster puts `key` in.
+    fn slot(key: &str) -> u16 {
+        let hashed = crate::key::hash_tag(key).unwrap_or(key);
+        crc16::State::<crc16::XMODEM>::calculate(hashed.as_bytes()) % 16384
+    }
+
     #[test]
     fn the_record_shares_the_keys_cluster_slot() {
         assert_eq!(
@@ -171,5 +195,24 @@ mod tests {
             FencedKey::new("user:{42}:profile").record_key(),
             "fenced:user:{42}:profile"
         );
+        // Keys with a hash tag (also after stray braces) or without a `}`.
+        for key in [
+            "balance:7",
+            "user:{42}:profile",
+            "{42}",
+            "x}{42}",
+            "}{42}{7}",
+            "a{b",
+            "{",
+            "{{42}}",
+        ] {
+            let record = FencedKey::new(key);
+            assert_eq!(slot(record.record_key()), slot(key), "{key}");
+        }
+        // The documented limit: no hash tag (an empty first one counts as none), and a `}`.
+        for key in ["a}b", "{}x", "}", "{}x{42}"] {
+            let record = FencedKey::new(key);
+            assert_ne!(slot(record.record_key()), slot(key), "{key}");
+        }
     }
 }

@@ -299,6 +299,7 @@ impl Lease {
             token: &self.token,
             ttl_ms: ttl_ms(ttl),
             share: self.options.share(),
+            fence: self.fence.map(|fence| (key.fence_key.as_str(), fence)),
         })
     }
 

@@ -109,26 +109,30 @@
 //! the token (the `fenced_write` example shows a paused holder's late write refused, where a
 //! plain `SET` overwrites the next holder's). In SQL the same check is a conditional update,
 //! whose row count says whether it was refused: `UPDATE .. SET .., fence = $token WHERE id =
-//! $id AND fence <= $token`.
+//! $id AND fence <= $token` (equal is the same holder writing again: no two holders get the
+//! same token). A token is only meaningful against the same lock's tokens: fence each record
+//! with one lock key's tokens.
 //!
 //! **The counter.** It lives at `fence:{lock:<key>}` (`fence:lock:<key>` when the key has a
 //! `{hash tag}`), one name on a single server, Sentinel and Cluster, so moving between them
-//! keeps tokens increasing. It expires a day after the last fenced acquisition of its key, so
-//! per-entity keys (`invoice:<id>`) do not pile up in Redis. A missing counter (new, expired,
-//! deleted, or lost with the server's data) starts at the server's clock (`TIME`) in
-//! microseconds since 1970, which is above every token an earlier counter handed out: that one
-//! started at its own clock reading and grew by one per fenced acquisition, far slower than one
-//! per microsecond. Tokens are therefore large (about 1.7 × 10^15, exact in a JSON number) and
-//! consecutive only while one counter lives. Compare them; never count on their values.
+//! keeps tokens increasing. Each token is the greater of the counter plus one and the server's
+//! clock (`TIME`) in microseconds since 1970, so tokens are large (about 1.8 × 10^15, exact in a
+//! JSON number) and follow the clock: compare them; never count on their values. The counter
+//! expires a day after the lease it was taken for, so per-entity keys (`invoice:<id>`) do not
+//! pile up in Redis; while a fenced lock is held, its renewals keep the counter (and put it back
+//! at the holder's token if it was deleted), so it names the holder's token, an election's
+//! term, for as long as the hold lasts. A counter that holds anything else than a token fails
+//! the acquisition, with nothing written, naming it: delete it.
 //!
 //! **The promise.** Per key, each token is greater than every token handed out before it,
-//! unless a counter is lost and re-created by a server whose clock is behind the clock that
-//! last incremented it by more than the time in between. That time is at least a day when the
-//! counter expired; it can be short when the counter was lost in a restart without persistence
-//! or a failover to a replica that had not received it (which also lose the lock itself). A
-//! counter that survives, replicated or persisted, never consults a clock. In memory
-//! ([`MemoryStore`]) the same rules hold on Tokio's clock, and a new counter starts above every
-//! token the store handed out.
+//! also when the counter is gone (expired, deleted, lost in a restart without persistence) or
+//! rolled back (a failover to a replica that had not received the last tokens), under two
+//! assumptions: the clock of the server that hands out the next token is not behind the clock
+//! of the one that handed out the earlier ones by more than the time in between (a failover's
+//! duration at least: seconds of clock error, not more), and one key's tokens are handed out
+//! slower than one per microsecond (a lock cycle takes a round trip, tens of microseconds at
+//! the very least). In memory ([`MemoryStore`]) nothing rolls back: a live counter counts one
+//! by one, on Tokio's clock, and a new counter starts above every token the store handed out.
 //!
 //! # Testing code that takes locks
 //!

@@ -136,10 +136,11 @@ impl LockOptions {
     }
 
     /// Take a fencing token: a number that strictly increases per key across holders, also
-    /// after its counter expired (a day after the key's last fenced acquisition) or was lost,
-    /// provided the clock of the Redis server that re-creates the counter is not behind by more
-    /// than the time since it was last used. The crate docs' "Fencing" section states where the
-    /// counter lives and the exact promise. Refused on Redlock, where no counter is monotonic.
+    /// after its counter expired, was lost or was rolled back by a failover, provided the clock
+    /// of the Redis server that hands out the next token is not behind the one that handed out
+    /// the earlier ones by more than the time since. The crate docs' "Fencing" section states
+    /// where the counter lives and the exact promise. Refused on Redlock, where no counter is
+    /// monotonic.
     #[must_use]
     pub const fn fencing(mut self, fencing: bool) -> Self {
         self.fencing = fencing;

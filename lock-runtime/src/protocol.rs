@@ -10,7 +10,7 @@
 //!   [`ACQUIRE_LUA`] takes or renews a place; a place past its deadline is dropped, never served.
 //! - A release is [`RELEASE_LUA`]: owner-checked, it hands the lock to the oldest live waiter
 //!   (`SET` to its token until its place's deadline) or deletes it, and publishes on the channel
-//!   named like the lock key (`SPUBLISH` in a cluster), before it changes the lock. The message
+//!   named like the lock key (`SPUBLISH` in a cluster), before it writes anything. The message
 //!   is `<released>` when the lock is free, and `<released>:<next>:<fence>:<place>` when it went
 //!   to a waiter, each name the SHA-1 (lowercase hex) of a token, and `<place>` the waiter's
 //!   attempt that kept the place (the waiter trusts the handoff only if no later attempt of its
@@ -37,16 +37,30 @@
 //!   plain lock holding the same token), and releases and renews each as a lock.
 //! - Redlock takes back an attempt that won only a minority with [`UNDO_LUA`], which wakes
 //!   nobody.
-//! - A renewal is [`RENEW_LUA`] (an owner-checked `PEXPIRE`), an inspection [`INSPECT_LUA`],
-//!   an operator's unconditional unlock [`FORCE_UNLOCK_LUA`].
+//! - A renewal is [`RENEW_LUA`] (an owner-checked `PEXPIRE`; for a fenced lock it also keeps
+//!   the counter), an inspection [`INSPECT_LUA`], an operator's unconditional unlock
+//!   [`FORCE_UNLOCK_LUA`].
 //! - An election's candidates hold its key as a lock whose token starts with the identity the
 //!   leader shows: `<identity>@<host>:<pid>:` and 32 hex digits. An elected candidate publishes
 //!   `+elected` on the key's channel (it wakes observers, not waiters), and a candidate's
 //!   release is never the silent delete of a bare token (`ARGV[3]` = `0`): it always
 //!   publishes. The term is the fencing token taken with the lock.
 //! - Fencing counters live at `fence:{<prefix><key>}` (`fence:<prefix><key>` when the key has
-//!   a hash tag), in the lock's cluster slot, and are only ever incremented by [`ACQUIRE_LUA`],
-//!   in the same step that takes the lock.
+//!   a hash tag), in the lock's cluster slot: a string of digits, the last token handed out.
+//!   A token is taken only in the step that takes the lock ([`ACQUIRE_LUA`],
+//!   [`ACQUIRE_ALL_LUA`], or [`RELEASE_LUA`] handing it over): the greater of the counter plus
+//!   one and the server's `TIME` in microseconds, written back with an expiry of the lease plus
+//!   a day. So tokens rise over a counter that is gone or that a failover rolled back,
+//!   assuming the server's clock is not behind the previous server's by more than the time
+//!   since its last token (a failover's duration at least) and tokens of a key come slower than
+//!   one a microsecond. [`RENEW_LUA`] keeps a held fenced lock's counter: when it has less than
+//!   the lease plus half a day left, it is set again to the greater of its value and the
+//!   holder's token, expiring a day beyond the lease, so it names the holder's token (an
+//!   election's term) for as long as the lock is held.
+//! - The scripts check the keys beside the lock before writing anything: a counter that is not
+//!   digits below 2^53, a queue that is not a sorted set, or places that are not a hash fail
+//!   the script with the error `CORRUPTKEY <counter|queue|queued> <type found> <key>` and
+//!   nothing changed. A script that publishes does so before it writes anything.
 //!
 //! ```
 //! // The same owner-checked release, from any Redis client:

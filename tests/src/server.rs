@@ -97,7 +97,17 @@ impl RedisServer {
     /// As [`RedisServer::start`], or when the link is not up within 30 s.
     #[must_use]
     pub fn start_replica_of(master: &Self) -> Self {
-        let replica = Self::start_with(&["--replicaof", "127.0.0.1", &master.port().to_string()]);
+        Self::start_replica_at(master.port())
+    }
+
+    /// Starts a replica of whatever serves on `port` (a master, or a fault proxy in front of
+    /// one, so that a test can cut the replica off) and returns once its link is up.
+    ///
+    /// # Panics
+    /// As [`RedisServer::start_replica_of`].
+    #[must_use]
+    pub fn start_replica_at(port: u16) -> Self {
+        let replica = Self::start_with(&["--replicaof", "127.0.0.1", &port.to_string()]);
         let mut con = replica.connection();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
         // The link has no event to await: poll it.

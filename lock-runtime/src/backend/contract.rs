@@ -9,10 +9,11 @@ use crate::key::LockKey;
 pub(crate) use crate::options::Share;
 use crate::waiting::WaitHub;
 
-/// How long a fencing counter outlives the last fenced acquisition of its key: one day, so a
-/// server re-creating an expired counter may have a clock up to a day behind (`prelude.lua`
-/// of the Redis scripts spells the same number; a test holds the two equal). Clock errors are seconds, not days; a longer
-/// expiry would only keep more counters around.
+/// How long a fencing counter outlives the lease of the holder that last took or kept it: one
+/// day, so per-entity counters do not pile up. A counter's expiry costs no safety (the next
+/// token is at least the server's clock in microseconds), only the number `inspect` shows
+/// between holders; a held fenced lock keeps its counter (see `Renewal::fence`). `prelude.lua` of
+/// the Redis scripts spells the same number; a test holds the two equal.
 pub(crate) const FENCE_EXPIRY_MS: u64 = 24 * 3600 * 1000;
 
 /// The outcome of one acquisition attempt.
@@ -97,12 +98,17 @@ impl Acquire<'_> {
 }
 
 /// One lock in a renewal batch.
+#[derive(Clone, Copy)]
 pub(crate) struct Renewal<'a> {
     pub redis_key: &'a str,
     pub token: &'a str,
     pub ttl_ms: u64,
     /// How the lock is held (Redlock needs more nodes to keep a permit).
     pub share: Share,
+    /// A fenced lock's counter and the holder's token: the renewal keeps the counter at least
+    /// a day beyond the lease, put back at the token if it is gone, so that it names the
+    /// holder's term for as long as the lock is held (`hold_fence` in the scripts' prelude).
+    pub fence: Option<(&'a str, u64)>,
 }
 
 /// What `inspect` finds under a key. Fields may be added: read them, or start from
@@ -115,8 +121,9 @@ pub struct LockInfo {
     /// The remaining lease (held shared: of the last reader or permit to expire), `None` when
     /// free or without expiry.
     pub remaining: Option<Duration>,
-    /// The last fencing token handed out for this key, while its counter lives (it expires a
-    /// day after the key's last fenced acquisition).
+    /// The last fencing token handed out for this key: while a fenced holder holds it, that
+    /// holder's token (its renewals keep the counter), else while the counter lives (a day
+    /// beyond the last fenced holder's lease).
     pub fence: Option<u64>,
     /// For a semaphore: its permits, and how many are held now.
     pub permits: Option<Permits>,

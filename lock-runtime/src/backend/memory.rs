@@ -193,9 +193,10 @@ impl Data {
             self.locks.insert(key.redis_key.clone(), entry);
         }
         let fence = attempt.fencing.then(|| {
+            let until = now + attempt.ttl;
             let fence = keys
                 .iter()
-                .map(|k| self.next_fence(&k.fence_key, now))
+                .map(|k| self.next_fence(&k.fence_key, now, until))
                 .max()
                 .unwrap_or(0);
             for key in keys {
@@ -322,7 +323,7 @@ impl Data {
             },
         );
         let fence = if waiter.fencing {
-            self.next_fence(&key.fence_key, now)
+            self.next_fence(&key.fence_key, now, waiter.deadline)
         } else {
             0
         };
@@ -345,9 +346,10 @@ impl Data {
     }
 
     /// The next token for `fence_key`, with the same rules as Redis: the counter expires a day
-    /// after its last use, and a new one starts above every earlier token.
-    fn next_fence(&mut self, fence_key: &str, now: Instant) -> u64 {
-        let expires_at = now + Duration::from_millis(FENCE_EXPIRY_MS);
+    /// after the lease it was taken for (`held_until`), and a new one starts above every earlier
+    /// token (this store's highest, where Redis has its clock: memory is never rolled back).
+    fn next_fence(&mut self, fence_key: &str, now: Instant, held_until: Instant) -> u64 {
+        let expires_at = held_until + Duration::from_millis(FENCE_EXPIRY_MS);
         let fence = match self.fences.get_mut(fence_key) {
             Some(f) if f.expires_at > now => {
                 f.last += 1;
@@ -367,6 +369,32 @@ impl Data {
         };
         self.highest_fence = self.highest_fence.max(fence);
         fence
+    }
+
+    /// A held fenced lock's counter at a renewal of its lease (until `held_until`), as the
+    /// Redis scripts' `hold_fence`: kept a day beyond the lease once it has less than half a
+    /// day beyond it, and put back at the holder's `fence` if it is gone, never lowered.
+    fn hold_fence(&mut self, fence_key: &str, fence: u64, now: Instant, held_until: Instant) {
+        let day = Duration::from_millis(FENCE_EXPIRY_MS);
+        match self.fences.get_mut(fence_key) {
+            Some(f) if f.expires_at > now => {
+                if f.expires_at < held_until + day / 2 {
+                    f.expires_at = held_until + day;
+                    f.last = f.last.max(fence);
+                }
+            }
+            _ => {
+                let expires_at = held_until + day;
+                self.fences.insert(
+                    fence_key.to_owned(),
+                    Fence {
+                        last: fence,
+                        expires_at,
+                    },
+                );
+                self.highest_fence = self.highest_fence.max(fence);
+            }
+        }
     }
 }
 
@@ -511,11 +539,17 @@ impl Store for MemoryStore {
                     },
                 );
                 // A holder asking again keeps its fence (see queue.lua's `own_fence`).
+                let until = now + attempt.ttl;
                 let fence = attempt
                     .fencing
                     .then(|| match data.live_fence(&key.fence_key, now) {
-                        Some(fence) if again => fence,
-                        _ => data.next_fence(&key.fence_key, now),
+                        Some(fence) if again => {
+                            if let Some(counter) = data.fences.get_mut(&key.fence_key) {
+                                counter.expires_at = until + Duration::from_millis(FENCE_EXPIRY_MS);
+                            }
+                            fence
+                        }
+                        _ => data.next_fence(&key.fence_key, now, until),
                     });
                 Attempt::Acquired { fence }
             }
@@ -557,7 +591,11 @@ impl Store for MemoryStore {
                 }
                 match data.live(r.redis_key, now) {
                     Some(entry) if entry.token == r.token => {
-                        entry.expires_at = Some(now + Duration::from_millis(r.ttl_ms));
+                        let until = now + Duration::from_millis(r.ttl_ms);
+                        entry.expires_at = Some(until);
+                        if let Some((counter, fence)) = r.fence {
+                            data.hold_fence(counter, fence, now, until);
+                        }
                         Renewed::Yes
                     }
                     Some(_) => Renewed::Taken,

@@ -444,9 +444,11 @@ impl Store for Redlock {
             batch
                 .iter()
                 .map(|r| {
+                    // Redlock takes no fencing tokens, so there is no counter to keep.
                     let shape = Renewal {
                         redis_key: "",
                         token: "",
+                        fence: None,
                         ..*r
                     };
                     (r.redis_key.to_owned(), r.token.to_owned(), shape)

@@ -88,7 +88,6 @@ async fn in_a_cluster_a_lock_user_needs_the_sharded_and_cluster_commands_documen
         "+pexpire",
         "+pttl",
         "+type",
-        "+incr",
         "+time",
         "+exists",
         "+zadd",

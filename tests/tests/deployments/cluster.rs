@@ -35,7 +35,7 @@ async fn locks_spread_over_many_slots_exclude_fence_and_release() {
         let first_fence = guard.fence();
         guard.release().await.unwrap();
         let again = b.lock(key.clone()).fencing(true).acquire().await.unwrap();
-        assert_eq!(again.fence(), first_fence.map(|f| f + 1), "{key}");
+        assert!(again.fence() > first_fence, "{key}");
         again.release().await.unwrap();
     }
 }

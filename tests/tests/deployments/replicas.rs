@@ -142,3 +142,85 @@ fn confirm_replicas_is_refused_where_it_cannot_hold_with_the_reason() {
         .build()
         .unwrap();
 }
+
+/// Every fencing token, of a lock, a multi-key lock and an election's terms, is above every
+/// token handed out before, also after a failover to a replica that missed the last ones: the
+/// replica is cut off (through a proxy that delivers nothing more), more tokens are taken on
+/// the master, the master dies and the replica is promoted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_failover_to_a_replica_that_missed_the_last_tokens_the_next_ones_are_still_greater()
+{
+    let mut master = RedisServer::start();
+    let link = lock_tests::proxy::Proxy::start(master.port());
+    let replica = RedisServer::start_replica_at(link.port());
+    let on_master = lock_tests::fast_registry(&master.url());
+    let (mut tokens, mut terms) = (Vec::new(), Vec::new());
+    let take = async |registry: &Registry, tokens: &mut Vec<u64>, terms: &mut Vec<u64>| {
+        for _ in 0..3 {
+            let guard = registry
+                .lock("invoice:7")
+                .fencing(true)
+                .acquire()
+                .await
+                .unwrap();
+            tokens.push(guard.fence().expect("fenced"));
+            guard.release().await.unwrap();
+        }
+        let both = registry
+            .lock_all(["invoice:7", "invoice:8"])
+            .fencing(true)
+            .acquire()
+            .await
+            .unwrap();
+        tokens.push(both.fence().expect("fenced"));
+        both.release().await.unwrap();
+        let term = registry
+            .election("scheduler")
+            .identity("a")
+            .campaign()
+            .await
+            .unwrap();
+        terms.push(term.term().expect("numbered"));
+        term.resign().await.unwrap();
+    };
+    take(&on_master, &mut tokens, &mut terms).await;
+    // `WAIT` waits for this connection's own writes: one after the first tokens covers them.
+    let (_, acknowledged): ((), i64) = redis::pipe()
+        .cmd("SET")
+        .arg("replicated")
+        .arg("up to here")
+        .cmd("WAIT")
+        .arg(1)
+        .arg(10_000)
+        .query(&mut master.connection())
+        .unwrap();
+    assert_eq!(acknowledged, 1, "the replica holds the first tokens");
+    link.blackhole();
+    take(&on_master, &mut tokens, &mut terms).await;
+    master.kill();
+    drop(link);
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query(&mut replica.connection())
+        .unwrap();
+    let missed: Option<u64> = redis::cmd("GET")
+        .arg("fence:{lock:invoice:7}")
+        .query(&mut replica.connection())
+        .unwrap();
+    assert!(
+        missed < tokens.iter().max().copied(),
+        "the promoted replica missed the last tokens: {missed:?} of {tokens:?}"
+    );
+
+    let on_replica = lock_tests::fast_registry(&replica.url());
+    let (mut after, mut terms_after) = (Vec::new(), Vec::new());
+    take(&on_replica, &mut after, &mut terms_after).await;
+    let (last, last_term) = (tokens.iter().max().unwrap(), terms.iter().max().unwrap());
+    for token in &after {
+        assert!(token > last, "token {token} after {tokens:?}");
+    }
+    for term in &terms_after {
+        assert!(term > last_term, "term {term} after {terms:?}");
+    }
+}

@@ -30,7 +30,7 @@ async fn rediss_with_a_private_ca_locks_waits_and_fences() {
         .await
         .unwrap()
         .expect("notified over the TLS subscriber connection");
-    assert_eq!(next.fence(), Some(first_fence + 1));
+    assert!(next.fence() > Some(first_fence));
 }
 
 #[tokio::test]

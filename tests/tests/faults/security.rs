@@ -238,8 +238,13 @@ async fn exercise(url: &str, observe: &str) -> Vec<String> {
     let build = || registry(url);
     let (a, b) = (build(), build());
     let mut failed = Vec::new();
-    // A fresh fencing counter every run, so the run also creates one (which reads the clock).
-    let _: () = raw(observe).await.del("fence:{lock:fenced}").await.unwrap();
+    // Every run starts from an empty database: a lock an earlier run left held (its release
+    // refused) would fail this one for a command it does not need. So the run also creates a
+    // fresh fencing counter (which reads the clock).
+    let _: () = redis::cmd("FLUSHDB")
+        .query_async(&mut raw(observe).await)
+        .await
+        .unwrap();
     let ttl = Duration::from_millis(150);
     // Plain acquisition, renewal, release.
     match a.lock("plain").ttl(ttl).acquire().await {
@@ -369,7 +374,6 @@ const MINIMAL_COMMANDS: &[&str] = &[
     "pexpire",
     "pttl",
     "type",
-    "incr",
     "time",
     "publish",
     "exists",
@@ -491,6 +495,77 @@ async fn the_minimal_acl_for_a_lock_user_is_these_commands_on_the_lock_keys_and_
         denied.to_lowercase().contains("no permissions to access"),
         "{denied}"
     );
+}
+
+/// `FencedKey`'s ACL, as its rustdoc gives it: the script by hash (`evalsha`, `script|load`
+/// after a `SCRIPT FLUSH`), `get` and `set` on its record under `~fenced:*`, and the fenced
+/// command on the key; without any one of them, or either key pattern, a write fails or the
+/// server logs a denial.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_key_needs_its_script_get_set_and_its_command_on_the_key_and_its_record() {
+    use lock_runtime::{FencedKey, FencedWrite};
+
+    let server = RedisServer::start();
+    let mut admin = server.connection();
+    let url = format!("redis://fencer:s3cret-pw@127.0.0.1:{}/", server.port());
+    let set_user = |admin: &mut redis::Connection, commands: &[&str], patterns: &[&str]| {
+        let mut cmd = redis::cmd("ACL");
+        cmd.arg(&["SETUSER", "fencer", "reset", "on", ">s3cret-pw"])
+            .arg(patterns)
+            .arg("-@all");
+        for c in commands {
+            cmd.arg(format!("+{c}"));
+        }
+        let _: () = cmd.query(admin).expect("ACL SETUSER");
+    };
+    // A fresh server state every run: no data, no record, no script loaded.
+    let exercise = async |admin: &mut redis::Connection| -> Vec<String> {
+        let _: () = redis::cmd("FLUSHDB").query(admin).unwrap();
+        let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(admin).unwrap();
+        let mut con = raw(&url).await;
+        let balance = FencedKey::new("balance:7");
+        let mut failed = Vec::new();
+        match balance.write::<i64>(&mut con, 5, "INCRBY", 10).await {
+            Ok(FencedWrite::Written(10)) => {}
+            other => failed.push(format!("write: {other:?}")),
+        }
+        match balance.write::<i64>(&mut con, 3, "INCRBY", 1).await {
+            Ok(FencedWrite::Refused { highest: 5 }) => {}
+            other => failed.push(format!("stale write: {other:?}")),
+        }
+        match balance.highest(&mut con).await {
+            Ok(Some(5)) => {}
+            other => failed.push(format!("highest: {other:?}")),
+        }
+        failed
+    };
+    let commands = ["evalsha", "script|load", "get", "set", "incrby"];
+    let patterns = ["~balance:*", "~fenced:*"];
+    set_user(&mut admin, &commands, &patterns);
+    assert_eq!(exercise(&mut admin).await, Vec::<String>::new());
+    assert_eq!(acl_denials(&mut admin), Vec::<String>::new());
+    for missing in commands {
+        let fewer: Vec<&str> = commands.into_iter().filter(|c| *c != missing).collect();
+        set_user(&mut admin, &fewer, &patterns);
+        let failed = exercise(&mut admin).await;
+        let denials = acl_denials(&mut admin);
+        assert!(
+            !failed.is_empty() || !denials.is_empty(),
+            "`{missing}` is not needed: everything worked without it"
+        );
+    }
+    for missing in patterns {
+        set_user(
+            &mut admin,
+            &commands,
+            &[patterns.into_iter().find(|p| *p != missing).unwrap()],
+        );
+        assert!(
+            !exercise(&mut admin).await.is_empty(),
+            "`{missing}` is not needed"
+        );
+        acl_denials(&mut admin);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -264,3 +264,78 @@ async fn an_observer_that_saw_no_leader_finds_one_whose_announcement_was_lost() 
         .expect("a leader");
     assert_eq!(seen.identity, "silent");
 }
+
+/// `Leader::term` is the term the leader was elected with, also in a term longer than its
+/// counter's own expiry (a day after the last fenced acquisition, once): the counter is kept
+/// while the term is renewed. Here it is expired by hand, as a day would; once the term's next
+/// renewal has run, an observer sees the leader's own term, and the counter is kept for a day
+/// more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_leaders_term_is_reported_after_its_counter_would_have_expired() {
+    let server = RedisServer::start();
+    let (a, b) = (registry(&server), registry(&server));
+    let leadership = a
+        .election("scheduler")
+        .identity("a")
+        .ttl(RENEWED_TTL)
+        .campaign()
+        .await
+        .expect("elected");
+    let counter = "fence:{lock:scheduler}";
+    let mut con = super::support::raw(&server.url()).await;
+    let expiring: bool = redis::AsyncCommands::pexpire(&mut con, counter, 1)
+        .await
+        .unwrap();
+    assert!(expiring, "the counter was where it is documented");
+    super::support::eventually(LIMIT, "the counter expired", || {
+        let mut con = con.clone();
+        async move {
+            !redis::AsyncCommands::exists::<_, bool>(&mut con, counter)
+                .await
+                .unwrap()
+        }
+    })
+    .await;
+    lock_tests::renewed_on(&server, "lock:scheduler", LIMIT, "the term is renewed").await;
+    let seen = b
+        .election("scheduler")
+        .leader()
+        .await
+        .unwrap()
+        .expect("a leads");
+    assert_eq!(
+        (seen.identity.as_str(), seen.term),
+        ("a", leadership.term()),
+        "the leader's own term"
+    );
+    let kept = server.pttl(counter);
+    assert!(
+        kept > 24 * 3600 * 1000,
+        "kept a day beyond the lease: {kept}"
+    );
+    leadership.resign().await.unwrap();
+}
+
+/// The same in memory, on Tokio's paused clock: a leader in one term for more than a day is
+/// reported with its own term all along.
+#[tokio::test(start_paused = true)]
+async fn in_memory_a_leader_in_one_term_for_more_than_a_day_is_reported_with_its_own_term() {
+    let store = lock_runtime::MemoryStore::new();
+    let memory = || Registry::builder().memory(store.clone()).build().unwrap();
+    let (a, b) = (memory(), memory());
+    let leadership = a
+        .election("scheduler")
+        .identity("a")
+        .ttl(Duration::from_secs(600))
+        .campaign()
+        .await
+        .expect("elected");
+    let observer = b.election("scheduler");
+    for hours in [1, 23, 2, 24] {
+        tokio::time::sleep(Duration::from_secs(hours * 3600)).await;
+        assert!(!leadership.is_lost(), "renewed all along");
+        let seen = observer.leader().await.unwrap().expect("a leads");
+        assert_eq!(seen.term, leadership.term(), "after {hours} more hours");
+    }
+    leadership.resign().await.unwrap();
+}

@@ -275,3 +275,80 @@ async fn a_release_refused_its_notification_leaves_the_lock_as_it_was() {
     let on_server: Option<String> = con.get("lock:k").await.unwrap();
     assert_eq!(on_server, Some(format!("{token}+w")), "untouched");
 }
+
+/// A release that would hand the lock over (a fenced waiter queues behind the holder of the lock
+/// itself, or of the last permit of a semaphore) and whose notification the ACL refuses changes
+/// nothing: not the lock or the semaphore, not the fencing counter (no token is taken for a
+/// handoff that did not happen), not the queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_that_would_hand_over_and_is_refused_its_notification_changes_nothing() {
+    let server = RedisServer::start();
+    let mut admin = server.connection();
+    let _: () = redis::cmd("ACL")
+        .arg(&[
+            "SETUSER", "nopub", "on", ">pw", "~*", "&*", "+@all", "-publish",
+        ])
+        .query(&mut admin)
+        .unwrap();
+    let url = format!("redis://nopub:pw@127.0.0.1:{}/", server.port());
+    let nopub = lock_tests::with_timeouts(Registry::builder().url(url), Duration::from_secs(1));
+    let waiters = registry(&server);
+    let mut con = raw(&server.url()).await;
+    for (key, permits) in [("k", None), ("pool", Some(1))] {
+        let request = nopub.lock(key).ttl(Duration::from_secs(60)).renew(false);
+        let held = match permits {
+            Some(n) => request.permits(n),
+            None => request,
+        }
+        .acquire()
+        .await
+        .unwrap();
+        let waiter = tokio::spawn({
+            let waiters = waiters.clone();
+            async move {
+                waiters
+                    .lock(key)
+                    .fencing(true)
+                    .wait(Duration::from_secs(60))
+                    .acquire()
+                    .await
+            }
+        });
+        let queued = format!("queued:{{lock:{key}}}");
+        super::support::eventually(Duration::from_secs(20), "the waiter queued", || {
+            let (mut con, queued) = (con.clone(), queued.clone());
+            async move { con.hlen::<_, u32>(&queued).await.unwrap() == 1 }
+        })
+        .await;
+        let names = [
+            format!("lock:{key}"),
+            format!("fence:{{lock:{key}}}"),
+            format!("queue:{{lock:{key}}}"),
+            queued,
+        ];
+        let snapshot = async |con: &mut redis::aio::MultiplexedConnection| {
+            let mut all = Vec::new();
+            for name in &names {
+                let (kind, dump): (String, Option<Vec<u8>>) = redis::pipe()
+                    .cmd("TYPE")
+                    .arg(name)
+                    .cmd("DUMP")
+                    .arg(name)
+                    .query_async(con)
+                    .await
+                    .unwrap();
+                all.push((name.clone(), kind, dump));
+            }
+            all
+        };
+        let before = snapshot(&mut con).await;
+        let err = held.release_now().await.unwrap_err();
+        let message = err.to_string();
+        assert!(
+            message.contains("can't run this command") || message.contains("'publish'"),
+            "{key}: {err}"
+        );
+        assert_eq!(snapshot(&mut con).await, before, "{key}: untouched");
+        waiter.abort();
+    }
+}

@@ -81,11 +81,13 @@ async fn renewal_and_theft_detection_work_without_redis() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn an_unused_fencing_counter_expires_after_a_day_and_tokens_still_increase() {
+async fn an_unused_fencing_counter_expires_a_day_after_its_lease_and_tokens_still_increase() {
     let (_, regs) = replicas(2);
+    let ttl = Duration::from_secs(90);
     let first = regs[0]
         .lock("invoice:1")
         .fencing(true)
+        .ttl(ttl)
         .acquire()
         .await
         .unwrap();
@@ -95,7 +97,13 @@ async fn an_unused_fencing_counter_expires_after_a_day_and_tokens_still_increase
         regs[1].inspect("invoice:1").await.unwrap().fence,
         Some(token)
     );
-    tokio::time::advance(Duration::from_secs(24 * 3600 + 1)).await;
+    tokio::time::advance(Duration::from_secs(24 * 3600) + ttl - Duration::from_secs(1)).await;
+    assert_eq!(
+        regs[1].inspect("invoice:1").await.unwrap().fence,
+        Some(token),
+        "kept a day beyond the lease"
+    );
+    tokio::time::advance(Duration::from_secs(2)).await;
     assert_eq!(
         regs[1].inspect("invoice:1").await.unwrap().fence,
         None,

@@ -137,7 +137,8 @@ impl ClusterNodes {
     }
 
     /// Renews `chunk` (one slot's keys) in one round trip, or key by key when a migration has
-    /// split them between two nodes (`TRYAGAIN` to the script), all by `deadline`. A lock
+    /// split them between two nodes (`TRYAGAIN` to the script; a fenced lock whose counter is on
+    /// the other node is then renewed without keeping its counter), all by `deadline`. A lock
     /// that a migration moved answers `ASK` or `MOVED` in the pipeline (to its `SET .. IFEQ`
     /// or to the pipelined script), which does not follow it: the script, sent again as a
     /// single command, then renews it where the redirect says.
@@ -153,16 +154,25 @@ impl ClusterNodes {
         C: ConnectionLike + Clone + Send,
     {
         let left = || deadline.saturating_duration_since(Instant::now());
+        let try_again =
+            |flags: &Answers| flags.failed_with(ErrorKind::Server(ServerErrorKind::TryAgain));
         let flags = renew_chunk(&mut con, batch, chunk, left(), Some(ifeq)).await;
-        let split =
-            chunk.len() > 1 && flags.failed_with(ErrorKind::Server(ServerErrorKind::TryAgain));
-        if !split {
+        if !try_again(&flags) || (chunk.len() == 1 && batch[chunk[0]].fence.is_none()) {
             return vec![(chunk.to_vec(), flags)];
         }
         let calls = chunk.iter().map(|&i| {
             let mut con = con.clone();
             async move {
-                let flags = renew_chunk(&mut con, batch, &[i], left(), Some(ifeq)).await;
+                let mut flags = renew_chunk(&mut con, batch, &[i], left(), Some(ifeq)).await;
+                if try_again(&flags) && batch[i].fence.is_some() {
+                    // The lock and its counter are on two nodes for now: the lock alone, its
+                    // counter kept at a later renewal.
+                    let alone = [Renewal {
+                        fence: None,
+                        ..batch[i]
+                    }];
+                    flags = renew_chunk(&mut con, &alone, &[0], left(), Some(ifeq)).await;
+                }
                 (vec![i], flags)
             }
         });

@@ -45,6 +45,9 @@ pub(crate) fn lock_error(
     key: Option<&str>,
     e: redis::RedisError,
 ) -> LockError {
+    if let Some(refused) = corrupt_key(node, key, &e) {
+        return refused;
+    }
     LockError::Backend {
         node: node.to_owned(),
         command,
@@ -52,6 +55,45 @@ pub(crate) fn lock_error(
         message: e.to_string(),
         source: Some(Arc::new(e)),
     }
+}
+
+/// A script's refusal of a key beside the lock that holds what no script wrote there
+/// (`corrupt` in the scripts' prelude: `CORRUPTKEY <role> <type found> <Redis key>`), made
+/// before the script wrote anything: an [`LockError::InvalidKey`] that names the key and says
+/// to delete it, which is always safe.
+fn corrupt_key(node: &str, key: Option<&str>, e: &redis::RedisError) -> Option<LockError> {
+    if e.code() != Some("CORRUPTKEY") {
+        return None;
+    }
+    let mut parts = e.detail()?.splitn(3, ' ');
+    let (role, found, name) = (parts.next()?, parts.next()?, parts.next()?);
+    let (should, after) = match role {
+        "counter" => (
+            "the lock's fencing counter (a fencing token: digits, below 2^53)",
+            "the next fencing token then starts from the server's clock, above every earlier one",
+        ),
+        "queue" => (
+            "the lock's waiters' queue (a sorted set)",
+            "waiters take their places again at their next attempt",
+        ),
+        _ => (
+            "the lock's waiters' places (a hash)",
+            "waiters take their places again at their next attempt",
+        ),
+    };
+    let found = match (role, found) {
+        ("counter", "string") => "a string that is not a fencing token".to_owned(),
+        (_, kind) => format!("a {kind}"),
+    };
+    let name = crate::error::shown(name);
+    Some(LockError::InvalidKey {
+        key: key.unwrap_or_default().to_owned(),
+        reason: format!(
+            "Redis key `{name}` on {node} should hold {should} but holds {found}, which the \
+             library never writes; nothing was changed. Delete it (`DEL {name}`) and try again: \
+             {after}"
+        ),
+    })
 }
 
 /// A failure already told as a [`LockError`], back as the client's error (for a renewal round,

@@ -2,8 +2,9 @@
 //! their answers collected.
 //!
 //! A chunk's exclusive locks go as `SET key token IFEQ token PX ttl GET` where the server has
-//! it (Valkey 8.1+), pipelined; the rest, and every lock on a server without it, go through
-//! the renewal script ([`scripts::RENEW_LUA`]), one call per chunk.
+//! it (Valkey 8.1+), pipelined; the rest (fenced locks too, whose counter the script keeps), and
+//! every lock on a server without it, go through the renewal script ([`scripts::RENEW_LUA`]),
+//! one call per chunk.
 //!
 //! `SET key token IFEQ token PX ttl GET` is the renewal script's answer for a lock held as a
 //! plain string, in one command: it sets the expiry only when the key holds our token, never
@@ -110,7 +111,10 @@ async fn renew_now<C: ConnectionLike + Send>(
     chunk: &[usize],
     ifeq: Option<&Native>,
 ) -> Answers {
-    let exclusive = |at: &usize| batch[chunk[*at]].share == Share::Exclusive;
+    let exclusive = |at: &usize| {
+        let lock = &batch[chunk[*at]];
+        lock.share == Share::Exclusive && lock.fence.is_none()
+    };
     let state = ifeq.map_or(OFF, Native::state);
     let by_set: Vec<usize> = match state {
         ON => (0..chunk.len()).filter(exclusive).collect(),

@@ -1,4 +1,6 @@
 local token, ttl = ARGV[1], ARGV[2]
+local corrupt_key = corrupt_shared_key()
+if corrupt_key then return corrupt_key end
 -- The caller's value once it takes the lock: marked when others wait (see prelude.lua), here
 -- (ARGV[9]) or, where `queued` may hold anyone, in the queue.
 local function taken_as(queued)
@@ -19,21 +21,29 @@ if ARGV[6] and ARGV[6] ~= '0' then
   local limit = tonumber(ARGV[6]) or math.huge
   local tag = limit == math.huge and '#read' or '#permits=' .. ARGV[6]
   local now = now_ms()
+  local held = 0
   if kind == 'zset' then
     local found = shared_tag_of(KEYS[1])
     if not found then return {2, kind} end
-    if settle_shared(now) and found ~= tag then return {3, found} end
-  end
-  if not redis.call('ZSCORE', KEYS[1], token) then
-    local held = math.max(redis.call('ZCARD', KEYS[1]) - 1, 0)
-    local head, head_deadline = oldest_live_place()
-    -- A queued waiter ahead refuses this caller, whether it is handed the lock now or later.
-    if head and ARGV[8] == '1' then note_unqueued(ttl) end
-    if held == 0 and head then
-      local waiter, waiter_deadline, fencing, place = oldest_live_waiter()
-      hand_over(waiter, waiter_deadline, fencing, place, '', ARGV[5])
-      return {0, waiter_deadline - now, waiter}
+    held = live_shared(now)
+    if held > 0 and found ~= tag then
+      settle_shared(now)
+      return {3, found}
     end
+  end
+  local mine = tonumber(redis.call('ZSCORE', KEYS[1], token))
+  if not (mine and mine > now) then
+    -- A queued waiter ahead refuses this caller, whether it is handed the lock now or later.
+    local before, head, head_deadline, fencing, place = oldest_live_waiter()
+    if held == 0 and head then
+      local fence = announce_handoff(head, fencing, place, '', ARGV[5])
+      if ARGV[8] == '1' then note_unqueued(ttl) end
+      hand_to(head, head_deadline, fence, before)
+      return {0, head_deadline - now, head}
+    end
+    if kind == 'zset' then settle_shared(now) end
+    drop_places(before)
+    if head and ARGV[8] == '1' then note_unqueued(ttl) end
     if head or held >= limit then
       local wait = math.huge
       if held > 0 then
@@ -49,31 +59,38 @@ if ARGV[6] and ARGV[6] ~= '0' then
   return {1, 0}
 end
 if #KEYS < 4 or redis.call('EXISTS', KEYS[3]) == 0 then
-  if redis.call('SET', KEYS[1], taken_as(false), 'NX', 'PX', ttl) then return {1, take_fence(ARGV[3])} end
+  if redis.call('SET', KEYS[1], taken_as(false), 'NX', 'PX', ttl) then
+    return {1, take_fence(ARGV[3], ttl)}
+  end
 end
 local value = redis.pcall('GET', KEYS[1])
 local owner = holder_of(value)
+local shared = false
 if type(owner) == 'table' then
   local kind = redis.call('TYPE', KEYS[1]).ok
   owner = kind == 'zset' and shared_tag_of(KEYS[1])
   if not owner then return {2, kind} end
-  if not settle_shared(now_ms()) then owner = false end
+  -- A set whose every place ran out is free: whoever takes the lock replaces it.
+  shared = live_shared(now_ms()) > 0
+  if not shared then owner = false end
 end
 if owner == token then
   redis.call('PEXPIRE', KEYS[1], ttl)
   leave_queue(token)
-  return {1, own_fence(ARGV[3])}
+  return {1, own_fence(ARGV[3], ttl)}
 end
 if not owner then
-  local waiter, waiter_deadline, fencing, place = oldest_live_waiter()
+  local before, waiter, waiter_deadline, fencing, place = oldest_live_waiter()
   if not waiter or waiter == token then
+    drop_places(before)
     leave_queue(token)
     redis.call('SET', KEYS[1], taken_as(true), 'PX', ttl)
-    return {1, take_fence(ARGV[3])}
+    return {1, take_fence(ARGV[3], ttl)}
   end
-  value = hand_over(waiter, waiter_deadline, fencing, place, '', ARGV[5])
+  value = hand_over(waiter, waiter_deadline, fencing, place, before, '', ARGV[5])
   owner = waiter
 end
+if shared then settle_shared(now_ms()) end
 if ARGV[4] == '1' and #KEYS >= 4 then
   if not redis.call('ZSCORE', KEYS[3], token) then
     local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')[2]

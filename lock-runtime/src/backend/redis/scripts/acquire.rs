@@ -45,13 +45,20 @@ use crate::key::LockKey;
 /// deadline. The lock itself (a writer) treats such a set as busy and queues behind it, which
 /// stops new readers and permit takers until it has had its turn.
 ///
-/// The counter expires a day after the last fenced acquisition, so per-entity keys
-/// do not pile up. A missing counter (new, expired, deleted or lost with the server's data)
-/// starts at the server's clock in microseconds (`TIME`): an old counter started at its own
-/// clock reading and grew by one per fenced acquisition, far less than one per microsecond, so
-/// the restarted one begins above every token it handed out, as long as this server's clock is
-/// not behind the old one's by more than the time since the old counter was last used. Lua
-/// numbers are doubles, exact to 2^53: microseconds since 1970 stay below that until 2255.
+/// A fencing token is the greater of the counter plus one and the server's clock in
+/// microseconds (`TIME`), so tokens go on rising over a counter that a failover rolled back or
+/// that expired, was deleted or lost, as long as this server's clock is not behind the clock
+/// that handed out the earlier tokens by more than the time since, and a key's tokens come
+/// slower than one a microsecond (see `next_fence` in `prelude.lua`). The counter expires a day
+/// after the lease it was taken for (renewals keep a held lock's), so per-entity keys do not
+/// pile up. Lua numbers are doubles, exact to 2^53: microseconds since 1970 stay below that
+/// until 2255.
+///
+/// Before it writes anything, the script checks the keys it shares with the others: a counter
+/// that is not a token (another type, or a string that is not digits below 2^53), a queue that
+/// is not a sorted set or a hash of places that is not a hash fails it with `CORRUPTKEY <role>
+/// <type> <key>` and nothing changed (read as [`LockError::InvalidKey`] saying to delete the
+/// key). A handoff publishes before it writes: a refused publish changes nothing either.
 pub const ACQUIRE_LUA: &str = concat!(
     include_str!("prelude.lua"),
     include_str!("queue.lua"),

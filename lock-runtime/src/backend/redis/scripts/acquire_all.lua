@@ -1,4 +1,11 @@
 local token, ttl, n = ARGV[1], ARGV[2], tonumber(ARGV[4])
+-- Every counter is checked before any key is written (see `corrupt` in prelude.lua).
+if ARGV[3] == '1' then
+  for i = n + 1, 2 * n do
+    local found = bad_counter(KEYS[i])
+    if found then return corrupt('counter', found, KEYS[i]) end
+  end
+end
 local values = {}
 for i = 1, n do
   local value = redis.pcall('GET', KEYS[i])
@@ -23,5 +30,5 @@ for i = n + 1, 2 * n do
   local next = next_fence(KEYS[i])
   if next > fence then fence = next end
 end
-for i = n + 1, 2 * n do keep_fence(KEYS[i], fence) end
+for i = n + 1, 2 * n do keep_fence(KEYS[i], fence, ttl) end
 return {1, fence}

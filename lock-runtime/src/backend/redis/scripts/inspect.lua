@@ -1,3 +1,5 @@
+local corrupt_key = corrupt_shared_key()
+if corrupt_key then return corrupt_key end
 local token = holder_of(redis.pcall('GET', KEYS[1]))
 local now = now_ms()
 local tag, holders = false, {}

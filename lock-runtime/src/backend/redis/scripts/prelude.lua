@@ -1,9 +1,7 @@
 -- The Lua every script that needs them begins with: the server's clock in milliseconds, the
 -- tag that marks a sorted set as ours (readers or a semaphore, see acquire.lua; any other sorted
--- set is application data), and a fencing counter's next value (`INCR`, or the server's clock in
--- microseconds for a counter that starts afresh) and how it is kept: for a day after the last
--- fenced acquisition (`FENCE_EXPIRY_MS` in backend/contract.rs), so a server re-creating an
--- expired counter may have a clock up to a day behind.
+-- set is application data), fencing tokens (the next one, how a counter is kept, and what a
+-- counter may hold), and the refusal of a key beside a lock that holds what no script wrote.
 --
 -- A lock's value is its holder's token, followed by WAITED once someone waited for it (a busy
 -- attempt of a caller prepared to wait, or a handoff with waiters left behind). A release that
@@ -33,13 +31,47 @@ local function shared_tag_of(key)
   if tag and (tag == '#read' or string.match(tag, '^#permits=%d+$')) then return tag end
   return nil
 end
+-- A fencing token is the greater of the counter's value plus one and the server's clock in
+-- microseconds (`TIME`). So a counter that a failover rolled back (a promoted replica missed the
+-- last tokens), or one that expired, was deleted or was lost, goes on above every token handed
+-- out before, as long as this server's clock is not behind the clock of the server that handed
+-- them out by more than the time since (a failover's duration, at least), and one key's tokens
+-- come slower than one a microsecond. Lua numbers are doubles, exact to 2^53: microseconds
+-- since 1970 stay below that until 2255.
 local FENCE_EXPIRY_MS = '86400000'
 local function next_fence(key)
-  local fence = redis.call('INCR', key)
-  if fence ~= 1 then return fence end
   local now = redis.call('TIME')
-  return tonumber(now[1]) * 1000000 + tonumber(now[2])
+  local clock = tonumber(now[1]) * 1000000 + tonumber(now[2])
+  return math.max((tonumber(redis.call('GET', key)) or 0) + 1, clock)
 end
-local function keep_fence(key, fence)
-  redis.call('SET', key, string.format('%d', fence), 'PX', FENCE_EXPIRY_MS)
+-- A counter outlives the lease of the holder that last took or kept it by a day
+-- (`FENCE_EXPIRY_MS` in backend/contract.rs), so per-entity counters do not pile up.
+local function keep_fence(key, fence, ttl)
+  local keep = tonumber(ttl) + tonumber(FENCE_EXPIRY_MS)
+  redis.call('SET', key, string.format('%d', fence), 'PX', string.format('%d', keep))
+end
+-- What a counter holds that no script wrote (nil: none, or a token: digits, below 2^53).
+local function bad_counter(key)
+  local kind = redis.call('TYPE', key).ok
+  if kind == 'none' then return nil end
+  if kind ~= 'string' then return kind end
+  local value = redis.call('GET', key)
+  if #value <= 16 and string.match(value, '^%d+$') and tonumber(value) < 2^53 then return nil end
+  return 'string'
+end
+-- The error that refuses a key beside a lock (`role`: counter, queue or queued) holding what no
+-- script wrote (`found`): returned before the script writes anything, so nothing changes, and
+-- read by backend/redis/errors.rs, which tells the caller to delete the key.
+local function corrupt(role, found, key)
+  return redis.error_reply('CORRUPTKEY ' .. role .. ' ' .. found .. ' ' .. key)
+end
+-- A held fenced lock's counter, at each renewal (renew.lua): written only when it has less than
+-- half a day beyond the lease left, so it always outlives the lease (a leader's term numbers its
+-- leadership for as long as it lasts), and put back at the holder's token when gone (deleted,
+-- or lost), never lowered. One that holds what no script wrote is left for an acquisition to
+-- refuse.
+local function hold_fence(key, fence, ttl)
+  if redis.call('PTTL', key) >= tonumber(ttl) + tonumber(FENCE_EXPIRY_MS) / 2 then return end
+  if bad_counter(key) then return end
+  keep_fence(key, math.max(tonumber(redis.call('GET', key)) or 0, tonumber(fence)), ttl)
 end

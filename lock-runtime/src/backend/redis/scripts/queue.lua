@@ -10,22 +10,36 @@
 -- with the place it went to, so a waiter that died in the queue holds it no longer than its
 -- place had left.
 --
--- A script that publishes does so before it changes the lock: a user whose ACL lacks the publish
--- command gets the refusal with the lock untouched.
-local function take_fence(wanted)
+-- A script checks the keys it shares with the others (counter, queue, hash) before it writes
+-- anything (`corrupt_shared_key`), and publishes before it writes: a key that holds what no
+-- script wrote, or a user whose ACL lacks the publish command, gets the refusal with nothing
+-- changed (no lock, counter or queue).
+local function corrupt_shared_key()
+  if #KEYS >= 2 then
+    local found = bad_counter(KEYS[2])
+    if found then return corrupt('counter', found, KEYS[2]) end
+  end
+  if #KEYS >= 4 then
+    local queue, queued = redis.call('TYPE', KEYS[3]).ok, redis.call('TYPE', KEYS[4]).ok
+    if queue ~= 'none' and queue ~= 'zset' then return corrupt('queue', queue, KEYS[3]) end
+    if queued ~= 'none' and queued ~= 'hash' then return corrupt('queued', queued, KEYS[4]) end
+  end
+  return nil
+end
+local function take_fence(wanted, ttl)
   if wanted ~= '1' then return 0 end
   local fence = next_fence(KEYS[2])
-  keep_fence(KEYS[2], fence)
+  keep_fence(KEYS[2], fence, ttl)
   return fence
 end
 -- The fence of a holder whose attempt finds its own token (its reply was lost, or a handoff came
 -- while the attempt was on its way): the one it was given, still the counter's, since nobody else
 -- took the lock since. Its tenure goes on; a new fence would only skip the one it was handed.
-local function own_fence(wanted)
+local function own_fence(wanted, ttl)
   if wanted ~= '1' then return 0 end
   local fence = tonumber(redis.call('GET', KEYS[2]))
-  if not fence then return take_fence(wanted) end
-  keep_fence(KEYS[2], fence)
+  if not fence then return take_fence(wanted, ttl) end
+  keep_fence(KEYS[2], fence, ttl)
   return fence
 end
 local function leave_queue(token)
@@ -60,31 +74,56 @@ local function read_place(entry)
   if not deadline then return nil end
   return tonumber(deadline), ttl, fencing, place
 end
-local function oldest_live_place()
-  if #KEYS < 4 or redis.call('EXISTS', KEYS[3]) == 0 then return nil end
+-- The oldest live waiter's place, found without writing: how many places come before it (past
+-- their deadline, or `skip`'s, a caller that is leaving), then its token and deadline, or no
+-- token when no place is live (every place counted). `drop_places` takes those out once the
+-- script writes.
+local function oldest_live_place(skip)
+  if #KEYS < 4 then return 0, nil end
   local now = now_ms()
+  local at = 0
   while true do
-    local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
-    if not head then return nil end
-    local deadline = read_place(redis.call('HGET', KEYS[4], head))
-    if deadline and deadline > now then return head, deadline end
-    leave_queue(head)
+    local head = redis.call('ZRANGE', KEYS[3], at, at)[1]
+    if not head then return at, nil end
+    local deadline = head ~= skip and read_place(redis.call('HGET', KEYS[4], head))
+    if deadline and deadline > now then return at, head, deadline end
+    at = at + 1
   end
 end
-local function oldest_live_waiter()
-  local head = oldest_live_place()
-  if not head then return nil end
+local function oldest_live_waiter(skip)
+  local before, head = oldest_live_place(skip)
+  if not head then return before, nil end
   local deadline, _, fencing, place = read_place(redis.call('HGET', KEYS[4], head))
-  return head, deadline, fencing, place
+  return before, head, deadline, fencing, place
 end
-local function hand_over(waiter, deadline, fencing, place, released, publish)
-  local fence = take_fence(fencing)
+local function drop_places(count)
+  if count == 0 then return end
+  for _, waiter in ipairs(redis.call('ZRANGE', KEYS[3], 0, count - 1)) do leave_queue(waiter) end
+end
+-- A handoff in two steps, so that its message goes out before anything is written: the message
+-- (`<released>:<next>:<fence>:<place>`, with the fence the waiter is to get), then `hand_to`,
+-- which writes the counter, the queue (the `before` places ahead of the waiter, `leaving`,
+-- the waiter's) and the lock (a set of readers or permits with none live is replaced).
+local function announce_handoff(waiter, fencing, place, released, publish)
+  local fence = 0
+  if fencing == '1' then fence = next_fence(KEYS[2]) end
   local next = redis.sha1hex(waiter) .. ':' .. string.format('%d', fence) .. ':' .. place
   redis.call(publish, KEYS[1], released .. ':' .. next)
+  return fence
+end
+local function hand_to(waiter, deadline, fence, before, leaving)
+  local ttl = math.max(deadline - now_ms(), 1)
+  if fence > 0 then keep_fence(KEYS[2], fence, ttl) end
+  drop_places(before)
+  if leaving then leave_queue(leaving) end
   leave_queue(waiter)
   local value = waiter .. waited_behind()
-  redis.call('SET', KEYS[1], value, 'PX', math.max(deadline - now_ms(), 1))
+  redis.call('SET', KEYS[1], value, 'PX', ttl)
   return value
+end
+local function hand_over(waiter, deadline, fencing, place, before, released, publish, leaving)
+  local fence = announce_handoff(waiter, fencing, place, released, publish)
+  return hand_to(waiter, deadline, fence, before, leaving)
 end
 local function settle_shared(now)
   redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
@@ -96,22 +135,28 @@ local function settle_shared(now)
   redis.call('PEXPIRE', KEYS[1], math.max(tonumber(last) - now, 1))
   return true
 end
+-- Live places of a reader's or permit's set, counted without writing.
+local function live_shared(now)
+  return redis.call('ZCOUNT', KEYS[1], '(' .. now, '(+inf')
+end
 local function release_permit(token, publish)
   local deadline = tonumber(redis.call('ZSCORE', KEYS[1], token))
   if not deadline then return 0 end
   local now = now_ms()
   local ours = deadline > now
   local released = redis.sha1hex(token)
-  if redis.call('ZCOUNT', KEYS[1], '(' .. now, '(+inf') <= (ours and 1 or 0) then
-    local waiter, waiter_deadline, fencing, place = oldest_live_waiter()
+  local before = 0
+  if live_shared(now) <= (ours and 1 or 0) then
+    local waiter, waiter_deadline, fencing, place
+    before, waiter, waiter_deadline, fencing, place = oldest_live_waiter(token)
     if waiter then
-      redis.call('DEL', KEYS[1])
-      hand_over(waiter, waiter_deadline, fencing, place, released, publish)
+      hand_over(waiter, waiter_deadline, fencing, place, before, released, publish, token)
       return ours and 2 or 0
     end
   end
   redis.call(publish, KEYS[1], released)
   redis.call('ZREM', KEYS[1], token)
   settle_shared(now)
+  drop_places(before)
   return ours and 1 or 0
 end

@@ -1,25 +1,33 @@
+local corrupt_key = corrupt_shared_key()
+if corrupt_key then return corrupt_key end
 local owner = holder_of(value)
 local shared = type(owner) == 'table' and redis.call('TYPE', KEYS[1]).ok == 'zset' and shared_tag_of(KEYS[1])
 if shared or owner ~= ARGV[1] then
-  local left = leave_queue(ARGV[1])
+  local queued = #KEYS >= 4 and redis.call('ZSCORE', KEYS[3], ARGV[1])
   local released = shared and release_permit(ARGV[1], ARGV[2]) or 0
-  if left and released == 0 and (shared or not owner) then
-    -- A waiter for the whole lock left: whoever it held off (readers, permit takers) may enter.
+  if queued and released == 0 and (shared or not owner) then
+    -- A waiter for the whole lock leaves: whoever it held off (readers, permit takers) may enter.
     redis.call(ARGV[2], KEYS[1], redis.sha1hex(ARGV[1]))
   end
+  leave_queue(ARGV[1])
   return released
 end
 local released = redis.sha1hex(ARGV[1])
+local before = 0
 if #KEYS >= 4 and redis.call('EXISTS', KEYS[3]) == 1 then
-  leave_queue(ARGV[1])
-  local waiter, deadline, fencing, place = oldest_live_waiter()
+  local waiter, deadline, fencing, place
+  before, waiter, deadline, fencing, place = oldest_live_waiter(ARGV[1])
   if waiter then
-    hand_over(waiter, deadline, fencing, place, released, ARGV[2])
+    hand_over(waiter, deadline, fencing, place, before, released, ARGV[2], ARGV[1])
     return 2
   end
 end
 redis.call(ARGV[2], KEYS[1], released)
 redis.call('DEL', KEYS[1])
--- Told: the unqueued waiters try again, and note themselves again if refused.
-if #KEYS >= 4 then redis.call('HDEL', KEYS[4], UNQUEUED) end
+if #KEYS >= 4 then
+  drop_places(before)
+  leave_queue(ARGV[1])
+  -- Told: the unqueued waiters try again, and note themselves again if refused.
+  redis.call('HDEL', KEYS[4], UNQUEUED)
+end
 return 1

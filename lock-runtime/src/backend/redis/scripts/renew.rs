@@ -3,20 +3,35 @@
 use super::call::{Call, Script};
 use crate::backend::contract::{Renewal, Renewed};
 
-/// `KEYS` locks; `ARGV` token and ttl ms for each key in turn. One script call renews a whole
-/// batch: the keeper sends one command per batch instead of one per lock. Returns per key 1
-/// (renewed), 0 (no such key: expired or deleted; of a semaphore: no live permit of ours) or -1
-/// (someone else's value); a lock that is no longer ours is never touched. A permit's deadline
-/// moves to now + ttl, and the set's expiry to its last live deadline.
+/// `KEYS` the locks, then the fencing counter of each fenced one in the same order; `ARGV`
+/// token, ttl ms and fencing token (`0`: not fenced) for each lock in turn. One script call
+/// renews a whole batch: the keeper sends one command per batch instead of one per lock.
+/// Returns per lock 1 (renewed), 0 (no such key: expired or deleted; of a semaphore: no live
+/// permit of ours) or -1 (someone else's value); a lock that is no longer ours is never
+/// touched. A permit's deadline moves to now + ttl, and the set's expiry to its last live
+/// deadline. A renewed fenced lock's counter is kept a day beyond the lease (written about
+/// twice a day) and put back at the holder's token if it is gone: it names the holder's term
+/// for as long as the lock is held.
 pub const RENEW_LUA: &str = concat!(include_str!("prelude.lua"), include_str!("renew.lua"));
 
 static SCRIPT: Script = Script::new(RENEW_LUA);
 
 /// The script's call renewing `locks` (positions in `batch`).
 pub(crate) fn call(batch: &[Renewal<'_>], locks: impl Iterator<Item = usize> + Clone) -> Call {
-    let keys: Vec<&str> = locks.clone().map(|i| batch[i].redis_key).collect();
+    let keys: Vec<&str> = locks
+        .clone()
+        .map(|i| batch[i].redis_key)
+        .chain(
+            locks
+                .clone()
+                .filter_map(|i| batch[i].fence.map(|(key, _)| key)),
+        )
+        .collect();
     locks.fold(Call::new(&SCRIPT, &keys), |call, i| {
-        call.arg(batch[i].token).arg(batch[i].ttl_ms)
+        let lock = &batch[i];
+        call.arg(lock.token)
+            .arg(lock.ttl_ms)
+            .arg(lock.fence.map_or(0, |(_, fence)| fence))
     })
 }
 
