@@ -412,14 +412,20 @@ async fn a_ttl_too_short_to_outlast_its_drift_margin_is_refused_with_the_minimum
         );
     }
     assert_eq!(commands_run(&server), before, "nothing was sent");
-    let guard = reg
+    let minimum = reg
         .lock("k")
         .ttl(Duration::from_millis(10))
         .renew(false)
         .acquire()
-        .await
-        .expect("the minimum itself is accepted");
-    drop(guard);
+        .await;
+    // On a loaded machine a 10 ms lease can run out before its reply is read: given up as
+    // untrustworthy then, never refused as invalid.
+    if let Err(err) = minimum {
+        assert!(
+            !matches!(err, LockError::InvalidOptions { .. }),
+            "the minimum itself is accepted: {err}"
+        );
+    }
 }
 
 #[tokio::test]
