@@ -326,13 +326,21 @@ async fn a_release_that_would_hand_over_and_is_refused_its_notification_changes_
             format!("queue:{{lock:{key}}}"),
             queued,
         ];
+        // The waiter's own entry in the queue's hash (its deadline, the number of its last
+        // attempt) moves whenever it tries again, as it may until it is told of the lock:
+        // of that hash, who is in it is compared.
         let snapshot = async |con: &mut redis::aio::MultiplexedConnection| {
             let mut all = Vec::new();
             for name in &names {
-                let (kind, dump): (String, Option<Vec<u8>>) = redis::pipe()
+                let read = if name.starts_with("queued:") {
+                    "HKEYS"
+                } else {
+                    "DUMP"
+                };
+                let (kind, dump): (String, redis::Value) = redis::pipe()
                     .cmd("TYPE")
                     .arg(name)
-                    .cmd("DUMP")
+                    .cmd(read)
                     .arg(name)
                     .query_async(con)
                     .await
