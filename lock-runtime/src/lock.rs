@@ -110,6 +110,10 @@ impl LockRequest {
         match current::held(&inner, &self.keys) {
             current::Held::No => {}
             current::Held::All(lease) => {
+                // A lease already over is not re-entered: the key may be someone else's now.
+                if let Some(reason) = lease.lost_reason() {
+                    return Err(lease.lost_error(reason));
+                }
                 let (held, asked) = (lease.options.share(), self.options.share());
                 if let Some(reason) = current::cannot_reenter(held, asked) {
                     return Err(LockError::InvalidOptions {
@@ -167,7 +171,16 @@ impl LockRequest {
         let on_lost = self.options.on_lost;
         let guard = self.acquire().await?;
         if guard.reentrant {
-            return body.await;
+            // Inside the outer body's lease: stopped with it under `Cancel`, also when the
+            // outer body runs on under `Continue`.
+            return match on_lost {
+                OnLost::Cancel => tokio::select! {
+                    biased;
+                    reason = guard.lease.wait_lost() => Err(guard.lease.lost_error(reason).into()),
+                    outcome = body => outcome,
+                },
+                OnLost::Continue => body.await,
+            };
         }
         match guarded(guard, on_lost, body).await {
             Ok(outcome) => outcome,

@@ -10,7 +10,10 @@
 //!   [`ACQUIRE_LUA`] takes or renews a place; a place past its deadline is dropped, never served.
 //! - A release is [`RELEASE_LUA`]: owner-checked, it hands the lock to the oldest live waiter
 //!   (`SET` to its token until its place's deadline) or deletes it, and publishes on the channel
-//!   named like the lock key (`SPUBLISH` in a cluster), before it writes anything. The message
+//!   named like the lock key (`SPUBLISH` in a cluster): a plain release before it deletes, a
+//!   handoff after it wrote the lock in the waiter's name (so a handoff that `maxmemory`
+//!   refuses tells no one), both after checking, where the server can say
+//!   (`redis.acl_check_cmd`, Redis and Valkey 7+), that the caller may publish. The message
 //!   is `<released>` when the lock is free, and `<released>:<next>:<fence>:<place>` when it went
 //!   to a waiter, each name the SHA-1 (lowercase hex) of a token, and `<place>` the waiter's
 //!   attempt that kept the place (the waiter trusts the handoff only if no later attempt of its
@@ -58,9 +61,10 @@
 //!   holder's token, expiring a day beyond the lease, so it names the holder's token (an
 //!   election's term) for as long as the lock is held.
 //! - The scripts check the keys beside the lock before writing anything: a counter that is not
-//!   digits below 2^53, a queue that is not a sorted set, or places that are not a hash fail
+//!   digits below 2^53 - 1, a queue that is not a sorted set, or places that are not a hash fail
 //!   the script with the error `CORRUPTKEY <counter|queue|queued> <type found> <key>` and
-//!   nothing changed. A script that publishes does so before it writes anything.
+//!   nothing changed. A caller whose ACL lacks the publish command is refused before anything
+//!   is written; a counter at the last token of the range (2^53 - 1) is refused as exhausted.
 //!
 //! ```
 //! // The same owner-checked release, from any Redis client:

@@ -830,3 +830,78 @@ fn duplicate_redlock_nodes_are_refused_naming_the_duplicate_without_its_password
         assert!(!message.contains("pw"), "{message}");
     }
 }
+
+/// Under `maxmemory`, a release that would hand the lock to a fenced waiter either hands it
+/// over (the lock and counter written in the waiter's name) or tells the waiter nothing: a
+/// waiter is never granted a lock that Redis still holds in its releaser's name. (The handoff's
+/// message goes out before its first write, and the first write, the fencing counter's `SET`,
+/// is the one Redis refuses when over its memory limit.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_oom_a_fenced_waiter_is_never_granted_a_lock_the_release_did_not_hand_over() {
+    let server = RedisServer::start();
+    let holder = registry(&server.url());
+    let waiter = registry(&server.url());
+    let ttl = Duration::from_secs(30);
+    let held = holder
+        .lock("handed")
+        .ttl(ttl)
+        .fencing(true)
+        .acquire()
+        .await
+        .unwrap();
+    let mut waiting = tokio::spawn(async move {
+        waiter
+            .lock("handed")
+            .ttl(ttl)
+            .fencing(true)
+            .wait(Duration::from_secs(60))
+            .acquire()
+            .await
+    });
+    eventually(Duration::from_secs(10), "the waiter queued", || async {
+        holder.inspect("handed").await.unwrap().waiters == 1
+    })
+    .await;
+    let mut con = raw(&server.url()).await;
+    push_over_maxmemory(&mut con).await;
+    let released = held.release_now().await;
+    // A grant is published at once by the release: a waiter told nothing still waits then.
+    let Ok(outcome) = tokio::time::timeout(Duration::from_secs(3), &mut waiting).await else {
+        waiting.abort();
+        return;
+    };
+    let guard = outcome.expect("task").expect("the waiter's acquire");
+    let value: Option<String> = con.get("lock:handed").await.unwrap();
+    let counter: Option<String> = con.get("fence:{lock:handed}").await.unwrap();
+    assert!(
+        value
+            .as_deref()
+            .is_some_and(|v| v.starts_with(guard.token())),
+        "the waiter was granted the lock (fence {:?}) but Redis holds {value:?} (counter \
+         {counter:?}); the release said {released:?}",
+        guard.fence()
+    );
+}
+
+/// A counter the scripts accept (digits, below 2^53) never becomes, through the library's own
+/// next token, one they refuse: at the top of the range the acquisition is refused before it
+/// writes, or the lock can be taken again after it, with a greater token.
+#[tokio::test]
+async fn a_counter_at_the_top_of_its_range_is_never_turned_into_one_the_library_refuses() {
+    let server = RedisServer::start();
+    let reg = registry(&server.url());
+    let mut con = raw(&server.url()).await;
+    let top = (1u64 << 53) - 1;
+    let _: () = con.set("fence:{lock:top}", top.to_string()).await.unwrap();
+    let Ok(first) = reg.lock("top").fencing(true).acquire().await else {
+        return;
+    };
+    let first_fence = first.fence().unwrap();
+    first.release().await.unwrap();
+    let written: String = con.get("fence:{lock:top}").await.unwrap();
+    let second = reg.lock("top").fencing(true).acquire().await;
+    assert!(
+        second.as_ref().is_ok_and(|g| g.fence() > Some(first_fence)),
+        "the library handed out {first_fence} and wrote {written} to the counter, then: {second:?}"
+    );
+}

@@ -80,3 +80,41 @@ async fn current_names_the_innermost_of_nested_different_keys() {
         .unwrap();
     assert!(lock_runtime::current().is_none());
 }
+
+/// A task whose lease was lost (its outer body runs on under `on_lost = "continue"`) does not
+/// re-enter it: a nested request for the key, now held by another client, is not granted the
+/// lost lease, so a nested `on_lost = "cancel"` body never runs without the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nested_request_does_not_reenter_a_lease_already_lost() {
+    let server = RedisServer::start();
+    let reg = registry(&server);
+    let other = registry(&server);
+    let inner_reg = reg.clone();
+    let outcome = reg
+        .lock("nested:lost")
+        .ttl(std::time::Duration::from_secs(3))
+        .on_lost(lock_runtime::OnLost::Continue)
+        .run(async move {
+            let outer = lock_runtime::current().unwrap();
+            assert!(other.force_unlock("nested:lost").await?);
+            let thief = other.lock("nested:lost").acquire().await?;
+            tokio::time::timeout(std::time::Duration::from_secs(20), outer.lost())
+                .await
+                .expect("the outer lease is found lost at its next renewal");
+            let nested = inner_reg.lock("nested:lost").acquire().await;
+            let inner_ran = inner_reg
+                .lock("nested:lost")
+                .run(async { Ok::<_, LockError>(()) })
+                .await;
+            thief.release().await?;
+            Ok::<_, LockError>((nested.map(|g| g.is_reentrant()), inner_ran))
+        })
+        .await
+        .unwrap();
+    let (nested, inner_ran) = outcome;
+    assert!(
+        nested.is_err() && inner_ran.is_err(),
+        "another client holds the key, yet a nested acquire gave {nested:?} and a nested \
+         cancel body ran to {inner_ran:?}"
+    );
+}

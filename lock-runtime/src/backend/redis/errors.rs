@@ -69,7 +69,7 @@ fn corrupt_key(node: &str, key: Option<&str>, e: &redis::RedisError) -> Option<L
     let (role, found, name) = (parts.next()?, parts.next()?, parts.next()?);
     let (should, after) = match role {
         "counter" => (
-            "the lock's fencing counter (a fencing token: digits, below 2^53)",
+            "the lock's fencing counter (a fencing token: digits, below 2^53 - 1)",
             "the next fencing token then starts from the server's clock, above every earlier one",
         ),
         "queue" => (
@@ -81,11 +81,23 @@ fn corrupt_key(node: &str, key: Option<&str>, e: &redis::RedisError) -> Option<L
             "waiters take their places again at their next attempt",
         ),
     };
+    let name = crate::error::shown(name);
+    if (role, found) == ("counter", "exhausted") {
+        return Some(LockError::InvalidKey {
+            key: key.unwrap_or_default().to_owned(),
+            reason: format!(
+                "Redis key `{name}` on {node} holds the last fencing token of the range \
+                 (2^53 - 1): no later token can be issued for this lock, and nothing was \
+                 changed. Only another writer brings a counter there (the library's tokens \
+                 follow the clock in microseconds); lock another key, or delete it \
+                 (`DEL {name}`), after which tokens restart from the server's clock, below it"
+            ),
+        });
+    }
     let found = match (role, found) {
         ("counter", "string") => "a string that is not a fencing token".to_owned(),
         (_, kind) => format!("a {kind}"),
     };
-    let name = crate::error::shown(name);
     Some(LockError::InvalidKey {
         key: key.unwrap_or_default().to_owned(),
         reason: format!(

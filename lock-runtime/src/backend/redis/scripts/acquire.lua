@@ -36,9 +36,10 @@ if ARGV[6] and ARGV[6] ~= '0' then
     -- A queued waiter ahead refuses this caller, whether it is handed the lock now or later.
     local before, head, head_deadline, fencing, place = oldest_live_waiter()
     if held == 0 and head then
-      local fence = announce_handoff(head, fencing, place, '', ARGV[5])
+      local refused = publish_refused(ARGV[5])
+      if refused then return refused end
       if ARGV[8] == '1' then note_unqueued(ttl) end
-      hand_to(head, head_deadline, fence, before)
+      hand_over(head, head_deadline, fencing, place, before, '', ARGV[5])
       return {0, head_deadline - now, head}
     end
     if kind == 'zset' then settle_shared(now) end
@@ -87,6 +88,8 @@ if not owner then
     redis.call('SET', KEYS[1], taken_as(true), 'PX', ttl)
     return {1, take_fence(ARGV[3], ttl)}
   end
+  local refused = publish_refused(ARGV[5])
+  if refused then return refused end
   value = hand_over(waiter, waiter_deadline, fencing, place, before, '', ARGV[5])
   owner = waiter
 end

@@ -58,7 +58,8 @@ use crate::key::LockKey;
 /// that is not a token (another type, or a string that is not digits below 2^53), a queue that
 /// is not a sorted set or a hash of places that is not a hash fails it with `CORRUPTKEY <role>
 /// <type> <key>` and nothing changed (read as [`LockError::InvalidKey`] saying to delete the
-/// key). A handoff publishes before it writes: a refused publish changes nothing either.
+/// key). A handoff asks whether the caller may publish before it writes, writes the lock first
+/// (what `maxmemory` refuses) and publishes last: a refusal of either changes nothing.
 pub const ACQUIRE_LUA: &str = concat!(
     include_str!("prelude.lua"),
     include_str!("queue.lua"),

@@ -50,13 +50,18 @@ local function keep_fence(key, fence, ttl)
   local keep = tonumber(ttl) + tonumber(FENCE_EXPIRY_MS)
   redis.call('SET', key, string.format('%d', fence), 'PX', string.format('%d', keep))
 end
--- What a counter holds that no script wrote (nil: none, or a token: digits, below 2^53).
+-- What makes a counter unusable (nil: none, or a token below 2^53 - 1): another type, a string
+-- that is not a token, or `exhausted`, a token at the top of the range, whose next one Lua's
+-- doubles could not hold exactly (only a foreign writer can put it there before the year 2255).
 local function bad_counter(key)
   local kind = redis.call('TYPE', key).ok
   if kind == 'none' then return nil end
   if kind ~= 'string' then return kind end
   local value = redis.call('GET', key)
-  if #value <= 16 and string.match(value, '^%d+$') and tonumber(value) < 2^53 then return nil end
+  if #value <= 16 and string.match(value, '^%d+$') and tonumber(value) < 2^53 then
+    if tonumber(value) < 2^53 - 1 then return nil end
+    return 'exhausted'
+  end
   return 'string'
 end
 -- The error that refuses a key beside a lock (`role`: counter, queue or queued) holding what no

@@ -10,10 +10,19 @@
 -- with the place it went to, so a waiter that died in the queue holds it no longer than its
 -- place had left.
 --
--- A script checks the keys it shares with the others (counter, queue, hash) before it writes
--- anything (`corrupt_shared_key`), and publishes before it writes: a key that holds what no
--- script wrote, or a user whose ACL lacks the publish command, gets the refusal with nothing
--- changed (no lock, counter or queue).
+-- A script checks the keys it shares with the others (counter, queue, hash) and the caller's
+-- right to publish before it writes anything (`corrupt_shared_key`, `publish_refused`): a key
+-- that holds what no script wrote, or a user whose ACL lacks the publish command, gets the
+-- refusal with nothing changed (no lock, counter or queue).
+-- The refusal, before anything is written, of a caller whose ACL lacks the publish command
+-- (Redis and Valkey 7+ can ask; where they cannot, the command itself refuses, later).
+local function publish_refused(publish)
+  if redis.acl_check_cmd and not redis.acl_check_cmd(publish, KEYS[1], '') then
+    return redis.error_reply(
+      "NOPERM this user has no permissions to run the '" .. string.lower(publish) .. "' command")
+  end
+  return nil
+end
 local function corrupt_shared_key()
   if #KEYS >= 2 then
     local found = bad_counter(KEYS[2])
@@ -100,30 +109,28 @@ local function drop_places(count)
   if count == 0 then return end
   for _, waiter in ipairs(redis.call('ZRANGE', KEYS[3], 0, count - 1)) do leave_queue(waiter) end
 end
--- A handoff in two steps, so that its message goes out before anything is written: the message
--- (`<released>:<next>:<fence>:<place>`, with the fence the waiter is to get), then `hand_to`,
--- which writes the counter, the queue (the `before` places ahead of the waiter, `leaving`,
--- the waiter's) and the lock (a set of readers or permits with none live is replaced).
-local function announce_handoff(waiter, fencing, place, released, publish)
-  local fence = 0
-  if fencing == '1' then fence = next_fence(KEYS[2]) end
-  local next = redis.sha1hex(waiter) .. ':' .. string.format('%d', fence) .. ':' .. place
-  redis.call(publish, KEYS[1], released .. ':' .. next)
-  return fence
-end
-local function hand_to(waiter, deadline, fence, before, leaving)
+-- A handoff: the lock written in the waiter's name first (a `SET`: under `maxmemory` the first
+-- write of a script is the one Redis refuses, so a refused handoff changed nothing and told
+-- nobody), then the counter, the queue (the `before` places ahead of the waiter, `leaving`, the
+-- waiter's) and the lock's mark, and last the message (`<released>:<next>:<fence>:<place>`):
+-- a waiter is never told of a grant that was not written. A caller whose ACL lacks the publish
+-- command was refused at the script's start (`publish_refused`).
+local function hand_over(waiter, deadline, fencing, place, before, released, publish, leaving)
   local ttl = math.max(deadline - now_ms(), 1)
-  if fence > 0 then keep_fence(KEYS[2], fence, ttl) end
+  redis.call('SET', KEYS[1], waiter, 'PX', ttl)
+  local fence = 0
+  if fencing == '1' then
+    fence = next_fence(KEYS[2])
+    keep_fence(KEYS[2], fence, ttl)
+  end
   drop_places(before)
   if leaving then leave_queue(leaving) end
   leave_queue(waiter)
   local value = waiter .. waited_behind()
-  redis.call('SET', KEYS[1], value, 'PX', ttl)
+  if value ~= waiter then redis.call('SET', KEYS[1], value, 'KEEPTTL') end
+  local next = redis.sha1hex(waiter) .. ':' .. string.format('%d', fence) .. ':' .. place
+  redis.call(publish, KEYS[1], released .. ':' .. next)
   return value
-end
-local function hand_over(waiter, deadline, fencing, place, before, released, publish, leaving)
-  local fence = announce_handoff(waiter, fencing, place, released, publish)
-  return hand_to(waiter, deadline, fence, before, leaving)
 end
 local function settle_shared(now)
   redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)

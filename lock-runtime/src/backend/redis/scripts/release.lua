@@ -1,5 +1,5 @@
-local corrupt_key = corrupt_shared_key()
-if corrupt_key then return corrupt_key end
+local refused = corrupt_shared_key() or publish_refused(ARGV[2])
+if refused then return refused end
 local owner = holder_of(value)
 local shared = type(owner) == 'table' and redis.call('TYPE', KEYS[1]).ok == 'zset' and shared_tag_of(KEYS[1])
 if shared or owner ~= ARGV[1] then
