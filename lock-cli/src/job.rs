@@ -74,18 +74,18 @@ pub fn command(cmd: &[String]) -> std::process::Command {
 /// when CMD could not be run, with the status a shell would give.
 pub fn exec(args: &ExecJobArgs) -> ExitCode {
     if let Err(e) = prctl::set_pdeathsig(Signal::SIGKILL) {
-        eprintln!("lockctl: cannot tie the command's life to lockctl's: {e}");
+        say!("lockctl: cannot tie the command's life to lockctl's: {e}");
         return ExitCode::from(status::CANNOT_EXECUTE);
     }
     // lockctl may have died before the line above, and then nothing would stop CMD.
     if getppid() != Pid::from_raw(args.parent) {
-        eprintln!("lockctl: lockctl run ended before the command started; not running it");
+        say!("lockctl: lockctl run ended before the command started; not running it");
         return ExitCode::FAILURE;
     }
     // A mask survives fork and exec, and `Command` leaves it as it is: CMD would find SIGTTIN
     // and SIGTTOU blocked (and a read from the terminal fail instead of stopping it).
     if let Err(e) = SigSet::empty().thread_set_mask() {
-        eprintln!("lockctl: cannot unblock the command's signals: {e}");
+        say!("lockctl: cannot unblock the command's signals: {e}");
         return ExitCode::from(status::CANNOT_EXECUTE);
     }
     let (program, rest) = args.command.split_first().expect("clap requires a command");
@@ -93,10 +93,10 @@ pub fn exec(args: &ExecJobArgs) -> ExitCode {
     // ignored, so that CMD starts as a shell would start it.
     let error = std::process::Command::new(program).args(rest).exec();
     if error.kind() == io::ErrorKind::NotFound {
-        eprintln!("lockctl: {program}: not found");
+        say!("lockctl: {program}: not found");
         ExitCode::from(status::NOT_FOUND)
     } else {
-        eprintln!("lockctl: cannot run {program}: {error}");
+        say!("lockctl: cannot run {program}: {error}");
         ExitCode::from(status::CANNOT_EXECUTE)
     }
 }
@@ -160,7 +160,7 @@ fn reap(mut command: Child, events: &mpsc::UnboundedSender<Event>) {
                 }
             }
             Err(e) => {
-                eprintln!("lockctl: waiting for the command's processes failed: {e}; retrying");
+                say!("lockctl: waiting for the command's processes failed: {e}; retrying");
                 std::thread::sleep(Duration::from_millis(100));
                 None
             }
@@ -256,13 +256,25 @@ pub fn members() -> Vec<Pid> {
     descendants().into_iter().map(|(pid, _)| pid).collect()
 }
 
-/// Sends `signal` to the job: to CMD's process group at once, then to each live process
+/// Sends `signal` to the job: to CMD's process group (while the job has a process in it), then
+/// to each live process
 /// descended from lockctl outside that group (one that ended meanwhile is skipped). Each gets
 /// it once: a handler does not run twice.
 pub fn signal(group: Pid, signal: Signal) {
-    let _ = killpg(group, signal);
-    for (pid, _) in descendants().into_iter().filter(|&(_, g)| g != group) {
+    let all = descendants();
+    if all.iter().any(|&(_, g)| g == group) {
+        let _ = killpg(group, signal);
+    }
+    for (pid, _) in all.into_iter().filter(|&(_, g)| g != group) {
         let _ = kill(pid, signal);
+    }
+}
+
+/// Sends `signal` to CMD's process group while a process of the job is in it: once the group
+/// is empty its number is free, and an unrelated process may have taken it since.
+pub fn signal_group(group: Pid, signal: Signal) {
+    if descendants().iter().any(|&(_, g)| g == group) {
+        let _ = killpg(group, signal);
     }
 }
 

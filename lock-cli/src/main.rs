@@ -5,6 +5,15 @@
 //! tool sees the same keys, fencing counters and Redlock quorums as the services; only listing
 //! talks to Redis directly, since the library has no scan.
 
+/// `eprintln!` that never panics: a `lockctl run` whose stderr is gone (a closed pipe) must go
+/// on holding its lock for its job, not die at its first message and let the lock go.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 mod cli;
 mod confirm;
 mod job;

@@ -9,7 +9,7 @@ use std::process::{ExitCode, ExitStatus, Stdio};
 use std::time::Duration;
 
 use lock_runtime::{LockError, LockGuard, Registry};
-use nix::sys::signal::{killpg, Signal};
+use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -117,7 +117,7 @@ pub async fn run(registry: &Registry, job: RunArgs) -> ExitCode {
         Err(e) => return not_run(&e),
     };
     if let Err(e) = job::become_subreaper() {
-        eprintln!(
+        say!(
             "lockctl: cannot become the subreaper of the command's processes: {e}; the command \
              did not run"
         );
@@ -130,7 +130,7 @@ pub async fn run(registry: &Registry, job: RunArgs) -> ExitCode {
         match signal(kind) {
             Ok(stream) => signals.push((stream, action)),
             Err(e) => {
-                eprintln!("lockctl: cannot listen for signals: {e}; the command did not run");
+                say!("lockctl: cannot listen for signals: {e}; the command did not run");
                 let _ = guard.release_now().await;
                 return ExitCode::FAILURE;
             }
@@ -139,7 +139,7 @@ pub async fn run(registry: &Registry, job: RunArgs) -> ExitCode {
     let child = match spawn(&job, &guard) {
         Ok(child) => child,
         Err(message) => {
-            eprintln!("lockctl: {message}; {redis_key} released");
+            say!("lockctl: {message}; {redis_key} released");
             let _ = guard.release_now().await;
             return ExitCode::from(status::CANNOT_EXECUTE);
         }
@@ -151,7 +151,7 @@ pub async fn run(registry: &Registry, job: RunArgs) -> ExitCode {
     match outcome {
         Outcome::Ended(status) => finish(guard, &redis_key, status).await,
         Outcome::Lost(lost) => {
-            eprintln!(
+            say!(
                 "lockctl: {lost}; sending SIGTERM to every process of the job (SIGKILL in {})",
                 crate::render::duration(job.grace)
             );
@@ -170,7 +170,7 @@ pub async fn run(registry: &Registry, job: RunArgs) -> ExitCode {
                     "redirect its output, and leave the terminal's settings alone",
                 )
             };
-            eprintln!(
+            say!(
                 "lockctl: the job's process {pid} stopped on {}: a command under `lockctl run` \
                  runs outside the terminal's foreground and cannot {cannot}; {instead}. Ending \
                  the job (SIGTERM, SIGKILL in {}) and releasing {redis_key}",
@@ -226,7 +226,7 @@ async fn supervise(
                 Some(Event::CommandEnded(status)) => {
                     let left = job::members();
                     if !left.is_empty() {
-                        eprintln!(
+                        say!(
                             "lockctl: the command ended ({}), but left {} process(es) running \
                              (pid {}): {redis_key} is held until they end",
                             describe(&status),
@@ -271,10 +271,8 @@ async fn relay(signals: &mut Signals, group: Pid) {
             .0;
         match received {
             // The group may be gone already (CMD exited): nothing to pass on then.
-            Some(Received::PassOn(sig)) => {
-                let _ = killpg(group, sig);
-            }
-            Some(Received::Refuse(sig)) => eprintln!(
+            Some(Received::PassOn(sig)) => job::signal_group(group, sig),
+            Some(Received::Refuse(sig)) => say!(
                 "lockctl: not stopping on {}: the lock is renewed only while lockctl runs, and \
                  the command would run on past its lease; to end the command, send SIGINT \
                  (Ctrl-C) or SIGTERM",
@@ -304,7 +302,7 @@ async fn stop(
     if ended {
         return;
     }
-    eprintln!("lockctl: the job outlived its grace period; sending SIGKILL to its processes");
+    say!("lockctl: the job outlived its grace period; sending SIGKILL to its processes");
     loop {
         job::signal(group, Signal::SIGKILL);
         if tokio::time::timeout(KILL_ROUND, all_ended(events))
@@ -335,7 +333,7 @@ async fn finish(
     let status = match status {
         Ok(status) => status,
         Err(e) => {
-            eprintln!("lockctl: lost track of the command: {e}");
+            say!("lockctl: lost track of the command: {e}");
             let _ = guard.release_now().await;
             return ExitCode::FAILURE;
         }
@@ -343,7 +341,7 @@ async fn finish(
     // A command that ended once its lease was over (lockctl stalled, or the loss not yet seen)
     // may have overlapped the next holder: a loss, as a guarded body's would be.
     if let Some(reason) = guard.lost_reason() {
-        eprintln!(
+        say!(
             "lockctl: the job ended (the command: {status}), but the lock {redis_key} was lost \
              before it did ({reason}): its work may have overlapped the next holder's"
         );
@@ -356,7 +354,7 @@ async fn finish(
     };
     if let Err(e) = released {
         // The key expires with its lease in any case.
-        eprintln!("lockctl: the command ended but releasing {redis_key} failed: {e}");
+        say!("lockctl: the command ended but releasing {redis_key} failed: {e}");
     }
     ExitCode::from(exit_code(status))
 }
@@ -379,7 +377,7 @@ fn not_run(e: &LockError) -> ExitCode {
         LockError::InvalidKey { .. } | LockError::InvalidOptions { .. } => status::USAGE,
         _ => 1,
     };
-    eprintln!("lockctl: {e}; the command did not run");
+    say!("lockctl: {e}; the command did not run");
     ExitCode::from(status)
 }
 

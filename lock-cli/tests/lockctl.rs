@@ -1366,3 +1366,122 @@ async fn run_keeps_its_credentials_from_the_job_unless_asked() {
         stderr(&out)
     );
 }
+
+/// `lockctl` signals the job's process group, whose number is the command's pid; once the
+/// command has ended and the group is empty (the job's other processes left it), that number
+/// may be a new process group's, anybody's. A loss then stops the job without signalling that
+/// group. Run in a PID namespace of its own (`unshare`), where the test recycles the pid at once
+/// (`ns_last_pid`) and touches no other process on the machine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_never_signals_a_process_group_that_took_the_ended_commands_number() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let dir = tempdir();
+    let script = r#"
+set -u
+"$LOCKCTL" --url "$URL" run job:reused --ttl 1 --grace 0.5 -- sh -c \
+  'echo $$ > "$DIR/cmd"; setsid sleep 300 </dev/null >/dev/null 2>&1 & echo $! > "$DIR/daemon"; exit 0' \
+  2>"$DIR/err" &
+LP=$!
+until [ -s "$DIR/daemon" ]; do sleep 0.05; done
+P=$(cat "$DIR/cmd")
+while [ -e /proc/$P ]; do sleep 0.05; done
+echo $((P - 1)) > /proc/sys/kernel/ns_last_pid
+setsid sleep 300 </dev/null >/dev/null 2>&1 &
+V=$!
+[ "$V" = "$P" ] || { echo "the pid was not recycled: $V, not $P"; kill -9 $V "$(cat "$DIR/daemon")"; exit 2; }
+"$LOCKCTL" --url "$URL" unlock job:reused --yes >/dev/null
+wait $LP
+echo "lockctl exited $?"
+if [ "$(awk '{print $3}' /proc/$V/stat)" = S ]; then echo "group $V: alive"; kill $V; else echo "group $V: signalled"; fi
+"#;
+    let out = Command::new("unshare")
+        .args([
+            "--user",
+            "--map-root-user",
+            "--pid",
+            "--fork",
+            "--kill-child",
+            "--mount-proc",
+            "sh",
+            "-c",
+            script,
+        ])
+        .env("LOCKCTL", env!("CARGO_BIN_EXE_lockctl"))
+        .env("URL", &url)
+        .env("DIR", &dir)
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(PATIENCE, out)
+        .await
+        .expect("the script ends")
+        .expect("unshare runs (user and PID namespaces)");
+    let said = stdout(&out);
+    let err = std::fs::read_to_string(dir.join("err")).unwrap_or_default();
+    assert!(
+        said.contains("lockctl exited 79"),
+        "{said}{}\nlockctl: {err}",
+        stderr(&out)
+    );
+    assert!(
+        said.contains(": alive"),
+        "lockctl's SIGTERM reached a process group that took the ended command's pid:\n{said}\
+         lockctl: {err}"
+    );
+}
+
+/// `lockctl run .. 2>&1 | head -1`, once `head` has exited: `lockctl`'s stderr is a pipe nobody
+/// reads. Its messages fail, and it goes on holding (renewing) the lock for the job's processes
+/// that outlive the command.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_with_its_stderr_gone_still_holds_the_lock_for_the_job() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let registry = Registry::from_url(&url).unwrap();
+    let dir = tempdir();
+    let (go, shell) = (dir.join("go"), dir.join("shell"));
+    let job = format!(
+        "setsid sh -c 'until [ -e {go} ]; do sleep 0.05; done' </dev/null >/dev/null 2>&1 & \
+         echo $$ > {shell}; exit 0",
+        go = go.display(),
+        shell = shell.display()
+    );
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let mut first = lockctl_run(&url, &["job:stderr", "--ttl", "1"], &sh(&job))
+        .stdout(Stdio::null())
+        .stderr(writer)
+        .spawn()
+        .expect("start lockctl run");
+    let shell_pid = pids_written(&shell, 1).await[0];
+    lock_tests::eventually(PATIENCE, "the command itself exited", || async {
+        dead(shell_pid)
+    })
+    .await;
+    // Renewed (its lease back up) while the job's worker runs, or let go of.
+    let seen = registry.inspect("job:stderr").await.unwrap().remaining;
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    let renewed = loop {
+        let info = registry.inspect("job:stderr").await.unwrap();
+        match (info.owner, info.remaining) {
+            (None, _) => break false,
+            (Some(_), Some(left)) if seen.is_some_and(|seen| left > seen) => break true,
+            _ => {}
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "neither renewed nor gone"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    std::fs::write(&go, "").unwrap();
+    let status = tokio::time::timeout(PATIENCE, first.wait())
+        .await
+        .expect("lockctl ends once its worker has")
+        .unwrap();
+    assert!(
+        renewed,
+        "the lock was let go of while the job's worker ran (lockctl: {status})"
+    );
+}
