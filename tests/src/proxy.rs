@@ -18,6 +18,10 @@
 //!   the loopback interface, so a peer that connects from its own loopback address (redis'
 //!   `bind-source-addr`, for replication and sentinel links) can be told apart from the others,
 //!   which connect from `127.0.0.1`: a network partition between some servers, in one process.
+//! - [`hold_requests_from`](Proxy::hold_requests_from): a connection's requests are held from
+//!   the first chunk that holds a pattern (a command, say) until
+//!   [`release_requests`](Proxy::release_requests), then delivered in order: one command
+//!   delayed at a chosen step, with everything its client sends after it.
 //!
 //! The proxy runs on its own thread and Tokio runtime, so it keeps relaying whatever the test's
 //! runtime does, and works from synchronous tests as well as async ones.
@@ -48,6 +52,8 @@ struct Control {
     faults: Faults,
     /// Source addresses whose connections are black-holed (see [`Proxy::partition`]).
     partitioned: Vec<IpAddr>,
+    /// Requests are held on each connection from the first chunk holding this pattern.
+    hold_from: Option<Vec<u8>>,
     /// Bumped by `reset_all`: every connection older than the bump is reset.
     reset_epoch: u64,
     stop: bool,
@@ -67,6 +73,9 @@ pub struct ProxyStats {
     replies_dropped: AtomicU64,
     resets: AtomicU64,
     dropped_event: Notify,
+    /// What the connections' held requests hold, since the hold was set.
+    held: std::sync::Mutex<Vec<u8>>,
+    held_event: Notify,
 }
 
 impl ProxyStats {
@@ -194,6 +203,36 @@ impl Proxy {
             c.faults = Faults::default();
             c.partitioned.clear();
         });
+    }
+
+    /// Holds each connection's requests from the first chunk that holds `pattern` (the chunk
+    /// included) until [`release_requests`](Self::release_requests); replies flow meanwhile.
+    pub fn hold_requests_from(&self, pattern: &[u8]) {
+        self.stats.held.lock().unwrap().clear();
+        self.control
+            .send_modify(|c| c.hold_from = Some(pattern.to_vec()));
+    }
+
+    /// Delivers the held requests, in order, and holds no more.
+    pub fn release_requests(&self) {
+        self.control.send_modify(|c| c.hold_from = None);
+    }
+
+    /// Resolves once the held requests hold `pattern` at least `count` times.
+    pub async fn held_at_least(&self, pattern: &[u8], count: usize) {
+        loop {
+            let notified = self.stats.held_event.notified();
+            let held = {
+                let held = self.stats.held.lock().unwrap();
+                held.windows(pattern.len())
+                    .filter(|w| *w == pattern)
+                    .count()
+            };
+            if held >= count {
+                return;
+            }
+            notified.await;
+        }
     }
 
     /// Closes every open connection with a TCP reset.
@@ -341,8 +380,42 @@ async fn pump(
         }
     };
     let write = async move {
-        while let Some((at, bytes)) = due.recv().await {
+        let mut held = std::collections::VecDeque::new();
+        loop {
+            let (at, bytes) = match held.pop_front() {
+                Some(chunk) => chunk,
+                None => match due.recv().await {
+                    Some(chunk) => chunk,
+                    None => return,
+                },
+            };
             tokio::time::sleep_until(at).await;
+            let pattern = writer_control.borrow().hold_from.clone();
+            if let (Direction::Request, Some(p)) = (direction, pattern) {
+                if held.is_empty() && bytes.windows(p.len()).any(|w| w == p.as_slice()) {
+                    // Held, with everything that follows it, until released.
+                    stats.held.lock().unwrap().extend_from_slice(&bytes);
+                    stats.held_event.notify_waiters();
+                    held.push_back((at, bytes));
+                    loop {
+                        tokio::select! {
+                            released = writer_control.wait_for(|c| c.hold_from.is_none()) => {
+                                if released.is_err() {
+                                    return;
+                                }
+                                break;
+                            }
+                            next = due.recv() => {
+                                let Some(next) = next else { return };
+                                stats.held.lock().unwrap().extend_from_slice(&next.1);
+                                stats.held_event.notify_waiters();
+                                held.push_back(next);
+                            }
+                        }
+                    }
+                    continue;
+                }
+            }
             if writer_control.wait_for(|c| !c.holds(peer)).await.is_err() {
                 return;
             }

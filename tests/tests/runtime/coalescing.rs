@@ -365,3 +365,79 @@ async fn acquisitions_cancelled_in_flight_or_in_a_batch_leave_their_locks_free()
             .unwrap();
     }
 }
+
+/// The release that lets go of a cancelled acquisition reaches the server after that
+/// acquisition, also when the acquisition's batch had to be sent again: the server lost its
+/// scripts (a restart, `SCRIPT FLUSH`), so the batch's sender loads them and resends what did
+/// not run. A release sent meanwhile, beside it, would run first, find nothing, and leave the
+/// acquisition's lock to a caller long gone until its ttl runs out.
+#[tokio::test]
+async fn a_let_go_release_waits_for_its_acquisition_sent_again() {
+    const SCRIPT_LOAD: &[u8] = b"$6\r\nSCRIPT\r\n$4\r\nLOAD\r\n";
+    let server = RedisServer::start();
+    let proxy = lock_tests::proxy::Proxy::start(server.port());
+    let registry = super::support::patient_registry(&proxy.url());
+    lock_tests::warm_up(&registry).await;
+    let mut con = server.connection();
+    let () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut con).unwrap();
+    proxy.hold_requests_from(SCRIPT_LOAD);
+    // The first acquisition goes out alone and waits on the paused server; a candidate's (a
+    // script: terms are fenced) goes in a batch of its own beside it. A candidate's release is
+    // one script call: no cheap first try whose refusal sends the script again, later.
+    client(&mut con, &["PAUSE", "30000", "WRITE"]);
+    let ttl = Duration::from_secs(60);
+    let first = tokio::spawn(registry.lock("first").ttl(ttl).acquire());
+    let wait = Duration::from_secs(10);
+    super::support::eventually(wait, "the first acquisition held by the pause", || {
+        let held = info(&mut con, "clients", "blocked_clients") == 1;
+        async move { held }
+    })
+    .await;
+    let fenced = tokio::spawn(registry.election("fenced").ttl(ttl).campaign());
+    super::support::eventually(wait, "the candidate's acquisition on the server", || {
+        let sent = unrun_bytes(&mut con) > 0;
+        async move { sent }
+    })
+    .await;
+    client(&mut con, &["UNPAUSE"]);
+    let first = first.await.unwrap().expect("a free lock is taken");
+    // The server answered `NOSCRIPT`: the batch's sender loads the scripts, held here.
+    proxy.held_at_least(SCRIPT_LOAD, 1).await;
+    fenced.abort();
+    assert!(fenced.await.unwrap_err().is_cancelled());
+    // A release sent now would be held behind the load, and run before the resent acquisition.
+    // A correct build sends nothing until the acquisition's reply is in: the bound costs it a
+    // second.
+    let release_sent =
+        tokio::time::timeout(Duration::from_secs(1), proxy.held_at_least(b"EVALSHA", 1))
+            .await
+            .is_ok();
+    proxy.release_requests();
+    // The resent acquisition took the lock (its fencing counter shows it) ...
+    super::support::eventually(wait, "the resent acquisition ran", || {
+        let ran = redis::cmd("EXISTS")
+            .arg("fence:{lock:fenced}")
+            .query::<u64>(&mut con)
+            .unwrap()
+            == 1;
+        async move { ran }
+    })
+    .await;
+    // ... and is let go of, well before its ttl.
+    super::support::eventually(
+        wait,
+        &format!(
+            "the cancelled acquisition's lock let go of (its release sent early: {release_sent})"
+        ),
+        || {
+            let free = redis::cmd("EXISTS")
+                .arg("lock:fenced")
+                .query::<u64>(&mut con)
+                .unwrap()
+                == 0;
+            async move { free }
+        },
+    )
+    .await;
+    drop(first);
+}

@@ -11,6 +11,13 @@
 //! command was refused builds its script only then, and sends it as an operation of its own.
 //! Under load the client writes and reads once per round trip, and Redis reads, and answers, a
 //! whole batch per system call.
+//!
+//! A release never overtakes an acquisition of its token that a batch still has on its way: a
+//! batch may be sent again (the server lost its scripts) or wait for a new connection, and a
+//! release that went out meanwhile beside it (one that lets go of a cancelled acquisition) would
+//! find nothing and leave the acquisition's lock behind. Such a release is held back until that
+//! batch is answered. An acquisition sent alone needs no such care: it is its caller's own
+//! future, so a release that follows its cancelling is written after whatever of it was.
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
@@ -67,13 +74,84 @@ struct Inner {
     state: Mutex<State>,
 }
 
-type Queued = (Op, oneshot::Sender<Reply>);
+/// What an operation does with its token, for the order of a release behind an acquisition.
+#[derive(Clone, Copy)]
+pub(crate) enum Order<'a> {
+    Takes(&'a str),
+    Frees(&'a str),
+}
+
+struct Queued {
+    op: Op,
+    reply: oneshot::Sender<Reply>,
+    /// An acquisition (else a release) of `token`.
+    takes: bool,
+    token: String,
+}
+
+impl Queued {
+    fn frees(&self) -> Option<&str> {
+        (!self.takes).then_some(self.token.as_str())
+    }
+
+    fn takes(&self) -> Option<&str> {
+        self.takes.then_some(self.token.as_str())
+    }
+}
 
 #[derive(Default)]
 struct State {
     /// Operations sent alone, and senders of batches, at work (at most [`DEPTH`]).
     in_flight: usize,
     queued: Vec<Queued>,
+    /// The tokens of the acquisitions that batches have on their way.
+    taking: Vec<String>,
+    /// Releases held back until their token's acquisition is answered, in arrival order.
+    held_back: Vec<Queued>,
+}
+
+impl State {
+    /// The next batch: at most [`MOST`] queued operations whose callers still wait, less the
+    /// releases held back behind an acquisition on its way, whose tokens it records.
+    fn next_batch(&mut self) -> Vec<Queued> {
+        let n = self.queued.len().min(MOST);
+        let mut batch = Vec::with_capacity(n);
+        for queued in self.queued.drain(..n).collect::<Vec<_>>() {
+            // An operation whose caller was cancelled is not sent: nothing of it reached the
+            // server, and nobody would read its reply.
+            if queued.reply.is_closed() {
+                continue;
+            }
+            if queued
+                .frees()
+                .is_some_and(|t| self.taking.iter().any(|o| o == t))
+            {
+                self.held_back.push(queued);
+                continue;
+            }
+            if let Some(token) = queued.takes() {
+                self.taking.push(token.to_owned());
+            }
+            batch.push(queued);
+        }
+        batch
+    }
+
+    /// A batch was answered: its acquisitions are no longer on their way, and the releases
+    /// held back behind them go first in the queue.
+    fn answered(&mut self, tokens: &[String]) {
+        for token in tokens {
+            if let Some(i) = self.taking.iter().position(|t| t == token) {
+                self.taking.swap_remove(i);
+            }
+        }
+        let taking = &self.taking;
+        let (ready, still): (Vec<_>, Vec<_>) = std::mem::take(&mut self.held_back)
+            .into_iter()
+            .partition(|q| !q.frees().is_some_and(|t| taking.iter().any(|o| o == t)));
+        self.held_back = still;
+        self.queued.splice(0..0, ready);
+    }
 }
 
 /// Whether an operation goes out alone or with the next batch.
@@ -96,14 +174,23 @@ impl Coalescer {
 
     /// The caller's turn: alone when nothing is in flight, else queued with `op()` (and sent
     /// at once if fewer than [`DEPTH`] are in flight).
-    pub(crate) fn enter(&self, op: impl FnOnce() -> Op) -> Turn {
+    pub(crate) fn enter(&self, order: Order<'_>, op: impl FnOnce() -> Op) -> Turn {
         let mut state = self.inner.state();
         if state.in_flight == 0 {
             state.in_flight = 1;
             return Turn::Alone(Alone(self.inner.clone()));
         }
-        let (tx, rx) = oneshot::channel();
-        state.queued.push((op(), tx));
+        let (reply, rx) = oneshot::channel();
+        let (takes, token) = match order {
+            Order::Takes(token) => (true, token.to_owned()),
+            Order::Frees(token) => (false, token.to_owned()),
+        };
+        state.queued.push(Queued {
+            op: op(),
+            reply,
+            takes,
+            token,
+        });
         if state.in_flight < DEPTH {
             state.in_flight += 1;
             drop(state);
@@ -141,36 +228,47 @@ impl Drop for Alone {
     }
 }
 
-/// A sender of batches at work: it leaves its place in flight when dropped, however it ended.
-struct Busy(Option<Arc<Inner>>);
+/// A sender of batches at work: it leaves its place in flight when dropped, however it ended,
+/// and its batch's acquisitions no longer hold releases back.
+struct Busy {
+    inner: Option<Arc<Inner>>,
+    /// The tokens of the acquisitions in the batch on its way.
+    taking: Vec<String>,
+}
 
 impl Busy {
     /// Sends what is queued, one batch per round trip, until nothing is.
     async fn flush(mut self) {
-        let Some(inner) = self.0.clone() else { return };
+        let Some(inner) = self.inner.clone() else {
+            return;
+        };
         loop {
-            let batch: Vec<Queued> = {
+            let batch = {
                 let mut state = inner.state();
                 if state.queued.is_empty() {
                     state.in_flight -= 1;
-                    self.0 = None;
+                    self.inner = None;
                     return;
                 }
-                let n = state.queued.len().min(MOST);
-                // An operation whose caller was cancelled is not sent: nothing of it reached
-                // the server, and nobody would read its reply.
-                state
-                    .queued
-                    .drain(..n)
-                    .filter(|(_, tx)| !tx.is_closed())
-                    .collect()
+                state.next_batch()
             };
             if batch.is_empty() {
                 continue;
             }
-            let (ops, senders): (Vec<Op>, Vec<_>) = batch.into_iter().unzip();
+            let mut ops = Vec::with_capacity(batch.len());
+            let mut answers = Vec::with_capacity(batch.len());
+            for queued in batch {
+                if let Some(token) = queued.takes() {
+                    self.taking.push(token.to_owned());
+                }
+                ops.push(queued.op);
+                answers.push(queued.reply);
+            }
             let replies = inner.send(ops).await;
-            for (tx, reply) in senders.into_iter().zip(replies) {
+            // Before the replies: a caller that reads its grant and releases at once finds
+            // nothing in its way.
+            inner.state().answered(&std::mem::take(&mut self.taking));
+            for (tx, reply) in answers.into_iter().zip(replies) {
                 drop(tx.send(reply));
             }
         }
@@ -179,12 +277,15 @@ impl Busy {
 
 impl Drop for Busy {
     fn drop(&mut self) {
-        if let Some(inner) = self.0.take() {
+        if let Some(inner) = self.inner.take() {
             // Only if the flush itself panicked: nothing may stay queued with no sender left.
             let mut state = inner.state();
+            state.answered(&self.taking);
             state.in_flight -= 1;
             if state.in_flight == 0 {
                 state.queued.clear();
+                state.held_back.clear();
+                state.taking.clear();
             }
         }
     }
@@ -193,7 +294,11 @@ impl Drop for Busy {
 impl Inner {
     /// Spawns a sender of what is queued, in the place in flight the caller took for it.
     fn start_sender(self: Arc<Self>) {
-        drop(io::spawn(Busy(Some(self)).flush()));
+        let busy = Busy {
+            inner: Some(self),
+            taking: Vec::new(),
+        };
+        drop(io::spawn(busy.flush()));
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -308,5 +413,72 @@ impl Inner {
             };
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn queued(takes: bool, token: &str) -> (Queued, oneshot::Receiver<Reply>) {
+        let (reply, rx) = oneshot::channel();
+        let op = Op::One(Cmd::new());
+        let token = token.to_owned();
+        (
+            Queued {
+                op,
+                reply,
+                takes,
+                token,
+            },
+            rx,
+        )
+    }
+
+    fn tokens(batch: &[Queued]) -> Vec<(bool, &str)> {
+        batch.iter().map(|q| (q.takes, q.token.as_str())).collect()
+    }
+
+    #[test]
+    fn a_release_waits_for_the_batch_that_takes_its_token() {
+        let mut state = State::default();
+        let (take_a, _a) = queued(true, "a");
+        let (take_b, _b) = queued(true, "b");
+        state.queued.extend([take_a, take_b]);
+        let first = state.next_batch();
+        assert_eq!(tokens(&first), [(true, "a"), (true, "b")]);
+        let (free_a, _fa) = queued(false, "a");
+        let (free_c, _fc) = queued(false, "c");
+        state.queued.extend([free_a, free_c]);
+        // "a" is on its way: its release waits; "c"'s goes.
+        assert_eq!(tokens(&state.next_batch()), [(false, "c")]);
+        let (free_d, _fd) = queued(false, "d");
+        state.queued.push(free_d);
+        state.answered(&["a".to_owned(), "b".to_owned()]);
+        assert!(state.taking.is_empty() && state.held_back.is_empty());
+        // The held-back release goes first, ahead of what queued after it.
+        assert_eq!(tokens(&state.next_batch()), [(false, "a"), (false, "d")]);
+    }
+
+    #[test]
+    fn a_release_in_the_same_batch_as_its_acquisition_waits_for_its_answer() {
+        let mut state = State::default();
+        let (take, _t) = queued(true, "a");
+        let (free, _f) = queued(false, "a");
+        state.queued.extend([take, free]);
+        assert_eq!(tokens(&state.next_batch()), [(true, "a")]);
+        state.answered(&["a".to_owned()]);
+        assert_eq!(tokens(&state.next_batch()), [(false, "a")]);
+    }
+
+    #[test]
+    fn an_operation_whose_caller_left_is_not_sent() {
+        let mut state = State::default();
+        let (gone, rx) = queued(true, "a");
+        drop(rx);
+        let (kept, _k) = queued(false, "b");
+        state.queued.extend([gone, kept]);
+        assert_eq!(tokens(&state.next_batch()), [(false, "b")]);
+        assert!(state.taking.is_empty());
     }
 }

@@ -38,7 +38,7 @@ mod stall;
 mod subscriber;
 
 use cluster_nodes::{ClusterNodes, Following};
-use coalesce::{Coalescer, Op, Turn};
+use coalesce::{Coalescer, Op, Order, Turn};
 use config::Topology;
 use confirm::{Confirmer, Route};
 use connection::{Connection, SharedConnection};
@@ -358,7 +358,7 @@ impl RedisBackend {
                 true => Op::One(scripts::release::delifeq(key, token)),
                 false => Op::bare_release(&key.redis_key, token),
             };
-            match coalescer.enter(op) {
+            match coalescer.enter(Order::Frees(token), op) {
                 Turn::Alone(_sending) => return self.release_alone(key, token, bare).await,
                 Turn::Queued(reply) => match coalesce::reply(reply).await {
                     // `DELIFEQ` refused by the server (or its ACL): the script.
@@ -376,7 +376,7 @@ impl RedisBackend {
             let call = scripts::release::call(key, token, self.hands_over, self.publish_command());
             Op::One(call.cmd())
         };
-        match coalescer.enter(script) {
+        match coalescer.enter(Order::Frees(token), script) {
             Turn::Alone(_sending) => {
                 let mut con = self.con("release", Some(&key.name)).await?;
                 self.release_by_script(&mut con, key, token).await
@@ -443,7 +443,9 @@ impl Store for RedisBackend {
             return self.acquire_alone(attempt).await;
         };
         if attempt.plain_set_first() {
-            match coalescer.enter(|| Op::One(scripts::acquire::plain_set(attempt))) {
+            match coalescer.enter(Order::Takes(attempt.token), || {
+                Op::One(scripts::acquire::plain_set(attempt))
+            }) {
                 Turn::Alone(_sending) => return self.acquire_alone(attempt).await,
                 Turn::Queued(reply) => {
                     let reply: Value =
@@ -459,7 +461,7 @@ impl Store for RedisBackend {
             let call = scripts::acquire::call(attempt, self.hands_over, self.publish_command());
             Op::One(call.cmd())
         };
-        match coalescer.enter(script) {
+        match coalescer.enter(Order::Takes(attempt.token), script) {
             Turn::Alone(_sending) => {
                 let mut con = self.con("acquire", Some(&attempt.key.name)).await?;
                 self.acquire_by_script(&mut con, attempt).await
