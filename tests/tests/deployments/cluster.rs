@@ -142,11 +142,18 @@ async fn a_killed_master_loses_only_its_own_locks() {
     }
 }
 
+/// After a failover that lost some locks (the promoted replica never had them, shown here by
+/// deleting half of the copied ones on it before anyone else writes), a second holder may take
+/// those at once: the first must hear of it from its next renewal (`Gone` or `Stolen`), not
+/// from its own deadline running out, and the locks the replica kept stay with the first
+/// holder. The ttl outlasts the failover several times, so every lease is still alive when the
+/// replica takes over.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_failover_a_second_holder_is_never_silent() {
     let mut cluster = RedisCluster::start(3, 1);
     let (a, b) = (registry(&cluster), registry(&cluster));
-    let ttl = Duration::from_millis(900);
+    // `cluster-node-timeout` is 1 s: the replica is promoted within a few.
+    let ttl = Duration::from_secs(15);
     let mut held = Vec::new();
     for i in 0..30 {
         held.push(
@@ -157,8 +164,8 @@ async fn after_a_failover_a_second_holder_is_never_silent() {
                 .unwrap(),
         );
     }
-    let witness = cluster.nodes.len() - 1;
-    let victim_port = cluster.master_port_of(&cluster.nodes[witness], held[0].redis_key());
+    let any = cluster.nodes.len() - 1;
+    let victim_port = cluster.master_port_of(&cluster.nodes[any], held[0].redis_key());
     let victim = cluster
         .nodes
         .iter()
@@ -172,23 +179,72 @@ async fn after_a_failover_a_second_holder_is_never_silent() {
         .iter()
         .filter(|g| cluster.master_port_of(&cluster.nodes[witness], g.redis_key()) == victim_port)
         .collect();
+    assert!(on_victim.len() >= 2, "two locks on one master");
+    // Every lock is on the replica before its master dies (`WAIT` after a write in their slot).
+    let (_, copied): ((), i64) = redis::pipe()
+        .cmd("SET")
+        .arg(format!("{{{}}}:copied", held[0].redis_key()))
+        .arg(1)
+        .cmd("WAIT")
+        .arg(1)
+        .arg(10_000)
+        .query(&mut cluster.nodes[victim].connection())
+        .unwrap();
+    assert_eq!(copied, 1, "the replica has every lock");
     cluster.nodes[victim].kill();
-    // Its replica takes over. Asynchronous replication may or may not have copied each lock:
-    // whoever gets a lock on the new master, the old holder must learn that it lost it.
-    for guard in on_victim {
-        if let Ok(second) = b
+    let mut promoted = victim_port;
+    lock_tests::eventually(Duration::from_secs(30), "the replica promoted", || {
+        promoted = cluster.master_port_of(&cluster.nodes[witness], held[0].redis_key());
+        let done = promoted != victim_port;
+        async move { done }
+    })
+    .await;
+    let new_master = cluster.nodes.iter().find(|n| n.port() == promoted).unwrap();
+    let (lost, kept): (Vec<_>, Vec<_>) =
+        on_victim.iter().enumerate().partition(|(i, _)| i % 2 == 0);
+    for (_, guard) in &lost {
+        let () = redis::cmd("DEL")
+            .arg(guard.redis_key())
+            .query(&mut new_master.connection())
+            .unwrap();
+    }
+    for (_, guard) in lost {
+        // A wait rides out the client's first look at the new slot map.
+        let second = b
             .lock(guard.key())
             .ttl(ttl)
-            .wait(Duration::from_secs(20))
+            .wait(Duration::from_secs(5))
             .acquire()
             .await
-        {
-            let err = guard.lost().await;
-            assert!(err.is_lost(), "{err:?}");
-            drop(second);
-        } else {
-            assert!(guard.is_lost(), "neither side holds {}", guard.key());
-        }
+            .unwrap_or_else(|e| panic!("{} is free on the new master: {e}", guard.key()));
+        // Bounded: a first holder that never hears would hang the test, not fail it.
+        let heard = tokio::time::timeout(2 * ttl, guard.lost()).await;
+        let err =
+            heard.unwrap_or_else(|_| panic!("{} held twice, its first holder silent", guard.key()));
+        assert!(err.is_lost(), "{err:?}");
+        assert!(
+            matches!(
+                guard.lost_reason(),
+                Some(LostReason::Gone | LostReason::Stolen)
+            ),
+            "{}: told by a renewal, not by its deadline: {:?}",
+            guard.key(),
+            guard.lost_reason()
+        );
+        drop(second);
+    }
+    for (_, guard) in kept {
+        let err = b.lock(guard.key()).acquire().await.unwrap_err();
+        assert!(err.is_busy(), "{}: {err:?}", guard.key());
+        // Still its first holder's, also after a renewal on the new master.
+        let what = format!("{} renewed on the new master", guard.key());
+        renewed_on(new_master, guard.redis_key(), ttl, &what).await;
+        assert!(
+            !guard.is_lost(),
+            "{}: {:?}",
+            guard.key(),
+            guard.lost_reason()
+        );
     }
 }
 
