@@ -106,6 +106,15 @@ impl Keeper {
 
 impl Drop for Keeper {
     fn drop(&mut self) {
+        // The registry is gone with guards dropped just before it (the end of a scope that
+        // made both): their releases, which the keeper task would have sent, go out now.
+        for lease in self.leases.take_requested() {
+            let backend = self.backend.clone();
+            self.backend.home().spawn(async move {
+                let_go(&backend, &lease).await;
+                lease.labels.ended(lease.confirmed_at.elapsed());
+            });
+        }
         // Lets a sleeping keeper task notice at once that its registry is gone.
         self.wake.notify_one();
     }
@@ -278,17 +287,19 @@ fn retry_delay(lease: &Lease) -> Duration {
 /// Releases a lock whose guard was dropped, retrying until the server confirms or the lock
 /// has certainly expired on its own.
 async fn release_dropped(keeper: Arc<Keeper>, lease: Arc<Lease>) {
+    let_go(&keeper.backend, &lease).await;
+    keeper.leases.remove(lease.id);
+}
+
+/// Releases a lease nobody holds any more, trying again until it would have run out anyway.
+async fn let_go(backend: &Backend, lease: &Lease) {
     // A shutdown dropped midway hands over leases whose bodies may still run.
     lease.body_gone().await;
     let give_up = lease.state().deadline + lease.options.ttl;
     let mut backoff = Backoff::new();
     loop {
         let share = lease.options.share();
-        match keeper
-            .backend
-            .release(&lease.key, &lease.token, share)
-            .await
-        {
+        match backend.release(&lease.key, &lease.token, share).await {
             Ok(released) => {
                 let key = crate::error::shown(&lease.key.name).to_string();
                 report::tell(move || {
@@ -311,5 +322,4 @@ async fn release_dropped(keeper: Arc<Keeper>, lease: Arc<Lease>) {
             }
         }
     }
-    keeper.leases.remove(lease.id);
 }

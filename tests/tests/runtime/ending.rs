@@ -264,3 +264,30 @@ async fn shutdown_releases_a_key_only_after_the_body_it_guarded_was_dropped() {
     })
     .await;
 }
+
+/// A guard dropped just before its registry's last handle (the end of a scope that made both)
+/// is still released: the lock goes to the next caller at once, not after its ttl.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guard_dropped_with_the_last_handle_of_its_registry_is_still_released() {
+    let server = lock_tests::RedisServer::start();
+    for i in 0..20 {
+        let registry = super::support::registry(&server);
+        let _guard = registry
+            .lock(format!("scoped:{i}"))
+            .ttl(Duration::from_secs(60))
+            .acquire()
+            .await
+            .unwrap();
+        // The guard goes first, then the registry, as at the end of this block.
+    }
+    let mut con = server.connection();
+    eventually(
+        Duration::from_secs(10),
+        "every scoped lock released",
+        || {
+            let keys: Vec<String> = redis::cmd("KEYS").arg("lock:*").query(&mut con).unwrap();
+            async move { keys.is_empty() }
+        },
+    )
+    .await;
+}
