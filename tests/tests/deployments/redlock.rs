@@ -99,16 +99,43 @@ async fn a_killed_or_paused_minority_does_not_stop_acquisition() {
         }
         other => panic!("a majority down must be a clean backend error: {other:?}"),
     }
+    // A paused node answers nothing, and is resumed only once the lock is taken: an
+    // acquisition that waited for it would never return.
     let mut paused_one = self::nodes(3);
     let reg = registry(&paused_one);
     paused_one[2].pause();
-    let guard = reg
-        .lock("c")
-        .acquire()
+    let guard = tokio::time::timeout(Duration::from_secs(30), reg.lock("c").acquire())
         .await
+        .expect("an acquisition that does not wait for the paused node")
         .expect("2 of 3 while one is paused");
+    let on = |node: &RedisServer| -> Option<String> {
+        redis::cmd("GET")
+            .arg("lock:c")
+            .query(&mut node.connection())
+            .unwrap()
+    };
+    for node in &paused_one[..2] {
+        assert_eq!(
+            on(node).as_deref(),
+            Some(guard.token()),
+            "held on the live nodes"
+        );
+    }
     paused_one[2].resume();
     guard.release().await.unwrap();
+    // The attempt that waited in the paused node's socket ran on its resume: the release
+    // waited for it there, so it leaves nothing behind.
+    for node in &paused_one {
+        lock_tests::eventually(
+            Duration::from_secs(10),
+            "lock:c gone from every node",
+            || {
+                let gone = on(node).is_none();
+                async move { gone }
+            },
+        )
+        .await;
+    }
     paused_one[0].kill();
 }
 

@@ -229,25 +229,61 @@ async fn partition_and_lock_on_the_promoted_replica(
 async fn a_holder_that_confirms_with_the_replica_is_lost_before_the_promoted_replica_grants_the_lock_again(
 ) {
     let deployment = RedisSentinels::start_partitionable();
-    let ttl = Duration::from_secs(2);
+    // Longer than the sentinels take to promote the replica (a 5 s `down-after`, then the
+    // failover), so that the replica's copy of the lock is still alive when it becomes master:
+    // the second grant waits for it to expire, and the first body must be stopped before.
+    let ttl = Duration::from_secs(10);
     let confirmed = confirming(&deployment, 1);
-    let (first, body) = spawn_hung_body_holding(confirmed.lock("split").ttl(ttl)).await;
+    // When the body was stopped (dropped), on the wall clock the servers' share.
+    let stopped = Arc::new(std::sync::Mutex::new(None));
+    let (started_tx, started) = tokio::sync::oneshot::channel();
+    let body = {
+        let stopped = stopped.clone();
+        tokio::spawn(confirmed.lock("split").ttl(ttl).run(async move {
+            let _stop = StopStamp(stopped);
+            started_tx.send(lock_runtime::current().unwrap()).unwrap();
+            std::future::pending::<Result<(), LockError>>().await
+        }))
+    };
+    let first = started.await.expect("the body started");
     // Acknowledged by the replica before the acquisition returned.
     assert_eq!(
         value(&deployment.replica, "lock:split").as_deref(),
         Some(first.token())
     );
     let second = partition_and_lock_on_the_promoted_replica(&deployment, ttl).await;
-    assert!(
-        first.is_lost(),
-        "the first holder's lease ran out before the second got the lock"
-    );
+    // When the promoted replica granted it, from the lease it has left: no later than this.
+    let before_asking = unix_ms();
+    let left = deployment.replica.pttl("lock:split");
+    assert!(left > 0, "the second holder's key has a lease: {left}");
+    let granted = before_asking - (i64::try_from(ttl.as_millis()).unwrap() - left);
     let outcome = tokio::time::timeout(Duration::from_secs(10), body)
         .await
         .expect("the cancelled body's task ends")
         .unwrap();
     lock_tests::assert_lost(&outcome.unwrap_err(), lock_runtime::LostReason::Expired);
+    let stopped = stopped.lock().unwrap().expect("the body was dropped");
+    assert!(
+        stopped < granted,
+        "the first body stopped at {stopped} ms, after the second holder's grant at {granted} ms"
+    );
     second.release().await.unwrap();
+}
+
+/// Records, when dropped, the wall-clock ms: when a body was stopped.
+struct StopStamp(Arc<std::sync::Mutex<Option<i64>>>);
+
+impl Drop for StopStamp {
+    fn drop(&mut self) {
+        *self.0.lock().unwrap() = Some(unix_ms());
+    }
+}
+
+fn unix_ms() -> i64 {
+    let since = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    i64::try_from(since.as_millis()).unwrap()
 }
 
 /// Both connections of a confirming registry (the shared one and the one that waits for
