@@ -3,6 +3,7 @@
 mod runtime {
     mod admin;
     mod coalescing;
+    mod coalescing_review;
     mod election;
     mod ending;
     mod exclusion;
