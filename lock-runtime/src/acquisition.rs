@@ -136,7 +136,7 @@ async fn take_lease(
             token = token::new_token(identity);
         }
         // Armed while the attempt is on its way: cancelled there, it may still take the lock.
-        let_go.arm(inner, &key, &token, share);
+        let_go.arm(inner, &key, &token, share, options.ttl);
         let sent_at = Instant::now();
         if queue {
             places.sent(attempts, sent_at);
@@ -396,17 +396,24 @@ async fn admitted(
 /// gave up, failed or was cancelled): takes it out of the waiters' queue, and releases the lock
 /// if it holds it after all (a reply was lost, an attempt was cancelled on its way, or a release
 /// handed it over just now), so it goes on to the next waiter instead of sitting out its ttl.
-struct LetGo(Option<(Arc<RegistryInner>, LockKey, String, Share)>);
+struct LetGo(Option<(Arc<RegistryInner>, LockKey, String, Share, Duration)>);
 
 impl LetGo {
-    fn arm(&mut self, inner: &Arc<RegistryInner>, key: &LockKey, token: &str, share: Share) {
+    fn arm(
+        &mut self,
+        inner: &Arc<RegistryInner>,
+        key: &LockKey,
+        token: &str,
+        share: Share,
+        ttl: Duration,
+    ) {
         match &mut self.0 {
-            Some((_, _, armed, _)) if armed == token => {}
-            Some((_, _, armed, _)) => {
+            Some((_, _, armed, ..)) if armed == token => {}
+            Some((_, _, armed, ..)) => {
                 // Redlock's fresh token per attempt; the earlier ones are undone by Redlock.
                 *armed = token.to_owned();
             }
-            None => self.0 = Some((inner.clone(), key.clone(), token.to_owned(), share)),
+            None => self.0 = Some((inner.clone(), key.clone(), token.to_owned(), share, ttl)),
         }
     }
 
@@ -422,10 +429,13 @@ impl LetGo {
 
 impl Drop for LetGo {
     fn drop(&mut self) {
-        if let Some((inner, key, token, share)) = self.0.take() {
+        if let Some((inner, key, token, share, ttl)) = self.0.take() {
             let task = inner.clone();
+            // A lock the attempt took runs out within its ttl of now (the attempt was sent
+            // before this): until then, a release that failed is tried again.
+            let give_up = tokio::time::Instant::now() + ttl;
             inner.spawn_background(async move {
-                let _ = task.backend.release(&key, &token, share).await;
+                crate::keeper::release_until(&task.backend, &key, &token, share, give_up).await;
             });
         }
     }

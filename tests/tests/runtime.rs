@@ -3,7 +3,6 @@
 mod runtime {
     mod admin;
     mod coalescing;
-    mod coalescing_review;
     mod election;
     mod ending;
     mod exclusion;

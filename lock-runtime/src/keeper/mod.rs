@@ -21,8 +21,10 @@ use tokio::time::Instant;
 use crate::backend::{Backend, Renewal, Renewed, Store};
 use crate::backoff::Backoff;
 use crate::error::LostReason;
+use crate::key::LockKey;
 use crate::lease::Lease;
 use crate::metrics::RenewalOutcome;
+use crate::options::Share;
 use crate::report;
 
 mod leases;
@@ -296,27 +298,41 @@ async fn let_go(backend: &Backend, lease: &Lease) {
     // A shutdown dropped midway hands over leases whose bodies may still run.
     lease.body_gone().await;
     let give_up = lease.state().deadline + lease.options.ttl;
+    let share = lease.options.share();
+    release_until(backend, &lease.key, &lease.token, share, give_up).await;
+}
+
+/// Releases `token`'s hold on `key` in the background, trying again after each failure until
+/// `give_up`, when the lock has run out on the server anyway.
+pub(crate) async fn release_until(
+    backend: &Backend,
+    key: &LockKey,
+    token: &str,
+    share: Share,
+    give_up: Instant,
+) {
     let mut backoff = Backoff::new();
     loop {
-        let share = lease.options.share();
-        match backend.release(&lease.key, &lease.token, share).await {
+        match backend.release(key, token, share).await {
             Ok(released) => {
-                let key = crate::error::shown(&lease.key.name).to_string();
+                let key = crate::error::shown(&key.name).to_string();
                 report::tell(move || {
                     tracing::debug!(key, released, "lock released in the background");
                 });
-                break;
+                return;
             }
             Err(error) => {
                 let pause = backoff.next_pause();
                 if Instant::now() + pause >= give_up {
+                    let key = crate::error::shown(&key.name).to_string();
                     report::tell(move || {
                         tracing::warn!(
+                            key,
                             %error,
-                            "giving up releasing a dropped lock; it expires by its ttl"
+                            "giving up releasing a lock nobody holds; it expires by its ttl"
                         );
                     });
-                    break;
+                    return;
                 }
                 tokio::time::sleep(pause).await;
             }

@@ -402,7 +402,9 @@ async fn a_let_go_release_waits_for_its_acquisition_sent_again() {
     client(&mut con, &["UNPAUSE"]);
     let first = first.await.unwrap().expect("a free lock is taken");
     // The server answered `NOSCRIPT`: the batch's sender loads the scripts, held here.
-    proxy.held_at_least(SCRIPT_LOAD, 1).await;
+    tokio::time::timeout(wait, proxy.held_at_least(SCRIPT_LOAD, 1))
+        .await
+        .expect("the scripts loaded again after NOSCRIPT");
     fenced.abort();
     assert!(fenced.await.unwrap_err().is_cancelled());
     // A release sent now would be held behind the load, and run before the resent acquisition.
@@ -440,4 +442,54 @@ async fn a_let_go_release_waits_for_its_acquisition_sent_again() {
     )
     .await;
     drop(first);
+}
+
+fn exists(con: &mut redis::Connection, key: &str) -> bool {
+    redis::cmd("EXISTS").arg(key).query::<u64>(con).unwrap() == 1
+}
+
+/// An acquisition ran on the server, but its reply never came back, and its caller was
+/// cancelled: its let-go release is the only thing that frees the lock before its ttl. If that
+/// release fails (here the connection is reset while it is on its way, as a restart or a flaky
+/// link would), it is tried again, as a dropped guard's is, until the lock would have run out.
+#[tokio::test]
+async fn a_let_go_release_that_fails_once_is_tried_again() {
+    const KEY: &str = "letgo-reset";
+    let server = RedisServer::start();
+    let proxy = lock_tests::proxy::Proxy::start(server.port());
+    let registry = super::support::patient_registry(&proxy.url());
+    lock_tests::warm_up(&registry).await;
+    let mut con = server.connection();
+    let wait = Duration::from_secs(10);
+    // The acquisition reaches the server and runs; its reply is lost.
+    proxy.drop_replies();
+    let acquiring = tokio::spawn(registry.lock(KEY).ttl(Duration::from_secs(60)).acquire());
+    super::support::eventually(wait, "the acquisition ran on the server", || {
+        let ran = exists(&mut con, &format!("lock:{KEY}"));
+        async move { ran }
+    })
+    .await;
+    // Its caller gives up: the let-go release is written, and held in the proxy ...
+    proxy.hold_requests_from(KEY.as_bytes());
+    acquiring.abort();
+    assert!(acquiring.await.unwrap_err().is_cancelled());
+    tokio::time::timeout(wait, proxy.held_at_least(KEY.as_bytes(), 1))
+        .await
+        .expect("the let-go release was written");
+    // ... until the connection is reset under it: it fails once.
+    proxy.reset_all();
+    super::support::eventually(wait, "the connection reset", || {
+        let reset = proxy.stats().resets() >= 1;
+        async move { reset }
+    })
+    .await;
+    proxy.release_requests();
+    proxy.heal();
+    // The server is back within milliseconds; the lock should be let go of well before its
+    // 60 s ttl.
+    super::support::eventually(wait, "the cancelled acquisition's lock let go of", || {
+        let free = !exists(&mut con, &format!("lock:{KEY}"));
+        async move { free }
+    })
+    .await;
 }
