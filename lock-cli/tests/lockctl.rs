@@ -478,6 +478,19 @@ async fn redlock_list_shows_the_majority_owner_and_on_how_many_nodes_a_key_lives
     let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
     let registry = Registry::builder().redlock(urls.clone()).build().unwrap();
     let guard = hold(&registry, "pay:1", false).await;
+    // An acquisition returns once a majority granted: the last node's grant may come later.
+    let on_every_node = || {
+        servers.iter().all(|server| {
+            redis::cmd("EXISTS")
+                .arg("lock:pay:1")
+                .query::<bool>(&mut server.connection())
+                .unwrap()
+        })
+    };
+    lock_tests::eventually(PATIENCE, "pay:1 on every node", || {
+        std::future::ready(on_every_node())
+    })
+    .await;
     // A leftover of a failed acquisition: present on one node only, held by nobody.
     let _: () = redis::cmd("SET")
         .arg("lock:pay:2")
