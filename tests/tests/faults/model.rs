@@ -132,6 +132,9 @@ struct Live {
 /// (`prelude.lua`): the owner is the token without it.
 const WAITED: &str = "+w";
 
+/// How [`Builder::not_owners`] tells a token that let a key go from one refused it.
+const LET_GO: &str = "#released";
+
 /// A lock's value without the [`WAITED`] mark: the holder's token.
 pub fn unmarked(value: &str) -> &str {
     value.strip_suffix(WAITED).unwrap_or(value)
@@ -151,10 +154,14 @@ struct Builder<'a> {
     /// Whether the history is a master's merged with its replicas' (a replica takes over when
     /// the master is lost, with what replication gave it).
     replicated: bool,
-    /// Whether the server was ever lost (killed), and the lock keys the history has shown
-    /// written since its last loss or gap (see [`Builder::in_doubt`]).
-    ever_lost: bool,
+    /// When the server was last lost (killed, failed over), and the lock keys the history has
+    /// shown written since its last loss or gap (see [`Builder::in_doubt`]).
+    last_loss_us: Option<i64>,
     written_since_loss: HashSet<Vec<u8>>,
+    /// Tokens shown not to own a key where the history lost sight of it: refused it since
+    /// (their attempt found it held), or let it go (a released token never comes back). An
+    /// owner-checked write by one of them reveals no owner (see [`Builder::revealed`]).
+    not_owners: HashSet<(Vec<u8>, String)>,
     /// Until when the server may have run writes the history does not show, of the keys not
     /// written since: a loss of a server without replicas (started again from its file, with
     /// writes of its lost last output), or a gap in a live server's history. `None` where the
@@ -180,6 +187,29 @@ impl Builder<'_> {
             ran_on,
         });
         self.written_since_loss.clear();
+        // Refusals before the loss say nothing of what came in it; releases still hold.
+        self.not_owners.retain(|(_, token)| token.ends_with(LET_GO));
+    }
+
+    /// Whether the server was lost within the longest lease before `at_us`: a key it held
+    /// with a write its history missed (its lost last output) may still be there.
+    fn lately_lost(&self, at_us: i64) -> bool {
+        self.last_loss_us
+            .is_some_and(|lost_us| at_us / 1000 <= lost_us / 1000 + self.longest_ms + SLACK_MS)
+    }
+
+    /// `token` shown not to own `key` (see [`Self::not_owners`]).
+    fn not_owner(&self, key: &[u8], token: &str) -> bool {
+        self.not_owners.contains(&(key.to_vec(), token.to_owned()))
+            || self
+                .not_owners
+                .contains(&(key.to_vec(), format!("{token}{LET_GO}")))
+    }
+
+    /// `token`'s attempt at `key` was refused: it did not own the key then.
+    fn refused(&mut self, key: &[u8], value: &str) {
+        self.not_owners
+            .insert((key.to_vec(), unmarked(value).to_owned()));
     }
 
     /// Whether `key` may have been written where the history cannot see at `at_us` (see
@@ -224,7 +254,9 @@ impl Builder<'_> {
         } else {
             argv.first()?
         };
-        Some(String::from_utf8_lossy(token).into_owned())
+        let token = String::from_utf8_lossy(token).into_owned();
+        // A token shown not to own the key: its write is the library's, and a violation.
+        (!self.not_owner(key, &token)).then_some(token)
     }
 
     /// Ends the tenure of `key` if it expired by `at_us`.
@@ -521,7 +553,10 @@ impl Builder<'_> {
                     {
                         self.renewed(&key, e.at_us, px);
                         self.history.renewals += 1;
-                    } else if renewal && self.in_doubt(&key, e.at_us) {
+                    } else if renewal
+                        && self.in_doubt(&key, e.at_us)
+                        && !self.not_owner(&key, &expected)
+                    {
                         // Its reply is not in the history: taken as its owner's renewal (were
                         // it refused, its client reports the lock lost and (a) trusts nothing
                         // of it past the last renewal).
@@ -540,6 +575,7 @@ impl Builder<'_> {
                     self.acquired(&key, &e.arg_str(2), e.at_us, px, "plain SET");
                 } else {
                     self.survived(&key);
+                    self.refused(&key, &e.arg_str(2));
                 }
             }
             "DEL" | "UNLINK" => {
@@ -577,6 +613,10 @@ impl Builder<'_> {
             let t = &mut self.history.tenures[live.index];
             t.ended_us = Some(at_us);
             t.ended_by = why;
+            if matches!(why, "released" | "handed over") {
+                let token = format!("{}{LET_GO}", t.token);
+                self.not_owners.insert((key.to_vec(), token));
+            }
         }
     }
 
@@ -608,6 +648,7 @@ impl Builder<'_> {
                     let owner = self.owner(&key).map(str::to_owned);
                     let marked = value.strip_suffix(WAITED);
                     let restorable = self.in_doubt(&key, cmd.at_us);
+                    let lately_lost = self.lately_lost(cmd.at_us);
                     match self.live.get_mut(&key) {
                         Some(live) if owner.as_deref() == marked => {
                             live.marked = true;
@@ -628,7 +669,7 @@ impl Builder<'_> {
                         }
                         // A key restored from disk, or written in a gap of the history, that the
                         // history never saw written.
-                        None if self.ever_lost || restorable => {}
+                        None if restorable || lately_lost => {}
                         _ => self.history.violations.push(format!(
                             "(d) {} marked as {value} at {} while {owner:?} held it",
                             String::from_utf8_lossy(&key),
@@ -677,6 +718,7 @@ impl Builder<'_> {
                     }
                     if refused {
                         self.survived(&key);
+                        self.refused(&key, &token);
                     } else if !nx
                         && self
                             .owner(&key)
@@ -992,8 +1034,9 @@ pub fn rebuild(streams: &[Vec<Event>], prefix: &str, ifeq: bool) -> History {
         places: HashMap::new(),
         tags: HashMap::new(),
         replicated: streams.len() > 1,
-        ever_lost: false,
+        last_loss_us: None,
         written_since_loss: HashSet::new(),
+        not_owners: HashSet::new(),
         unseen_until_us: None,
         longest_ms: 0,
     };
@@ -1009,7 +1052,7 @@ pub fn rebuild(streams: &[Vec<Event>], prefix: &str, ifeq: bool) -> History {
             } => {
                 b.lost_sight(seen_until_us, at_us, false);
                 b.history.server_losses += 1;
-                b.ever_lost = true;
+                b.last_loss_us = Some(at_us);
                 b.unseen_until_us = (!b.replicated).then_some(at_us);
                 for live in b
                     .live
@@ -1664,5 +1707,90 @@ mod gaps {
         // Past it, B's grant would have expired unrenewed: its renewal extends nobody's lock.
         let v = renewal_at("11.200").join("\n");
         assert!(v.contains("(d) PEXPIRE of lock:k at 11200020"), "{v}");
+    }
+}
+
+#[cfg(test)]
+mod doubt {
+    use super::tests::events;
+    use super::*;
+
+    /// A holds lock:k; a gap in the history; then `after`, and a renewal of lock:k by B.
+    fn renewed_by_b_after_a_gap(before: &[&str], after: &[&str]) -> Vec<String> {
+        let mut stream = events(before);
+        stream.extend(events(&[
+            r#"10.000000 [0 127.0.0.1:1] "SET" "lock:k" "A" "NX" "PX" "1000""#,
+        ]));
+        stream.push(Event::Gap {
+            from_us: 10_080_000,
+            to_us: 10_104_000,
+        });
+        stream.extend(events(after));
+        stream.extend(events(&[
+            r#"10.300000 [0 127.0.0.1:2] "evalsha" "r" "1" "lock:k" "B" "1000""#,
+            r#"10.300010 [0 lua] "GET" "lock:k""#,
+            r#"10.300020 [0 lua] "PEXPIRE" "lock:k" "1000""#,
+        ]));
+        rebuild(&[stream], "lock:", false).violations
+    }
+
+    /// After a gap an owner-checked write shows who owns the key, unless the history showed
+    /// that token refused the key since: its attempt found the key held by another.
+    #[test]
+    fn a_token_refused_since_a_gap_is_not_made_the_owner_by_its_renewal() {
+        // B may have taken the key in the gap: its renewal shows it did.
+        assert_eq!(renewed_by_b_after_a_gap(&[], &[]), Vec::<String>::new());
+        // B's acquisition after the gap was refused: B did not own the key then, and no grant
+        // of it came since.
+        let refused = [
+            r#"10.200000 [0 127.0.0.1:2] "evalsha" "s" "1" "lock:k" "B" "1000" "0""#,
+            r#"10.200010 [0 lua] "SET" "lock:k" "B" "NX" "PX" "1000""#,
+            r#"10.200020 [0 lua] "GET" "lock:k""#,
+        ];
+        let v = renewed_by_b_after_a_gap(&[], &refused).join("\n");
+        assert!(v.contains("(d) PEXPIRE of lock:k at 10300020"), "{v}");
+    }
+
+    /// A token that released the key never owns it again (the next acquisition draws a new
+    /// one): its write after a gap reveals nobody.
+    #[test]
+    fn a_token_that_let_the_key_go_is_not_made_the_owner_by_a_write_after_a_gap() {
+        let held_by = |token: &str| {
+            [
+                format!(r#"9.000000 [0 127.0.0.1:2] "SET" "lock:k" "{token}" "NX" "PX" "1000""#),
+                format!(r#"9.100000 [0 127.0.0.1:2] "evalsha" "x" "1" "lock:k" "{token}""#),
+                r#"9.100010 [0 lua] "GET" "lock:k""#.to_owned(),
+                r#"9.100020 [0 lua] "DEL" "lock:k""#.to_owned(),
+            ]
+        };
+        let c = held_by("C");
+        let c: Vec<&str> = c.iter().map(String::as_str).collect();
+        assert_eq!(renewed_by_b_after_a_gap(&c, &[]), Vec::<String>::new());
+        let b = held_by("B");
+        let b: Vec<&str> = b.iter().map(String::as_str).collect();
+        let v = renewed_by_b_after_a_gap(&b, &[]).join("\n");
+        assert!(v.contains("(d) PEXPIRE of lock:k at 10300020"), "{v}");
+    }
+
+    /// A master with a replica lost at 10 s: a key with no record may have been written in its
+    /// lost last output (and replicated), so a waiter marking its owner is no violation, for a
+    /// lease after the loss; past it, the key would have expired.
+    #[test]
+    fn marks_on_keys_with_no_record_are_excused_only_within_a_lease_of_a_loss() {
+        let marked_at = |at: &str| {
+            let mut master =
+                events(&[r#"9.999000 [0 127.0.0.1:1] "SET" "lock:j" "X" "NX" "PX" "1000""#]);
+            master.push(Event::Lost { at_us: 10_000_000 });
+            let replica = events(&[
+                &format!(r#"{at}000 [0 127.0.0.1:3] "evalsha" "a" "1" "lock:k" "C" "1000" "0""#),
+                &format!(r#"{at}005 [0 lua] "SET" "lock:k" "C+w" "NX" "PX" "1000""#),
+                &format!(r#"{at}010 [0 lua] "GET" "lock:k""#),
+                &format!(r#"{at}020 [0 lua] "SET" "lock:k" "B+w" "KEEPTTL""#),
+            ]);
+            rebuild(&[master, replica], "lock:", false).violations
+        };
+        assert_eq!(marked_at("10.500"), Vec::<String>::new());
+        let v = marked_at("12.500").join("\n");
+        assert!(v.contains("(d) lock:k marked as B+w at 12500020"), "{v}");
     }
 }
