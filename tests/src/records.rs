@@ -67,6 +67,9 @@ pub enum Record {
         end: i64,
         /// Whether `CurrentLock::is_lost` said so then.
         lost_seen: bool,
+        /// When the worker saw its lease lost (see [`Record::End`]'s), if it did by then.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        lost_at: Option<i64>,
     },
     /// A critical section ended: everything the checker judges it by.
     End {
@@ -87,6 +90,11 @@ pub enum Record {
         /// Whether `CurrentLock::is_lost` said so when the body finished: a body that saw its
         /// loss is not trusted to have held the lock throughout.
         lost_seen: bool,
+        /// When the worker saw the lease lost (`CurrentLock::lost()` or the guard's resolved
+        /// with a loss, not a release): the checker judges a lost section up to here. Absent
+        /// when it never was, and in records written before this field.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        lost_at: Option<i64>,
         /// The body's fenced read of the register.
         read: StoreCall,
         /// The body's fenced write: the store's log is checked against the writes the workers
@@ -391,6 +399,7 @@ mod tests {
                 seq: 7,
                 end: 3,
                 lost_seen: true,
+                lost_at: Some(3),
             },
             Record::End {
                 w: "1.0".into(),
@@ -401,6 +410,7 @@ mod tests {
                 end: 3,
                 outcome: Outcome::Lost(LostReason::MaxHold),
                 lost_seen: true,
+                lost_at: Some(3),
                 read: StoreCall::Accepted,
                 write: StoreCall::InFlight,
                 kind: LockKind::Lock,

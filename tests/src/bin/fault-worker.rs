@@ -211,6 +211,8 @@ struct Section {
     end: Option<i64>,
     stopped: Option<i64>,
     lost_seen: bool,
+    /// When the lease was seen lost (see `watch_loss`).
+    lost_at: Option<i64>,
     read: StoreCall,
     write: StoreCall,
     /// What is locked: the kind of lock, and its Redis keys.
@@ -230,6 +232,7 @@ fn shared(kind: LockKind, keys: Vec<String>) -> Shared {
         end: None,
         stopped: None,
         lost_seen: false,
+        lost_at: None,
         read: StoreCall::NotMade,
         write: StoreCall::NotMade,
         kind,
@@ -289,17 +292,45 @@ fn begin(w: &str, seq: u64, s: &Shared, token: &str, fence: u64, hold: Duration)
 /// printed *before* the lock is released, so a kill between the release and the `end` record
 /// still leaves the section's true end on record.
 fn body_over(w: &str, seq: u64, s: &Shared, end: i64, lost_seen: bool) {
-    {
+    let lost_at = {
         let mut g = lock(s);
         g.end = Some(end);
         g.lost_seen = lost_seen;
-    }
+        seen_lost(&mut g, lost_seen)
+    };
     out(&Record::Over {
         w: w.to_owned(),
         seq,
         end,
         lost_seen,
+        lost_at,
     });
+}
+
+/// Stamps the moment the lease of `s` is seen lost: the checker judges the section from the
+/// servers' histories up to there. A release (the section's own end) is no loss.
+fn watch_loss(s: &Shared, current: lock_runtime::CurrentLock) {
+    let s = s.clone();
+    tokio::spawn(async move {
+        if let LockError::Lost { reason, .. } = current.lost().await {
+            if reason != lock_runtime::LostReason::Released {
+                note_loss(&s);
+            }
+        }
+    });
+}
+
+fn note_loss(s: &Shared) {
+    lock(s).lost_at.get_or_insert_with(now_us);
+}
+
+/// `lost_at`, or now where the loss is known (`lost`) and the watcher has not run yet: the
+/// loss was seen by now at the latest.
+fn seen_lost(g: &mut Section, lost: bool) -> Option<i64> {
+    if lost {
+        g.lost_at.get_or_insert_with(now_us);
+    }
+    g.lost_at
 }
 
 /// Drops `held` (a guard or a guarded future) and records how long the drop took, then the
@@ -319,7 +350,9 @@ fn drop_timed<T>(w: &str, seq: u64, s: &Shared, dropped: Dropped, held: T) {
 
 fn end_record(w: &str, seq: u64, s: &Shared, outcome: Outcome) {
     let record = {
-        let g = lock(s);
+        let mut g = lock(s);
+        let lost = g.lost_seen || matches!(outcome, Outcome::Lost(_));
+        let lost_at = seen_lost(&mut g, lost);
         Record::End {
             w: w.to_owned(),
             seq,
@@ -329,6 +362,7 @@ fn end_record(w: &str, seq: u64, s: &Shared, outcome: Outcome) {
             end: g.end.or(g.stopped).unwrap_or_else(now_us),
             outcome,
             lost_seen: g.lost_seen,
+            lost_at,
             read: g.read,
             write: g.write,
             kind: g.kind,
@@ -511,6 +545,7 @@ impl Workload {
             let fence = current.fence().unwrap_or(0);
             let hold = forced.map_or(usual, |(task, ms)| take_request(&requests[task], ms, usual));
             begin(&w, seq, &s, current.token(), fence, hold);
+            watch_loss(&s, current.clone());
             let _stamp = StopStamp(s.clone());
             let read = store.call(fence, "read", 0).await;
             lock(&s).read = store_call(&read);
@@ -596,6 +631,7 @@ impl Workload {
                     _ => hold,
                 };
                 begin(&w, seq, &s, current.token(), 0, hold);
+                watch_loss(&s, current.clone());
                 let _stamp = StopStamp(s.clone());
                 tokio::time::sleep(hold).await;
                 body_over(&w, seq, &s, now_us(), current.is_lost());
@@ -670,6 +706,7 @@ impl Workload {
                             fence,
                             Duration::ZERO,
                         );
+                        watch_loss(&body_state, current.clone());
                         *body_held.lock().unwrap_or_else(PoisonError::into_inner) =
                             Some(current.clone());
                         let _stamp = StopStamp(body_state.clone());
@@ -715,7 +752,15 @@ impl Workload {
             };
             let hold = Duration::from_millis(1 + rand_below(self.hold_max_ms));
             begin(w, seq, &s, guard.token(), guard.fence().unwrap_or(0), hold);
-            tokio::time::sleep(hold).await;
+            let sleep = tokio::time::sleep(hold);
+            tokio::pin!(sleep);
+            tokio::select! {
+                () = &mut sleep => {}
+                _ = guard.lost() => {
+                    note_loss(&s);
+                    sleep.await;
+                }
+            }
             body_over(w, seq, &s, now_us(), guard.is_lost());
             drop_timed(w, seq, &s, Dropped::Guard, guard);
         }

@@ -59,6 +59,8 @@ struct Section {
     end: i64,
     outcome: Ending,
     lost_seen: bool,
+    /// When its worker saw the lease lost (absent in records written before it was recorded).
+    lost_at: Option<i64>,
     write: StoreCall,
     hold_ms: u64,
     kind: LockKind,
@@ -119,7 +121,7 @@ impl Section {
 
 fn sections(lines: &[Line], killed: &HashMap<u32, i64>) -> Vec<Section> {
     let mut open: BTreeMap<(&str, u64), Section> = BTreeMap::new();
-    let mut over: HashMap<(&str, u64), (i64, bool)> = HashMap::new();
+    let mut over: HashMap<(&str, u64), (i64, bool, Option<i64>)> = HashMap::new();
     let mut done = Vec::new();
     for line in lines {
         match &line.record {
@@ -128,8 +130,9 @@ fn sections(lines: &[Line], killed: &HashMap<u32, i64>) -> Vec<Section> {
                 seq,
                 end,
                 lost_seen,
+                lost_at,
             } => {
-                over.insert((w, *seq), (*end, *lost_seen));
+                over.insert((w, *seq), (*end, *lost_seen, *lost_at));
             }
             Record::Begin {
                 w,
@@ -153,6 +156,7 @@ fn sections(lines: &[Line], killed: &HashMap<u32, i64>) -> Vec<Section> {
                     end: 0,
                     outcome: Ending::Killed,
                     lost_seen: false,
+                    lost_at: None,
                     write: StoreCall::NotMade,
                     hold_ms: *hold_ms,
                     kind: *kind,
@@ -169,6 +173,7 @@ fn sections(lines: &[Line], killed: &HashMap<u32, i64>) -> Vec<Section> {
                 end,
                 outcome,
                 lost_seen,
+                lost_at,
                 write,
                 kind,
                 keys,
@@ -185,6 +190,7 @@ fn sections(lines: &[Line], killed: &HashMap<u32, i64>) -> Vec<Section> {
                     end: *end,
                     outcome: Ending::Reported(*outcome),
                     lost_seen: *lost_seen,
+                    lost_at: *lost_at,
                     write: *write,
                     hold_ms: began.map_or(0, |b| b.hold_ms),
                     kind: *kind,
@@ -200,7 +206,7 @@ fn sections(lines: &[Line], killed: &HashMap<u32, i64>) -> Vec<Section> {
         let at = killed
             .get(&s.worker)
             .unwrap_or_else(|| panic!("section {} of worker {} never ended", s.fence, s.worker));
-        (s.end, s.lost_seen) = over.get(&id).copied().unwrap_or((*at, false));
+        (s.end, s.lost_seen, s.lost_at) = over.get(&id).copied().unwrap_or((*at, false, None));
         done.push(s);
     }
     done.sort_by_key(|s| s.start);
@@ -421,27 +427,44 @@ impl<'a> Facts<'a> {
             && !self.paused_during(*worker, at, at)
     }
 
-    /// Sections the library did not report lost: they must have held the lock throughout.
-    fn trusted(&self) -> impl Iterator<Item = &Section> {
-        self.secs.iter().filter(|s| {
-            matches!(
-                s.outcome,
-                Ending::Reported(Outcome::Ok | Outcome::Dropped) | Ending::Killed
-            ) && !s.lost_seen
+    /// Every section with the end of the stretch it must have held its keys for: all of it,
+    /// unless its worker saw the lease lost, then until that moment (a loss seen late is a
+    /// double grant as much as one never seen), or until its own process was stopped before
+    /// (a stopped process acts on nothing; it sees the loss only once it runs again). Records
+    /// from before the loss's moment was recorded leave a lost section unjudged.
+    fn judged(&self) -> impl Iterator<Item = (&Section, i64)> {
+        self.secs.iter().filter_map(|s| {
+            if !(s.outcome.lost() || s.lost_seen) {
+                return Some((s, s.end));
+            }
+            let seen = s.lost_at?.min(s.end);
+            let stopped = self
+                .i
+                .faults
+                .iter()
+                .filter(|p| p.kind.starts_with("client-sigstop") && p.victim == Some(s.worker))
+                .map(|p| p.start_us)
+                .filter(|&at| s.start <= at && at < seen)
+                .min();
+            let to = stopped.unwrap_or(seen);
+            (to > s.start).then_some((s, to))
         })
     }
 
-    /// Whether `worker`'s runtime was kept off the CPU long enough to wake a timer due at
-    /// `due` no sooner than `woke`: a heartbeat due within `[due, woke]` ran at least
-    /// `woke - due` late, less the one heartbeat period it may have been due after `due`.
+    /// Whether `worker`'s runtime was kept off the CPU from the moment a timer was due (`due`)
+    /// until it woke (`woke`): one late heartbeat's stall, from when it was due until it ran,
+    /// covers that span, less the one heartbeat period it may have been due after `due`, and
+    /// less the slack of one wake-up at its end (the body's end and the heartbeat are stamped
+    /// by different tasks of that wake-up, in either order).
     fn starved(&self, worker: u32, due: i64, woke: i64) -> bool {
-        let needed = woke - due - us(Record::HEARTBEAT);
         self.i.lines.iter().any(|line| {
             let Record::Stall { at, late_us, .. } = line.record else {
                 return false;
             };
             let late = i64::try_from(late_us).expect("fits");
-            line.worker == worker && at - late <= woke && due <= at && late >= needed
+            line.worker == worker
+                && at - late <= due + us(Record::HEARTBEAT)
+                && at >= woke - WAKE_SLACK_US
         })
     }
 
@@ -468,8 +491,8 @@ impl<'a> Facts<'a> {
         })
     }
 
-    /// Whether at every moment of `[from, to]` at least a quorum of nodes held `key` for
-    /// `token`. Not necessarily the same nodes throughout: a straggling node's grant may land
+    /// Whether at every moment of `[s.start, to]` at least a quorum of nodes held `key` for
+    /// `s.token`. Not necessarily the same nodes throughout: a straggling node's grant may land
     /// just after the section began, and another node may be lost in the middle of it.
     ///
     /// A node lost with `kill -9` right after it granted (its last output before the kill is
@@ -481,8 +504,8 @@ impl<'a> Facts<'a> {
     /// other nodes show for the same attempt (the token is new per attempt), or with none
     /// showing it a moment between the acquisition's call and the section's start; it must be
     /// able to fall in the node's lost output.
-    fn held_by_a_quorum_throughout(&self, s: &Section, key: &str) -> bool {
-        let (token, from, to) = (s.token.as_str(), s.start, s.end);
+    fn held_by_a_quorum_throughout(&self, s: &Section, to: i64, key: &str) -> bool {
+        let (token, from) = (s.token.as_str(), s.start);
         let mut held: Vec<Vec<(i64, i64)>> = self
             .tenures_of(token, key)
             .map(|ts| ts.iter().map(|t| (t.since_us, t.held_until())).collect())
@@ -532,6 +555,10 @@ fn hidden_grant(s: &Section, shown: Option<i64>, history: &model::History) -> Op
     Some((granted, back.min(granted + us(TTL))))
 }
 
+/// How far apart the stamps of one wake-up of a worker's runtime can be (its tasks run one
+/// after another).
+const WAKE_SLACK_US: i64 = 1_000;
+
 /// How far apart two servers' `MONITOR` stamps of one moment can be (their clocks are one
 /// machine's, read at different points of the event loop).
 const MONITOR_SLACK_US: i64 = 2_000;
@@ -540,35 +567,36 @@ fn us(d: Duration) -> i64 {
     i64::try_from(d.as_micros()).expect("fits")
 }
 
-/// (a) No two sections the library did not report lost held a key together unless both may:
-/// readers beside readers, up to the semaphore's permits side by side, and a writer (the
-/// register's lock, a read-write lock's writer, a multi-key lock on each of its keys) alone.
+/// (a) No two sections held a key together unless both may (each judged over the stretch
+/// [`Facts::judged`] gives it): readers beside readers, up to the semaphore's permits side by
+/// side, and a writer (the register's lock, a read-write lock's writer, a multi-key lock on
+/// each of its keys) alone.
 fn trusted_sections_never_overlap(f: &Facts<'_>, r: &mut Report) {
-    let mut by_key: BTreeMap<&str, Vec<&Section>> = BTreeMap::new();
-    for s in f.trusted() {
+    let mut by_key: BTreeMap<&str, Vec<(&Section, i64)>> = BTreeMap::new();
+    for (s, to) in f.judged() {
         for key in &s.keys {
-            by_key.entry(key).or_default().push(s);
+            by_key.entry(key).or_default().push((s, to));
         }
     }
     for (key, secs) in by_key {
         // In order of start (as `secs` is): those still inside when the next one starts.
-        let mut inside: Vec<&Section> = Vec::new();
-        for s in secs {
-            inside.retain(|p| p.end > s.start);
-            let clash = inside.iter().find(|p| s.exclusive() || p.exclusive());
-            if let Some(p) = clash {
+        let mut inside: Vec<(&Section, i64)> = Vec::new();
+        for (s, to) in secs {
+            inside.retain(|(_, p_to)| *p_to > s.start);
+            let clash = inside.iter().find(|(p, _)| s.exclusive() || p.exclusive());
+            if let Some((p, p_to)) = clash {
                 r.fail(
                     "a",
                     format!(
-                        "sections overlap on {key}: {} ({}) fence {} [{}, {}] and {} ({}) fence {} [{}, {}]",
-                        p.task, p.kind, p.fence, p.start, p.end, s.task, s.kind, s.fence, s.start, s.end
+                        "sections overlap on {key}: {} ({}) fence {} [{}, {p_to}] ({}) and {} ({}) fence {} [{}, {to}] ({})",
+                        p.task, p.kind, p.fence, p.start, p.outcome, s.task, s.kind, s.fence, s.start, s.outcome
                     ),
                 );
             } else if s.kind == LockKind::Permit && inside.len() >= f.i.permits {
                 let held: Vec<String> = inside
                     .iter()
-                    .chain([&s])
-                    .map(|p| format!("{} [{}, {}]", p.task, p.start, p.end))
+                    .chain([&(s, to)])
+                    .map(|(p, p_to)| format!("{} [{}, {p_to}]", p.task, p.start))
                     .collect();
                 r.fail(
                     "a",
@@ -580,18 +608,19 @@ fn trusted_sections_never_overlap(f: &Facts<'_>, r: &mut Report) {
                     ),
                 );
             }
-            inside.push(s);
+            inside.push((s, to));
         }
     }
 }
 
-/// (a) Each section the library did not report lost lay inside a server-side tenure of its
-/// token on a quorum of nodes. Returns the smallest lease left when such a section ended (µs).
+/// (a) Each section lay inside a server-side tenure of its token on a quorum of nodes, over the
+/// stretch [`Facts::judged`] gives it. Returns the smallest lease left when a section that
+/// never saw a loss ended (µs).
 fn trusted_sections_lie_inside_their_tenure(f: &Facts<'_>, r: &mut Report) -> i64 {
     let mut completed_margin = i64::MAX;
-    for s in f.trusted() {
+    for (s, to) in f.judged() {
         for key in &s.keys {
-            if !f.held_by_a_quorum_throughout(s, key) {
+            if !f.held_by_a_quorum_throughout(s, to, key) {
                 let per_node: Vec<String> = f
                     .tenures_of(&s.token, key)
                     .enumerate()
@@ -600,23 +629,26 @@ fn trusted_sections_lie_inside_their_tenure(f: &Facts<'_>, r: &mut Report) -> i6
                 let faults: Vec<String> =
                     f.i.faults
                         .iter()
-                        .filter(|p| p.start_us <= s.end && s.start <= p.end_us)
+                        .filter(|p| p.start_us <= to && s.start <= p.end_us)
                         .map(|p| format!("{} [{}, {}]", p.kind, p.start_us, p.end_us))
                         .collect();
                 r.fail(
                     "a",
                     format!(
-                        "{} ({}) fence {} [{}, {}] ({}) ran outside its server-side tenure of {key} \
-                         on a quorum; {}; faults meanwhile: {faults:?}",
+                        "{} ({}) fence {} [{}, {to}] ({}, ended {}) ran outside its server-side \
+                         tenure of {key} on a quorum; {}; faults meanwhile: {faults:?}",
                         s.task,
                         s.kind,
                         s.fence,
                         s.start,
-                        s.end,
                         s.outcome,
+                        s.end,
                         per_node.join("; ")
                     ),
                 );
+            }
+            if s.outcome.lost() || s.lost_seen {
+                continue;
             }
             for t in f.tenures_of(&s.token, key).flatten() {
                 if t.covers(s.start, s.end) {
@@ -748,6 +780,9 @@ fn fencing_tokens_increase_in_the_servers_order_of_holders(f: &Facts<'_>, r: &mu
 struct HandOvers {
     /// Hand-overs judged.
     judged: usize,
+    /// Hits of a holder not judged: another fault began before the lock could be free, and
+    /// may have delayed it.
+    unjudged: usize,
     /// Among them, of the election's key.
     new_terms: usize,
     /// The slowest hand-over after a hit holder (µs).
@@ -758,7 +793,8 @@ struct HandOvers {
 
 /// (c) After a holder was killed or stopped while it held the lock (the register's, or the
 /// election's: a leader in its term), another owner, alive and running, took the lock on a
-/// quorum of nodes within ttl + [`FREE_BOUND`], unless the next fault began first. A lock handed to a waiter of a process that is dead or stopped itself is
+/// quorum of nodes within ttl + [`FREE_BOUND`], unless the next fault began first (counted as
+/// unjudged in the summary). A lock handed to a waiter of a process that is dead or stopped itself is
 /// not taken. Judged from the servers' history: a body may start a moment later, or never, if
 /// that owner is hit by the next fault.
 fn the_lock_is_handed_over_soon_after_its_holder_is_hit(
@@ -767,6 +803,7 @@ fn the_lock_is_handed_over_soon_after_its_holder_is_hit(
 ) -> HandOvers {
     let mut out = HandOvers {
         judged: 0,
+        unjudged: 0,
         new_terms: 0,
         slowest: 0,
         late_tenures: Vec::new(),
@@ -780,7 +817,9 @@ fn the_lock_is_handed_over_soon_after_its_holder_is_hit(
             .iter()
             .any(|g| g.start_us > hit.start_us && g.start_us < window)
         {
-            // Another fault began before the lock could be free: not this fault's doing.
+            // Another fault began before the lock could be free: a late hand-over may be its
+            // doing. Counted for the summary, so a run that judged none says so.
+            out.unjudged += 1;
             continue;
         }
         let mut next_by_node: Vec<i64> =
@@ -965,9 +1004,12 @@ struct Cancels<'s> {
 }
 
 /// (e) A body with `on_lost = cancel` that was reported lost stopped before its key (each of
-/// its keys) expired on a quorum of nodes, unless its own process was stopped meanwhile, or its
-/// runtime was seen (by its heartbeat) kept off the CPU from the moment the library's timer was
-/// due to the body's end.
+/// its keys) expired on a quorum of nodes, and before its tenure there ended any other way
+/// (deleted, taken by another, lost with its server). A late stop after an expiry is excused
+/// only where the library's timer could not run: its own process stopped (SIGSTOP) at some
+/// moment from when the timer was due (the drift allowance before the expiry) to the body's
+/// end, or its runtime seen (by its heartbeat) kept off the CPU over all of that span. A tenure
+/// that ended early is no timer's to notice: never excused.
 fn cancelled_bodies_stop_before_their_key_expires<'s>(
     f: &'s Facts<'_>,
     r: &mut Report,
@@ -979,55 +1021,69 @@ fn cancelled_bodies_stop_before_their_key_expires<'s>(
         starved: Vec::new(),
     };
     for s in f.secs.iter().filter(|s| s.outcome.lost() && s.cancels()) {
-        if f.paused_during(s.worker, s.start, s.end) {
-            out.paused.push(s);
-            continue;
-        }
-        out.checked += 1;
-        // Of each key, the margin a quorum of nodes still had; of the lock, its smallest key's.
-        // A grant no history shows (see `hidden_grant`) expires a ttl after the earliest moment
-        // it can have come, at the soonest.
+        // Of each key, the margin a quorum of nodes still had (and whether it ran out by the
+        // tenure's early end, not its expiry); of the lock, its smallest key's. A grant no
+        // history shows (see `hidden_grant`) expires a ttl after the earliest moment it can
+        // have come, at the soonest.
         let margin = s
             .keys
             .iter()
             .map(|key| {
                 let tenures: Vec<Vec<&model::Tenure>> = f.tenures_of(&s.token, key).collect();
                 let shown = tenures.iter().flatten().map(|t| t.since_us).min();
-                let mut margins: Vec<i64> = tenures
+                let mut margins: Vec<(i64, Option<&'static str>)> = tenures
                     .iter()
                     .zip(f.i.histories)
                     .filter_map(|(ts, history)| {
                         ts.iter()
                             .filter(|t| t.since_us <= s.end)
-                            .map(|t| t.expires_at(s.end) - s.end)
+                            .map(|t| tenure_margin(t, s.end))
                             .max()
                             .or_else(|| {
                                 hidden_grant(s, shown, history)
-                                    .map(|(granted, _)| granted + us(TTL) - s.end)
+                                    .map(|(granted, _)| (granted + us(TTL) - s.end, None))
                             })
                     })
                     .collect();
                 margins.sort_unstable_by(|a, b| b.cmp(a));
                 margins.get(f.i.quorum - 1).copied()
             })
-            .collect::<Option<Vec<i64>>>()
+            .collect::<Option<Vec<(i64, Option<&'static str>)>>>()
             .and_then(|margins| margins.into_iter().min());
-        let Some(margin) = margin.as_ref() else {
+        let Some((margin, early)) = margin else {
             r.fail(
                 "e",
                 format!("{} fence {}: no server-side tenure", s.task, s.fence),
             );
             continue;
         };
-        // Excused only for a body that was running when the timer was due: the library never
-        // starts one whose lease has already run out.
-        let due = s.end + margin - us(DRIFT);
-        if *margin <= 0 && s.start < due && f.starved(s.worker, due, s.end) {
-            out.starved.push((s, *margin));
-            continue;
+        if margin <= 0 {
+            if let Some(why) = early {
+                r.fail(
+                    "e",
+                    format!(
+                        "{} fence {} ({}) stopped at {}, {} µs after its tenure ended ({why})",
+                        s.task, s.fence, s.outcome, s.end, -margin
+                    ),
+                );
+                out.checked += 1;
+                continue;
+            }
+            let due = s.end + margin - us(DRIFT);
+            if f.paused_during(s.worker, due, s.end) {
+                out.paused.push(s);
+                continue;
+            }
+            // Excused only for a body that was running when the timer was due: the library
+            // never starts one whose lease has already run out.
+            if s.start < due && f.starved(s.worker, due, s.end) {
+                out.starved.push((s, margin));
+                continue;
+            }
         }
-        out.smallest_margin = out.smallest_margin.min(*margin);
-        if *margin <= 0 {
+        out.checked += 1;
+        out.smallest_margin = out.smallest_margin.min(margin);
+        if margin <= 0 {
             r.fail(
                 "e",
                 format!(
@@ -1038,6 +1094,17 @@ fn cancelled_bodies_stop_before_their_key_expires<'s>(
         }
     }
     out
+}
+
+/// A tenure's lease left at `end` (µs), and why it ran out where that was not its expiry: an
+/// end before `end` (deleted, taken, lost with its server) that came before the expiry. An end
+/// after `end` (its own release) leaves the expiry as the margin.
+fn tenure_margin(t: &model::Tenure, end: i64) -> (i64, Option<&'static str>) {
+    let expiry = t.expires_at(end);
+    match t.ended_us {
+        Some(ended) if ended <= end && ended < expiry => (ended - end, Some(t.ended_by)),
+        _ => (expiry - end, None),
+    }
 }
 
 /// What the drop check measured.
@@ -1196,11 +1263,12 @@ fn summary(f: &Facts<'_>, figures: &Figures<'_>) -> Vec<String> {
             ms(*completed_margin)
         ),
         format!(
-            "  (c) slowest of {} hand-overs after a holder crash/stop ({} of them new terms after a leader's crash): {} (bound: ttl + {} ms)",
+            "  (c) slowest of {} hand-overs after a holder crash/stop ({} of them new terms after a leader's crash): {} (bound: ttl + {} ms); {} hits of a holder not judged (another fault began within the bound)",
             hand_overs.judged,
             hand_overs.new_terms,
             ms(hand_overs.slowest),
-            FREE_BOUND.as_millis()
+            FREE_BOUND.as_millis(),
+            hand_overs.unjudged
         ),
         format!(
             "  (g) slowest drop: {}; worst heartbeat delay outside a worker's own SIGSTOP: {}",
@@ -1278,6 +1346,7 @@ struct Synthetic {
     end: i64,
     outcome: Outcome,
     lost_seen: bool,
+    lost_at: Option<i64>,
     write: StoreCall,
     kind: LockKind,
     keys: &'static [&'static str],
@@ -1304,6 +1373,7 @@ impl Synthetic {
             end,
             outcome: Outcome::Ok,
             lost_seen: false,
+            lost_at: None,
             write: StoreCall::Accepted,
             kind: LockKind::Lock,
             keys: &["lock:register"],
@@ -1351,6 +1421,7 @@ impl Synthetic {
                 end: self.end,
                 outcome: self.outcome,
                 lost_seen: self.lost_seen,
+                lost_at: self.lost_at,
                 read: StoreCall::Accepted,
                 write: self.write,
                 kind: self.kind,
@@ -1692,6 +1763,9 @@ fn a_late_cancel_is_excused_only_by_a_stall_that_covers_it() {
     // Late, but not by enough to explain a timer 13 ms late (a heartbeat due up to one period
     // after the timer was would be at least 3 ms late).
     judged_late(Some(stall(1, 11_002_000, 2_000)));
+    // Long, but begun 13 ms after the timer was due (at the body's end): the timer had its
+    // chance before it.
+    judged_late(Some(stall(1, 11_016_000, 14_000)));
     // Long, but at another moment, or in another worker.
     judged_late(Some(stall(1, 10_500_000, 70_000)));
     judged_late(Some(stall(2, 11_002_000, 14_000)));
@@ -1791,6 +1865,7 @@ fn a_section_killed_during_its_release_ends_where_its_body_was_over() {
                 seq: 1,
                 end: 200,
                 lost_seen: false,
+                lost_at: None,
             },
         },
         // Killed inside its body.
@@ -2084,5 +2159,199 @@ fn a_new_term_after_a_leaders_crash_is_judged_on_the_elections_key() {
         violations
             .contains("(run) the run exercised too little: 0 new terms after a leader's crash"),
         "{violations}"
+    );
+}
+
+/// (e) of a body cancelled 1 ms after its key expired (the fixture of
+/// `a_late_cancel_is_excused_only_by_a_stall_that_covers_it`): its own process stopped is an
+/// excuse only if the stop overlaps the span from when the library's timer was due (12 ms
+/// before the expiry) to the body's end.
+#[test]
+fn a_late_cancel_is_excused_only_by_a_pause_over_its_due_time() {
+    let cancelled = Synthetic {
+        outcome: Outcome::Lost(lock_runtime::LostReason::Expired),
+        write: StoreCall::NotMade,
+        ..Synthetic::new(1, "1.0", "h:1:a", 1, (10_000_100, 11_002_000))
+    };
+    let histories = [model::rebuild(
+        &[monitored([
+            r#"+10.000000 [0 127.0.0.1:1] "evalsha" "s" "2" "lock:register" "fence:{lock:register}" "h:1:a" "1000" "1""#,
+            r#"+10.000010 [0 lua] "SET" "lock:register" "h:1:a" "NX" "PX" "1000""#,
+            r#"+10.000020 [0 lua] "INCR" "fence:{lock:register}""#,
+        ])],
+        "lock:",
+        false,
+    )];
+    let lines = [cancelled.begin(), cancelled.end()];
+    let check_with = |stopped: (i64, i64)| {
+        let faults = [FaultRecord {
+            kind: "client-sigstop".into(),
+            start_us: stopped.0,
+            end_us: stopped.1,
+            victim: Some(1),
+            held: false,
+            pttl_ms: 0,
+            victim_token: None,
+            key: None,
+        }];
+        let report = check(&Inputs {
+            register: 0,
+            faults: &faults,
+            ..Inputs::synthetic(&lines, &histories)
+        });
+        (report.violations.join("\n"), report.lines.join("\n"))
+    };
+    // Stopped from just before the timer was due until just before the body ended: excused.
+    let (violations, lines) = check_with((10_985_000, 11_001_500));
+    assert_eq!(violations, "");
+    assert!(
+        lines.contains("limits seen: 1 bodies of stopped processes"),
+        "{lines}"
+    );
+    // Stopped, and over long before the timer was due: the timer was free to run.
+    let (violations, _) = check_with((10_200_000, 10_300_000));
+    assert!(
+        violations.contains(
+            "(e) 1.0 fence 1 (lost-expired) stopped at 11002000, 1000 µs after its key expired"
+        ),
+        "{violations}"
+    );
+}
+
+/// A double grant: A's lock is deleted under it at 10.4 s (a force-unlock) and B takes it at
+/// 10.5 s while A's body runs on; A learns of its loss at `lost_at` and stops 50 ms later.
+/// Every section is judged from the servers' histories up to the moment its loss was seen, and
+/// (e) judges a cancelled body by its tenure's end, not only its key's expiry.
+#[test]
+fn a_section_reported_lost_is_judged_until_its_loss_was_seen() {
+    let histories = [model::rebuild(
+        &[monitored([
+            r#"+10.000000 [0 127.0.0.1:1] "SET" "lock:register" "h:1:a" "NX" "PX" "1000""#,
+            r#"+10.400000 [0 127.0.0.1:3] "DEL" "lock:register""#,
+            r#"+10.500000 [0 127.0.0.1:2] "SET" "lock:register" "h:2:b" "NX" "PX" "1000""#,
+        ])],
+        "lock:",
+        false,
+    )];
+    let b = Synthetic {
+        write: StoreCall::NotMade,
+        ..Synthetic::new(2, "2.0", "h:2:b", 2, (10_500_100, 10_600_000))
+    };
+    // Task `w` of worker 1 (`.0` cancels its body on loss, `.1` goes on), ending as `outcome`.
+    let a = |w, outcome, lost_seen, lost_at: i64| Synthetic {
+        outcome,
+        lost_seen,
+        lost_at: Some(lost_at),
+        write: StoreCall::NotMade,
+        ..Synthetic::new(1, w, "h:1:a", 1, (10_000_100, lost_at + 50_000))
+    };
+    let cancelled = Outcome::Lost(lock_runtime::LostReason::Stolen);
+    let check_with = |a: Synthetic, faults: &[FaultRecord]| {
+        let lines = [a.begin(), a.end(), b.begin(), b.end()];
+        check(&Inputs {
+            register: 0,
+            faults,
+            ..Inputs::synthetic(&lines, &histories)
+        })
+        .violations
+        .join("\n")
+    };
+    // Seen at 10.8 s: A held nothing from 10.4 s, and B held the lock beside it.
+    let v = check_with(a("1.0", cancelled, false, 10_800_000), &[]);
+    for expected in [
+        "(a) sections overlap on lock:register: 1.0 (lock) fence 1 [10000100, 10800000] (lost-stolen) and 2.0",
+        "(a) 1.0 (lock) fence 1 [10000100, 10800000] (lost-stolen, ended 10850000) ran outside its server-side tenure",
+        "(e) 1.0 fence 1 (lost-stolen) stopped at 10850000, 450000 µs after its tenure ended (deleted by a client)",
+    ] {
+        assert!(v.contains(expected), "missing {expected:?} in:\n{v}");
+    }
+    // The same of a body that went on (`on_lost = continue`) and returned Ok having seen it.
+    let v = check_with(a("1.1", Outcome::Ok, true, 10_800_000), &[]);
+    assert!(
+        v.contains("(a) sections overlap on lock:register: 1.1"),
+        "{v}"
+    );
+    // Seen at 10.39 s, stopped at 10.44 s: nothing held beside it while it trusted its lease.
+    assert_eq!(check_with(a("1.1", Outcome::Ok, true, 10_390_000), &[]), "");
+    // Seen at 10.8 s by a process stopped from 10.35 s: judged until it stopped.
+    let stopped = [FaultRecord {
+        kind: "client-sigstop".into(),
+        start_us: 10_350_000,
+        end_us: 10_790_000,
+        victim: Some(1),
+        held: false,
+        pttl_ms: 600,
+        victim_token: None,
+        key: None,
+    }];
+    assert_eq!(
+        check_with(a("1.1", Outcome::Ok, true, 10_800_000), &stopped),
+        ""
+    );
+}
+
+/// (c) does not judge a hit of a holder that another fault followed within ttl + bound, and the
+/// summary says how many it left so.
+#[test]
+fn hits_of_a_holder_that_another_fault_followed_are_counted_as_unjudged() {
+    let lines = [(1, 11), (2, 22)].map(|(worker, pid)| Line {
+        worker,
+        record: Record::Ready {
+            w: worker.to_string(),
+            pid,
+        },
+    });
+    let histories = [model::rebuild(
+        &[monitored([
+            r#"+9.000000 [0 127.0.0.1:1] "SET" "lock:register" "h:11:a" "NX" "PX" "1900""#,
+            r#"+10.950000 [0 127.0.0.1:1] "SET" "lock:register" "h:22:b" "NX" "PX" "1000""#,
+        ])],
+        "lock:",
+        false,
+    )];
+    let kill = || FaultRecord {
+        kind: "client-kill-9".into(),
+        start_us: 10_000_000,
+        end_us: 10_000_000,
+        victim: Some(1),
+        held: true,
+        pttl_ms: 900,
+        victim_token: Some("h:11:a".into()),
+        key: None,
+    };
+    let killed: HashMap<u32, i64> = [(1, 10_000_000)].into();
+    let summary = |next_fault_at: i64| {
+        let faults = [
+            kill(),
+            FaultRecord {
+                kind: "blackhole".into(),
+                start_us: next_fault_at,
+                end_us: next_fault_at + 500_000,
+                victim: None,
+                held: false,
+                pttl_ms: 0,
+                victim_token: None,
+                key: None,
+            },
+        ];
+        let report = check(&Inputs {
+            faults: &faults,
+            killed: &killed,
+            ..Inputs::synthetic(&lines, &histories)
+        });
+        assert_eq!(report.violations.join("\n"), "");
+        report.lines.join("\n")
+    };
+    let judged = summary(12_000_000);
+    assert!(
+        judged.contains("slowest of 1 hand-overs")
+            && judged.contains("; 0 hits of a holder not judged"),
+        "{judged}"
+    );
+    let overlapped = summary(10_500_000);
+    assert!(
+        overlapped.contains("slowest of 0 hand-overs")
+            && overlapped.contains("; 1 hits of a holder not judged"),
+        "{overlapped}"
     );
 }

@@ -230,6 +230,7 @@ fn a_kept_run_reads_back_the_workers_records_as_they_were() {
                 end: 200,
                 outcome: Outcome::Lost(lock_runtime::LostReason::Expired),
                 lost_seen: true,
+                lost_at: Some(150),
                 read: StoreCall::Accepted,
                 write: StoreCall::InFlight,
                 kind: LockKind::Lock,
