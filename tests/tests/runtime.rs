@@ -5,6 +5,7 @@ mod runtime {
     mod coalescing;
     mod election;
     mod ending;
+    mod ending_review;
     mod exclusion;
     mod failures;
     mod fencing;
