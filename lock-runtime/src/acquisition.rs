@@ -128,7 +128,10 @@ async fn take_lease(
     // The token may be in the store without a lease to show for it: queued, or taken by an
     // attempt whose reply was lost or whose caller was cancelled while it was on its way. Unless
     // the lock is acquired, it is let go of on the way out.
-    let mut let_go = LetGo(None);
+    let mut let_go = LetGo {
+        armed: None,
+        in_store: false,
+    };
     let mut places = Places::default();
     loop {
         attempts += 1;
@@ -216,9 +219,11 @@ async fn take_lease(
                 waiting_on = at;
                 if queue {
                     places.busy(attempts);
+                    let_go.may_be_in_store();
                 } else {
                     // Refused and not queued: the token is nowhere in the store.
                     let_go.disarm();
+                    let_go.in_store = false;
                 }
                 if now >= give_up_at {
                     return Err(LockError::Busy {
@@ -260,6 +265,11 @@ async fn take_lease(
                         let_go.disarm();
                     }
                     return Err(error);
+                }
+                if error.never_sent() {
+                    let_go.sent_nothing();
+                } else {
+                    let_go.may_be_in_store();
                 }
                 if now >= give_up_at {
                     return Err(error);
@@ -396,7 +406,12 @@ async fn admitted(
 /// gave up, failed or was cancelled): takes it out of the waiters' queue, and releases the lock
 /// if it holds it after all (a reply was lost, an attempt was cancelled on its way, or a release
 /// handed it over just now), so it goes on to the next waiter instead of sitting out its ttl.
-struct LetGo(Option<(Arc<RegistryInner>, LockKey, String, Share, Duration)>);
+struct LetGo {
+    armed: Option<(Arc<RegistryInner>, LockKey, String, Share, Duration)>,
+    /// Whether an attempt that came back left the armed token in the store, or may have: queued
+    /// there, or holding the lock (its reply was lost, it failed midway). One in flight may.
+    in_store: bool,
+}
 
 impl LetGo {
     fn arm(
@@ -407,34 +422,55 @@ impl LetGo {
         share: Share,
         ttl: Duration,
     ) {
-        match &mut self.0 {
+        match &mut self.armed {
             Some((_, _, armed, ..)) if armed == token => {}
             Some((_, _, armed, ..)) => {
                 // Redlock's fresh token per attempt; the earlier ones are undone by Redlock.
                 *armed = token.to_owned();
+                self.in_store = false;
             }
-            None => self.0 = Some((inner.clone(), key.clone(), token.to_owned(), share, ttl)),
+            None => {
+                self.armed = Some((inner.clone(), key.clone(), token.to_owned(), share, ttl));
+            }
         }
     }
 
     fn disarm(&mut self) {
-        self.0 = None;
+        self.armed = None;
+    }
+
+    /// The attempt just made reached no server: unless an earlier one may have left the token
+    /// in the store, there is nothing to let go of.
+    fn sent_nothing(&mut self) {
+        if !self.in_store {
+            self.disarm();
+        }
+    }
+
+    fn may_be_in_store(&mut self) {
+        self.in_store = true;
     }
 
     /// Lets go of the armed token now, in the background.
     fn release_now(&mut self) {
-        drop(std::mem::replace(self, LetGo(None)));
+        drop(std::mem::replace(
+            self,
+            LetGo {
+                armed: None,
+                in_store: false,
+            },
+        ));
     }
 }
 
 impl Drop for LetGo {
     fn drop(&mut self) {
-        if let Some((inner, key, token, share, ttl)) = self.0.take() {
+        if let Some((inner, key, token, share, ttl)) = self.armed.take() {
             let task = inner.clone();
             // A lock the attempt took runs out within its ttl of now (the attempt was sent
             // before this): until then, a release that failed is tried again.
             let give_up = tokio::time::Instant::now() + ttl;
-            inner.spawn_background(async move {
+            inner.backend.home().spawn_release(async move {
                 crate::keeper::release_until(&task.backend, &key, &token, share, give_up).await;
             });
         }

@@ -218,6 +218,12 @@ impl LockError {
         }
     }
 
+    /// Whether the operation certainly reached no server: no connection could be made to send
+    /// it on.
+    pub(crate) fn never_sent(&self) -> bool {
+        matches!(self, Self::Backend { source: Some(e), .. } if e.is_connection_refusal())
+    }
+
     /// A configuration that cannot be used; `reason` says what to change.
     pub(crate) fn config(reason: impl Into<String>) -> Self {
         Self::InvalidConfig {

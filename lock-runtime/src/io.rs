@@ -118,4 +118,23 @@ impl Home {
             }
         }
     }
+
+    /// Spawns a release of a lock nobody holds any more. On the caller's runtime it first runs
+    /// here, as far as it goes without waiting (the in-memory store's release never has to):
+    /// that runtime may be ending (a test's), and a task spawned on it now would never run,
+    /// leaving the lock taken until its ttl.
+    pub(crate) fn spawn_release<F>(self, task: F)
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        match self {
+            Self::Io => drop(spawn(task)),
+            Self::Caller => {
+                let mut task = Box::pin(task);
+                if futures_util::FutureExt::now_or_never(task.as_mut()).is_none() {
+                    self.spawn(task);
+                }
+            }
+        }
+    }
 }

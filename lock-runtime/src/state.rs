@@ -85,14 +85,6 @@ impl RegistryInner {
         self.next_id.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// Runs background work where it cannot die with a caller's runtime (see [`crate::io::Home`]).
-    pub(crate) fn spawn_background<F>(&self, task: F)
-    where
-        F: std::future::Future<Output = ()> + Send + 'static,
-    {
-        self.backend.home().spawn(task);
-    }
-
     /// Refuses every acquisition from now on; leases already admitted are the caller's to end.
     pub(crate) fn close(&self) {
         self.shut_down.store(true, Ordering::SeqCst);

@@ -5,13 +5,13 @@ mod runtime {
     mod coalescing;
     mod election;
     mod ending;
-    mod ending_review;
     mod exclusion;
     mod failures;
     mod fencing;
     mod fixture;
     mod handoff;
     mod leases;
+    mod letting_go;
     mod memory;
     mod multi_key;
     mod read_write;

@@ -87,7 +87,23 @@ impl Keeper {
     /// A guard was dropped or its release failed: the keeper releases it in the background.
     pub(crate) fn release_in_background(&self, id: u64) {
         self.leases.request_release(id);
+        if !self.started.load(Ordering::Acquire) {
+            // No keeper task to take it up: it ended with the runtime it ran on (the in-memory
+            // store's runs on its callers'), and starts again only with the next lock held.
+            self.let_go_of_requested();
+        }
         self.wake.notify_one();
+    }
+
+    /// Sends now the releases of dropped guards that no keeper task has taken up.
+    fn let_go_of_requested(&self) {
+        for lease in self.leases.take_requested() {
+            let backend = self.backend.clone();
+            self.backend.home().spawn_release(async move {
+                let_go(&backend, &lease).await;
+                lease.labels.ended(lease.confirmed_at.elapsed());
+            });
+        }
     }
 
     /// Forgets a lease that is no longer held.
@@ -110,13 +126,7 @@ impl Drop for Keeper {
     fn drop(&mut self) {
         // The registry is gone with guards dropped just before it (the end of a scope that
         // made both): their releases, which the keeper task would have sent, go out now.
-        for lease in self.leases.take_requested() {
-            let backend = self.backend.clone();
-            self.backend.home().spawn(async move {
-                let_go(&backend, &lease).await;
-                lease.labels.ended(lease.confirmed_at.elapsed());
-            });
-        }
+        self.let_go_of_requested();
         // Lets a sleeping keeper task notice at once that its registry is gone.
         self.wake.notify_one();
     }

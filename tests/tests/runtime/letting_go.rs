@@ -1,7 +1,7 @@
-//! Review of "a guard dropped with its registry's last handle is still released" (146e1cc) and
-//! "a let-go release is tried again" (7d5ac56): the in-memory store runs a registry's
-//! background work on its caller's runtime (`Home::Caller`), and a release spawned there as
-//! that runtime ends is never run, so the lock sits held by nobody until its ttl.
+//! Releases of locks nobody holds any more (a dropped guard's, a cancelled acquisition's) as
+//! the registry, the runtime or the server goes: none may leave a lock held by nobody until its
+//! ttl, and none may be sent for an attempt that reached no server. The in-memory store runs a
+//! registry's background work on its caller's runtime, which a test's end drops.
 //!
 //! Each test builds its runtimes by hand, as `#[tokio::test]` does for each test: a
 //! current-thread runtime that runs `block_on` once and is dropped.
@@ -52,7 +52,7 @@ fn a_guard_dropped_with_its_in_memory_registry_as_the_runtime_ends_is_released()
     runtime().block_on(async {
         let registry = on(&store);
         let _guard = registry
-            .lock("review:end-of-block")
+            .lock("end-of-block")
             .ttl(LONG)
             .acquire()
             .await
@@ -61,7 +61,7 @@ fn a_guard_dropped_with_its_in_memory_registry_as_the_runtime_ends_is_released()
     });
     next_caller_gets(
         &store,
-        "review:end-of-block",
+        "end-of-block",
         "guard and registry dropped at the end of block_on",
     );
 }
@@ -76,12 +76,7 @@ fn a_guard_and_its_in_memory_registry_dropped_by_a_runtime_shutdown_are_released
     let task_store = store.clone();
     rt.spawn(async move {
         let registry = on(&task_store);
-        let guard = registry
-            .lock("review:shutdown")
-            .ttl(LONG)
-            .acquire()
-            .await
-            .unwrap();
+        let guard = registry.lock("shutdown").ttl(LONG).acquire().await.unwrap();
         held_tx.send(()).unwrap();
         std::future::pending::<()>().await;
         drop((guard, registry));
@@ -90,7 +85,7 @@ fn a_guard_and_its_in_memory_registry_dropped_by_a_runtime_shutdown_are_released
     drop(rt);
     next_caller_gets(
         &store,
-        "review:shutdown",
+        "shutdown",
         "task with guard and registry dropped by runtime shutdown",
     );
 }
@@ -104,14 +99,14 @@ fn a_handed_over_lock_whose_waiter_dies_with_its_runtime_is_let_go() {
     let main = runtime();
     let holder = on(&store);
     let guard = main
-        .block_on(holder.lock("review:handed").ttl(LONG).acquire())
+        .block_on(holder.lock("handed").ttl(LONG).acquire())
         .unwrap();
     let waiters = runtime();
     let waiter = on(&store);
-    let _waiting = waiters.spawn(waiter.lock("review:handed").ttl(LONG).wait(LONG).acquire());
+    let _waiting = waiters.spawn(waiter.lock("handed").ttl(LONG).wait(LONG).acquire());
     waiters.block_on(async {
         for _ in 0..500 {
-            if holder.inspect("review:handed").await.unwrap().waiters == 1 {
+            if holder.inspect("handed").await.unwrap().waiters == 1 {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
@@ -124,7 +119,7 @@ fn a_handed_over_lock_whose_waiter_dies_with_its_runtime_is_let_go() {
     drop(main);
     next_caller_gets(
         &store,
-        "review:handed",
+        "handed",
         "handed-over lock whose waiter died with its runtime",
     );
 }
@@ -138,18 +133,18 @@ fn a_guard_that_outlived_its_runtime_is_released_before_the_registrys_next_reque
     let registry = on(&store);
     let first = runtime();
     let guard = first
-        .block_on(registry.lock("review:outlived").ttl(LONG).acquire())
+        .block_on(registry.lock("outlived").ttl(LONG).acquire())
         .unwrap();
     drop(first);
     runtime().block_on(async {
         drop(guard);
         let got = registry
-            .lock("review:outlived")
+            .lock("outlived")
             .ttl(LONG)
             .wait(NEXT_WAIT)
             .acquire()
             .await;
-        let info = registry.inspect("review:outlived").await.unwrap();
+        let info = registry.inspect("outlived").await.unwrap();
         assert!(
             got.is_ok(),
             "the dropped guard's lock is still held (owner {:?}, {:?} left): {got:?}",
@@ -167,21 +162,16 @@ fn control_a_guard_dropped_in_a_runtime_whose_registry_goes_outside_it_is_releas
     let store = MemoryStore::new();
     let registry = on(&store);
     runtime().block_on(async {
-        let _guard = registry
-            .lock("review:control")
-            .ttl(LONG)
-            .acquire()
-            .await
-            .unwrap();
+        let _guard = registry.lock("control").ttl(LONG).acquire().await.unwrap();
     });
     drop(registry);
-    next_caller_gets(&store, "review:control", "control");
+    next_caller_gets(&store, "control", "control");
 }
 
-/// 7d5ac56 on Redis: every try-lock refused while its server is down (the attempt never
-/// reached a server, so its token is nowhere) now leaves a background release retried about
-/// once a second for the whole ttl, where it was tried once. Counted by the release calls the
-/// server gets once it is back: one per failed try-lock, each for a token it never saw.
+/// Try-locks refused while their server is down reached no server: no release follows them,
+/// neither at once nor retried once the server is back. Only the attempt that met the
+/// connection as the server died may have reached it (its bytes were written), and its release
+/// is retried.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn try_locks_refused_while_the_server_is_down_leave_no_release_retries_behind() {
     const TRIES: usize = 20;
@@ -189,28 +179,25 @@ async fn try_locks_refused_while_the_server_is_down_leave_no_release_retries_beh
     let registry = super::support::registry(&server);
     lock_tests::warm_up(&registry).await;
     server.kill();
-    let mut refused = 0;
     for i in 0..TRIES {
         let got = registry
-            .lock(format!("review:down:{i}"))
+            .lock(format!("down:{i}"))
             .ttl(Duration::from_secs(3600))
             .acquire()
             .await;
-        if got.is_err() {
-            refused += 1;
-        }
+        assert!(got.is_err(), "the server is down: {got:?}");
     }
-    assert_eq!(refused, TRIES, "the server is down");
     server.restart();
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    // Nothing to wait for: retries would come within the backoff's longest pause (1 s).
+    tokio::time::sleep(Duration::from_secs(2)).await;
     let mut con = server.connection();
     let calls = lock_tests::command_calls(&mut con);
     let scripts: u64 = ["evalsha", "eval", "fcall", "fcall_ro"]
         .iter()
         .filter_map(|c| calls.get(*c))
         .sum();
-    assert_eq!(
-        scripts, 0,
+    assert!(
+        scripts <= 1,
         "{scripts} script calls reached the restarted server for {TRIES} try-locks that never \
          reached it (commands: {calls:?})"
     );
