@@ -1709,13 +1709,9 @@ fn a_cancelled_body_whose_grant_no_history_shows_is_judged_from_its_earliest_gra
     assert!(violations.contains("after its key expired"), "{violations}");
 }
 
-/// (e) of a body cancelled after its key expired: a limit of the machine, not a violation, only
-/// when the worker's own heartbeat shows its runtime kept off the CPU from the moment the
-/// library's timer was due (the drift allowance before the expiry) until the body ended.
-#[test]
-fn a_late_cancel_is_excused_only_by_a_stall_that_covers_it() {
-    // Granted at 10 s for a ttl; the body stopped 1 ms after its key expired (at 11.001 s: Redis
-    // holds a key through the ms of its expiry).
+/// A body granted at 10 s for a ttl that stopped 1 ms after its key expired (at 11.001 s: Redis
+/// holds a key through the ms of its expiry), and the server's history of the grant.
+fn late_cancel() -> (Synthetic, [model::History; 1]) {
     let cancelled = Synthetic {
         outcome: Outcome::Lost(lock_runtime::LostReason::Expired),
         write: StoreCall::NotMade,
@@ -1730,6 +1726,15 @@ fn a_late_cancel_is_excused_only_by_a_stall_that_covers_it() {
         "lock:",
         false,
     )];
+    (cancelled, histories)
+}
+
+/// (e) of a body cancelled after its key expired: a limit of the machine, not a violation, only
+/// when the worker's own heartbeat shows its runtime kept off the CPU from the moment the
+/// library's timer was due (the drift allowance before the expiry) until the body ended.
+#[test]
+fn a_late_cancel_is_excused_only_by_a_stall_that_covers_it() {
+    let (cancelled, histories) = late_cancel();
     let stall = |worker: u32, at: i64, late_us: u64| Line {
         worker,
         record: Record::Stall {
@@ -2168,20 +2173,7 @@ fn a_new_term_after_a_leaders_crash_is_judged_on_the_elections_key() {
 /// before the expiry) to the body's end.
 #[test]
 fn a_late_cancel_is_excused_only_by_a_pause_over_its_due_time() {
-    let cancelled = Synthetic {
-        outcome: Outcome::Lost(lock_runtime::LostReason::Expired),
-        write: StoreCall::NotMade,
-        ..Synthetic::new(1, "1.0", "h:1:a", 1, (10_000_100, 11_002_000))
-    };
-    let histories = [model::rebuild(
-        &[monitored([
-            r#"+10.000000 [0 127.0.0.1:1] "evalsha" "s" "2" "lock:register" "fence:{lock:register}" "h:1:a" "1000" "1""#,
-            r#"+10.000010 [0 lua] "SET" "lock:register" "h:1:a" "NX" "PX" "1000""#,
-            r#"+10.000020 [0 lua] "INCR" "fence:{lock:register}""#,
-        ])],
-        "lock:",
-        false,
-    )];
+    let (cancelled, histories) = late_cancel();
     let lines = [cancelled.begin(), cancelled.end()];
     let check_with = |stopped: (i64, i64)| {
         let faults = [FaultRecord {

@@ -417,29 +417,18 @@ async fn a_let_go_release_waits_for_its_acquisition_sent_again() {
     proxy.release_requests();
     // The resent acquisition took the lock (its fencing counter shows it) ...
     super::support::eventually(wait, "the resent acquisition ran", || {
-        let ran = redis::cmd("EXISTS")
-            .arg("fence:{lock:fenced}")
-            .query::<u64>(&mut con)
-            .unwrap()
-            == 1;
+        let ran = exists(&mut con, "fence:{lock:fenced}");
         async move { ran }
     })
     .await;
     // ... and is let go of, well before its ttl.
-    super::support::eventually(
-        wait,
-        &format!(
-            "the cancelled acquisition's lock let go of (its release sent early: {release_sent})"
-        ),
-        || {
-            let free = redis::cmd("EXISTS")
-                .arg("lock:fenced")
-                .query::<u64>(&mut con)
-                .unwrap()
-                == 0;
-            async move { free }
-        },
-    )
+    let what = format!(
+        "the cancelled acquisition's lock let go of (its release sent early: {release_sent})"
+    );
+    super::support::eventually(wait, &what, || {
+        let free = !exists(&mut con, "lock:fenced");
+        async move { free }
+    })
     .await;
     drop(first);
 }
