@@ -143,6 +143,22 @@ macro_rules! each {
     };
 }
 
+impl Backend {
+    /// An operator's force-unlock of `token`'s lock: on Redlock, answered by every node that
+    /// answers in time, not only a quorum (see [`redlock::Redlock::release_everywhere`]).
+    pub(crate) async fn release_everywhere(
+        &self,
+        key: &LockKey,
+        token: &str,
+        share: Share,
+    ) -> Result<bool, LockError> {
+        match self {
+            Self::Redlock(r) => r.release_everywhere(key, token, share).await,
+            other => other.release(key, token, share).await,
+        }
+    }
+}
+
 impl Store for Backend {
     fn node(&self) -> &str {
         each!(self, s => s.node())

@@ -298,6 +298,56 @@ impl Redlock {
     }
 }
 
+impl Redlock {
+    /// An operator's force-unlock: as a release, but returns only once every node
+    /// answered or timed out, so a short-lived process (`lockctl unlock`) leaves no node's copy
+    /// behind when it exits.
+    pub(crate) async fn release_everywhere(
+        &self,
+        key: &LockKey,
+        token: &str,
+        share: Share,
+    ) -> Result<bool, LockError> {
+        self.release_on(key, token, share, self.nodes.len()).await
+    }
+
+    /// Releases on the nodes, and returns once `wait_for` of them answered (or every node did
+    /// what it could): `Ok` when at least a quorum answered (whether any of them still held our
+    /// token); an error when fewer did, so the caller retries: the lock may still stand on a
+    /// majority.
+    async fn release_on(
+        &self,
+        key: &LockKey,
+        token: &str,
+        share: Share,
+        wait_for: usize,
+    ) -> Result<bool, LockError> {
+        let mut replies = self.fan_out(self.timeouts.command, |i, node| {
+            let (key, token) = (key.clone(), token.to_owned());
+            let on_the_way = self.on_the_way.clone();
+            async move {
+                on_the_way.arrived(&token, i).await;
+                node.release(&key, &token, share).await
+            }
+        });
+        let (mut answered, mut released, mut errors) = (0, false, Vec::new());
+        while answered < wait_for {
+            match replies.next().await {
+                Some(Ok(deleted)) => {
+                    answered += 1;
+                    released |= deleted;
+                }
+                Some(Err(e)) => errors.push(e.to_string()),
+                None => break,
+            }
+        }
+        if answered < self.quorum {
+            return Err(self.majority_down("release", key, &errors));
+        }
+        Ok(released)
+    }
+}
+
 impl Store for Redlock {
     fn node(&self) -> &str {
         &self.name
@@ -409,26 +459,7 @@ impl Store for Redlock {
     /// `Ok` once a quorum answered (whether any of them still held our token); an error when
     /// fewer did, so the caller retries: the lock may still stand on a majority.
     async fn release(&self, key: &LockKey, token: &str, share: Share) -> Result<bool, LockError> {
-        let mut replies = self.fan_out(self.timeouts.command, |i, node| {
-            let (key, token) = (key.clone(), token.to_owned());
-            let on_the_way = self.on_the_way.clone();
-            async move {
-                on_the_way.arrived(&token, i).await;
-                node.release(&key, &token, share).await
-            }
-        });
-        let (mut answered, mut released, mut errors) = (0, false, Vec::new());
-        while answered < self.quorum {
-            match replies.next().await {
-                Some(Ok(deleted)) => {
-                    answered += 1;
-                    released |= deleted;
-                }
-                Some(Err(e)) => errors.push(e.to_string()),
-                None => return Err(self.majority_down("release", key, &errors)),
-            }
-        }
-        Ok(released)
+        self.release_on(key, token, share, self.quorum).await
     }
 
     /// Per lock: renewed on a quorum, impossible to keep (too many nodes lost our token: `Taken`

@@ -152,7 +152,9 @@ impl Registry {
     /// Releases `key`'s lock only if `owner` (a token as shown by [`inspect`](Self::inspect))
     /// still holds it, as its owner's release would: the oldest queued waiter gets it, or it is
     /// deleted and waiters wake. An operator's force-unlock that cannot remove a lock that
-    /// changed hands after they looked. Returns whether `owner` held it.
+    /// changed hands after they looked. Returns whether `owner` held it. On Redlock it returns
+    /// once every node answered (or timed out), not at the first majority as a holder's release
+    /// does: a process that exits right after (`lockctl unlock`) leaves no node's copy behind.
     ///
     /// # Errors
     /// [`LockError::Backend`] when Redis fails; [`LockError::InvalidKey`] for a bad key.
@@ -163,7 +165,7 @@ impl Registry {
         let deleted = self
             .inner
             .backend
-            .release(&key, owner, Share::Exclusive)
+            .release_everywhere(&key, owner, Share::Exclusive)
             .await?;
         tracing::warn!(key = %crate::error::shown(&key.name), deleted, "lock force-unlocked (owner-checked)");
         Ok(deleted)
