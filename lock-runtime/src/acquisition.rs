@@ -128,10 +128,7 @@ async fn take_lease(
     // The token may be in the store without a lease to show for it: queued, or taken by an
     // attempt whose reply was lost or whose caller was cancelled while it was on its way. Unless
     // the lock is acquired, it is let go of on the way out.
-    let mut let_go = LetGo {
-        armed: None,
-        in_store: false,
-    };
+    let mut let_go = LetGo::default();
     let mut places = Places::default();
     loop {
         attempts += 1;
@@ -223,7 +220,6 @@ async fn take_lease(
                 } else {
                     // Refused and not queued: the token is nowhere in the store.
                     let_go.disarm();
-                    let_go.in_store = false;
                 }
                 if now >= give_up_at {
                     return Err(LockError::Busy {
@@ -406,6 +402,7 @@ async fn admitted(
 /// gave up, failed or was cancelled): takes it out of the waiters' queue, and releases the lock
 /// if it holds it after all (a reply was lost, an attempt was cancelled on its way, or a release
 /// handed it over just now), so it goes on to the next waiter instead of sitting out its ttl.
+#[derive(Default)]
 struct LetGo {
     armed: Option<(Arc<RegistryInner>, LockKey, String, Share, Duration)>,
     /// Whether an attempt that came back left the armed token in the store, or may have: queued
@@ -437,6 +434,7 @@ impl LetGo {
 
     fn disarm(&mut self) {
         self.armed = None;
+        self.in_store = false;
     }
 
     /// The attempt just made reached no server: unless an earlier one may have left the token
@@ -453,13 +451,7 @@ impl LetGo {
 
     /// Lets go of the armed token now, in the background.
     fn release_now(&mut self) {
-        drop(std::mem::replace(
-            self,
-            LetGo {
-                armed: None,
-                in_store: false,
-            },
-        ));
+        drop(std::mem::take(self));
     }
 }
 

@@ -82,15 +82,9 @@ impl Leases {
     /// The leases whose guards were dropped and whose release no task has taken up yet, taken
     /// out of the table: what a keeper that is going away must still let go of.
     pub(super) fn take_requested(&self) -> Vec<Arc<Lease>> {
-        let mut map = self.map();
-        let ids: Vec<u64> = map
-            .iter()
-            .filter(|(_, e)| e.release == Release::Requested)
-            .map(|(id, _)| *id)
-            .collect();
-        ids.iter()
-            .filter_map(|id| map.remove(id))
-            .map(|e| e.lease)
+        self.map()
+            .extract_if(|_, e| e.release == Release::Requested)
+            .map(|(_, e)| e.lease)
             .collect()
     }
 
