@@ -315,14 +315,15 @@ pub struct Inputs<'a> {
 }
 
 /// The invariants, one function each:
-/// (a) no two critical sections that the library did not report lost overlapped, and each lay
-///     inside the server-side tenure of its token;
+/// (a) no two critical sections overlapped, and each lay inside the server-side tenure of its
+///     token, a section reported lost judged up to the moment its worker saw the loss;
 /// (b) the fenced store accepted no stale write, the register equals the number of accepted
 ///     increments, and fencing tokens strictly increase in the server's order of holders;
 /// (c) after a holder was killed or stopped, another client held the lock within ttl + bound;
 /// (d) no renewal extended or deleted a lock it did not own, or shortened a live one;
 /// (e) with `on_lost = cancel`, every cancelled body stopped before its key expired on the
-///     server (smallest margin reported), except in a process that was itself stopped;
+///     server (smallest margin reported), except where its process was stopped or kept off
+///     the CPU from when the timer was due to the body's end;
 /// (f) every lock key always had a TTL;
 /// (g) dropping or cancelling never blocked the worker's runtime;
 /// and the run itself: every worker exited cleanly, and the run exercised at least its
