@@ -22,6 +22,7 @@ use crate::lease::Lease;
 use crate::metrics::{Labels, Refused};
 use crate::options::{LockOptions, Share};
 use crate::state::RegistryInner;
+use crate::waiting::Interest;
 use crate::{error::LockError, token};
 
 /// Acquires, waiting for notifications while the lock is busy; counts the outcome. A
@@ -85,7 +86,8 @@ impl Drop for Pending<'_> {
     }
 }
 
-/// [`acquire_lease`] without its measurements.
+/// [`acquire_lease`] without its measurements: attempts until one takes the lock, is handed
+/// it, or gives up, waiting between them.
 async fn take_lease(
     inner: &Arc<RegistryInner>,
     keys: Vec<String>,
@@ -93,216 +95,374 @@ async fn take_lease(
     identity: Option<&str>,
     labels: &Labels,
 ) -> Result<Arc<Lease>, LockError> {
-    let shown = keys.join(" + ");
-    options.validate(&shown)?;
-    inner.ensure_open(&shown)?;
-    let key = inner.lock_keys(keys)?;
-    if key.is_multi() && options.share().is_shared() {
-        return Err(LockError::InvalidOptions {
-            key: shown,
-            reason: "several keys are locked exclusively only: a read lock or a permit over \
-                     several keys is not offered; take them one by one"
-                .to_owned(),
-        });
-    }
-    let mut token = token::new_token(identity);
-    let started = Instant::now();
-    // `Duration::MAX` is the natural "wait as long as it takes": beyond the clock's range means
-    // no deadline at all (a century stands in for it).
-    let give_up_at = started
-        .checked_add(options.wait)
-        .unwrap_or_else(|| started + crate::options::NO_DEADLINE);
-    // A try-lock (no `wait`) never queues: it would only have to leave again. Nor does a
-    // permit taker: a release hands over a whole lock, never one permit.
-    let share = options.share();
-    let queue = inner.backend.hands_over()
-        && !options.wait.is_zero()
-        && !share.is_shared()
-        && !key.is_multi();
-    let hub = inner.backend.hub();
-    let mut interest = None;
-    // Which of a multi-key lock's keys the interest follows: the one last found taken.
-    let mut waiting_on = 0;
-    let mut attempts = 0u32;
-    let mut backoff = Backoff::new();
-    // The token may be in the store without a lease to show for it: queued, or taken by an
-    // attempt whose reply was lost or whose caller was cancelled while it was on its way. Unless
-    // the lock is acquired, it is let go of on the way out.
-    let mut let_go = LetGo::default();
-    let mut places = Places::default();
+    let mut attempts = Attempts::start(inner, keys, options, identity, labels)?;
     loop {
-        attempts += 1;
-        if attempts > 1 && inner.backend.undoes_failed_attempts() {
-            token = token::new_token(identity);
-        }
-        // Armed while the attempt is on its way: cancelled there, it may still take the lock.
-        let_go.arm(inner, &key, &token, share, options.ttl);
-        let sent_at = Instant::now();
-        if queue {
-            places.sent(attempts, sent_at);
-        }
-        // Besides this waiter, if it is one: a multi-key lock counts them on any of its keys.
-        let others_wait = key
-            .keys()
-            .iter()
-            .map(|k| hub.interested(k.channel()))
-            .sum::<usize>()
-            > usize::from(interest.is_some());
-        let attempt = inner
-            .backend
-            .acquire(&Acquire {
-                key: &key,
-                token: &token,
-                ttl: options.ttl,
-                fencing: options.fencing,
-                attempt: attempts,
-                queue,
-                waits: !options.wait.is_zero(),
-                others_wait,
-                share,
-            })
-            .await;
+        let (sent_at, outcome) = attempts.attempt().await;
         let now = Instant::now();
-        let wake_at = match attempt {
-            Ok(Attempt::Acquired { fence }) => {
-                if let Some(late) = late_lease(
-                    inner.backend.node(),
-                    &key,
-                    &options,
-                    sent_at,
-                    now,
-                    give_up_at,
-                ) {
-                    // Held on the server, but not for long enough to be trusted here: let go
-                    // of it (on the way out), or try again at once, which finds this token
-                    // and renews its lease (Redlock's next attempt has a token of its own, so
-                    // this one is let go of now).
-                    late?;
-                    if inner.backend.undoes_failed_attempts() {
-                        let_go.release_now();
-                    }
-                    continue;
-                }
-                let_go.disarm();
-                if share.is_shared() && interest.take().is_some() {
-                    // A release wakes one waiter per process, but may have freed more than one
-                    // permit (or the lock behind them): the next waiter here tries too.
-                    hub.notify(key.channel());
-                }
-                return admitted(
-                    inner, key, token, fence, options, sent_at, attempts, started, labels,
-                )
-                .await;
-            }
+        let step = match outcome {
+            Ok(Attempt::Acquired { fence }) => attempts.acquired(fence, sent_at, now)?,
             Ok(Attempt::Busy {
                 retry_after,
                 at,
                 holder,
             }) => {
-                if let Some(error) = holder
-                    .as_deref()
-                    .and_then(|holder| other_kind(&key.name, holder, identity))
-                {
-                    return Err(error);
-                }
-                if at != waiting_on && interest.take().is_some() {
-                    // Another of a multi-key lock's keys is taken now: follow that one, and pass
-                    // on the wake that may have brought this waiter here (a release wakes one
-                    // waiter per process; another may be able to use the key that came free).
-                    hub.notify(key.keys().get(waiting_on).unwrap_or(&key).channel());
-                    waiting_on = at;
-                    continue;
-                }
-                waiting_on = at;
-                if queue {
-                    places.busy(attempts);
-                    let_go.may_be_in_store();
-                } else {
-                    // Refused and not queued: the token is nowhere in the store.
-                    let_go.disarm();
-                }
-                if now >= give_up_at {
-                    return Err(LockError::Busy {
-                        key: key.name.clone(),
-                        retry_after,
-                    });
-                }
-                let Some(current) = &interest else {
-                    // Subscribe first, then try again at once: a release that happened since the
-                    // failed attempt would otherwise go unnoticed until the lease ran out.
-                    let channel = key.keys().get(waiting_on).unwrap_or(&key).channel();
-                    let mut fresh = hub.interest(channel, give_up_at).await;
-                    if queue {
-                        fresh.expect_handoff(&token);
-                    }
-                    interest = Some(fresh);
-                    continue;
-                };
-                // A lost message costs at most the holder's remaining lease.
-                let mut at = match retry_after {
-                    Some(left) => sent_at + left + Duration::from_millis(1),
-                    None => now + Duration::from_secs(1),
-                };
-                if !current.notified_by_server() {
-                    at = at.min(now + backoff.next_pause());
-                }
-                if queue {
-                    // Keeps this waiter's place, which lasts one ttl from each attempt.
-                    at = at.min(sent_at + options.ttl / 3);
-                }
-                at.min(give_up_at)
+                attempts
+                    .busy(retry_after, at, holder.as_deref(), sent_at, now)
+                    .await?
             }
-            Err(error) => {
-                // Waiting is for a busy lock; an error that no wait changes is final. Such an
-                // error is a refusal that wrote nothing: after a first attempt there is nothing
-                // to let go (later, the token may be queued from before).
-                if !error.is_transient() {
-                    if attempts == 1 {
-                        let_go.disarm();
-                    }
-                    return Err(error);
-                }
-                if error.never_sent() {
-                    let_go.sent_nothing();
-                } else {
-                    let_go.may_be_in_store();
-                }
-                if now >= give_up_at {
-                    return Err(error);
-                }
-                tracing::debug!(%error, "lock attempt failed; retrying within `wait`");
-                (now + backoff.next_pause()).min(give_up_at)
-            }
+            Err(error) => attempts.failed(error, now)?,
         };
-        let Some(current) = &interest else {
+        let step = match step {
+            Step::Wait(wake_at) => attempts.wait(wake_at).await?,
+            step => step,
+        };
+        if let Step::Take {
+            fence,
+            sent_at,
+            handed,
+        } = step
+        {
+            return attempts.take(fence, sent_at, handed).await;
+        }
+    }
+}
+
+/// What an acquisition does next.
+enum Step {
+    /// Take the lock: its lease runs from the attempt sent at `sent_at`.
+    Take {
+        fence: Option<u64>,
+        sent_at: Instant,
+        handed: bool,
+    },
+    /// Attempt again at once.
+    Again,
+    /// Wait for a release, a handoff or this instant, whichever comes first.
+    Wait(Instant),
+}
+
+/// One acquisition's attempts, and what it keeps between them.
+struct Attempts<'a> {
+    inner: &'a Arc<RegistryInner>,
+    key: LockKey,
+    options: LockOptions,
+    identity: Option<&'a str>,
+    labels: &'a Labels,
+    share: Share,
+    /// The token of the next attempt (Redlock's attempts have one each).
+    token: String,
+    started: Instant,
+    give_up_at: Instant,
+    /// Whether a busy attempt queues this waiter, so that a release hands it the lock.
+    queue: bool,
+    /// This waiter's interest in release notifications, from its first busy attempt on.
+    interest: Option<Interest<'a>>,
+    /// Which of a multi-key lock's keys the interest follows: the one last found taken.
+    waiting_on: usize,
+    attempts: u32,
+    backoff: Backoff,
+    /// The token may be in the store without a lease to show for it: queued, or taken by an
+    /// attempt whose reply was lost or whose caller was cancelled while it was on its way.
+    /// Unless the lock is acquired, it is let go of on the way out.
+    let_go: LetGo,
+    places: Places,
+}
+
+impl<'a> Attempts<'a> {
+    /// Checks the request and decides how it waits; sends nothing.
+    fn start(
+        inner: &'a Arc<RegistryInner>,
+        keys: Vec<String>,
+        options: LockOptions,
+        identity: Option<&'a str>,
+        labels: &'a Labels,
+    ) -> Result<Self, LockError> {
+        let shown = keys.join(" + ");
+        options.validate(&shown)?;
+        inner.ensure_open(&shown)?;
+        let key = inner.lock_keys(keys)?;
+        let share = options.share();
+        if key.is_multi() && share.is_shared() {
+            return Err(LockError::InvalidOptions {
+                key: shown,
+                reason: "several keys are locked exclusively only: a read lock or a permit over \
+                         several keys is not offered; take them one by one"
+                    .to_owned(),
+            });
+        }
+        let started = Instant::now();
+        // `Duration::MAX` is the natural "wait as long as it takes": beyond the clock's range
+        // means no deadline at all (a century stands in for it).
+        let give_up_at = started
+            .checked_add(options.wait)
+            .unwrap_or_else(|| started + crate::options::NO_DEADLINE);
+        // A try-lock (no `wait`) never queues: it would only have to leave again. Nor does a
+        // permit taker: a release hands over a whole lock, never one permit.
+        let queue = inner.backend.hands_over()
+            && !options.wait.is_zero()
+            && !share.is_shared()
+            && !key.is_multi();
+        Ok(Self {
+            inner,
+            key,
+            options,
+            identity,
+            labels,
+            share,
+            token: token::new_token(identity),
+            started,
+            give_up_at,
+            queue,
+            interest: None,
+            waiting_on: 0,
+            attempts: 0,
+            backoff: Backoff::new(),
+            let_go: LetGo::default(),
+            places: Places::default(),
+        })
+    }
+
+    /// Sends one attempt; returns when it was sent, and its outcome.
+    async fn attempt(&mut self) -> (Instant, Result<Attempt, LockError>) {
+        self.attempts += 1;
+        if self.attempts > 1 && self.inner.backend.undoes_failed_attempts() {
+            self.token = token::new_token(self.identity);
+        }
+        // Armed while the attempt is on its way: cancelled there, it may still take the lock.
+        self.let_go.arm(
+            self.inner,
+            &self.key,
+            &self.token,
+            self.share,
+            self.options.ttl,
+        );
+        let sent_at = Instant::now();
+        if self.queue {
+            self.places.sent(self.attempts, sent_at);
+        }
+        let hub = self.inner.backend.hub();
+        // Besides this waiter, if it is one: a multi-key lock counts them on any of its keys.
+        let others_wait = self
+            .key
+            .keys()
+            .iter()
+            .map(|k| hub.interested(k.channel()))
+            .sum::<usize>()
+            > usize::from(self.interest.is_some());
+        let outcome = self
+            .inner
+            .backend
+            .acquire(&Acquire {
+                key: &self.key,
+                token: &self.token,
+                ttl: self.options.ttl,
+                fencing: self.options.fencing,
+                attempt: self.attempts,
+                queue: self.queue,
+                waits: !self.options.wait.is_zero(),
+                others_wait,
+                share: self.share,
+            })
+            .await;
+        (sent_at, outcome)
+    }
+
+    /// The attempt sent at `sent_at` took the lock: take it, unless its lease is already over.
+    fn acquired(
+        &mut self,
+        fence: Option<u64>,
+        sent_at: Instant,
+        now: Instant,
+    ) -> Result<Step, LockError> {
+        if self.late(sent_at, now)? {
+            // Held on the server, but not for long enough to be trusted here: try again at
+            // once, which finds this token and renews its lease (Redlock's next attempt has a
+            // token of its own, so this one is let go of now).
+            if self.inner.backend.undoes_failed_attempts() {
+                self.let_go.release_now();
+            }
+            return Ok(Step::Again);
+        }
+        if self.share.is_shared() && self.interest.take().is_some() {
+            // A release wakes one waiter per process, but may have freed more than one permit
+            // (or the lock behind them): the next waiter here tries too.
+            self.inner.backend.hub().notify(self.key.channel());
+        }
+        Ok(Step::Take {
+            fence,
+            sent_at,
+            handed: false,
+        })
+    }
+
+    /// The attempt sent at `sent_at` found the lock taken (`at`: which of its keys): give up,
+    /// follow the key's releases first, or wait for the next one.
+    async fn busy(
+        &mut self,
+        retry_after: Option<Duration>,
+        at: usize,
+        holder: Option<&str>,
+        sent_at: Instant,
+        now: Instant,
+    ) -> Result<Step, LockError> {
+        if let Some(error) = holder.and_then(|h| other_kind(&self.key.name, h, self.identity)) {
+            return Err(error);
+        }
+        let hub = self.inner.backend.hub();
+        if at != self.waiting_on && self.interest.take().is_some() {
+            // Another of a multi-key lock's keys is taken now: follow that one, and pass on
+            // the wake that may have brought this waiter here (a release wakes one waiter per
+            // process; another may be able to use the key that came free).
+            hub.notify(self.waited_key().channel());
+            self.waiting_on = at;
+            return Ok(Step::Again);
+        }
+        self.waiting_on = at;
+        if self.queue {
+            self.places.busy(self.attempts);
+            self.let_go.may_be_in_store();
+        } else {
+            // Refused and not queued: the token is nowhere in the store.
+            self.let_go.disarm();
+        }
+        if now >= self.give_up_at {
+            return Err(LockError::Busy {
+                key: self.key.name.clone(),
+                retry_after,
+            });
+        }
+        let Some(interest) = &self.interest else {
+            // Subscribe first, then try again at once: a release that happened since the
+            // failed attempt would otherwise go unnoticed until the lease ran out.
+            let mut fresh = hub
+                .interest(self.waited_key().channel(), self.give_up_at)
+                .await;
+            if self.queue {
+                fresh.expect_handoff(&self.token);
+            }
+            self.interest = Some(fresh);
+            return Ok(Step::Again);
+        };
+        // A lost message costs at most the holder's remaining lease.
+        let mut wake_at = match retry_after {
+            Some(left) => sent_at + left + Duration::from_millis(1),
+            None => now + Duration::from_secs(1),
+        };
+        if !interest.notified_by_server() {
+            wake_at = wake_at.min(now + self.backoff.next_pause());
+        }
+        if self.queue {
+            // Keeps this waiter's place, which lasts one ttl from each attempt.
+            wake_at = wake_at.min(sent_at + self.options.ttl / 3);
+        }
+        Ok(Step::Wait(wake_at.min(self.give_up_at)))
+    }
+
+    /// The attempt failed: waiting is for a busy lock, so an error that no wait changes is
+    /// final; another is tried again within `wait`.
+    fn failed(&mut self, error: LockError, now: Instant) -> Result<Step, LockError> {
+        if !error.is_transient() {
+            // Such an error is a refusal that wrote nothing: after a first attempt there is
+            // nothing to let go (later, the token may be queued from before).
+            if self.attempts == 1 {
+                self.let_go.disarm();
+            }
+            return Err(error);
+        }
+        if error.never_sent() {
+            self.let_go.sent_nothing();
+        } else {
+            self.let_go.may_be_in_store();
+        }
+        if now >= self.give_up_at {
+            return Err(error);
+        }
+        tracing::debug!(%error, "lock attempt failed; retrying within `wait`");
+        Ok(Step::Wait(
+            (now + self.backoff.next_pause()).min(self.give_up_at),
+        ))
+    }
+
+    /// Waits until `wake_at`, or a release, or a handoff of the lock to this waiter (taken,
+    /// unless stale or already over).
+    async fn wait(&mut self, wake_at: Instant) -> Result<Step, LockError> {
+        let Some(interest) = &self.interest else {
             tokio::time::sleep_until(wake_at).await;
-            continue;
+            return Ok(Step::Again);
         };
         tokio::select! {
-            grant = current.handed_over() => {
-                // Only a place that no later attempt found taken: an attempt after it that
-                // was refused saw the handed key gone (it would have found its own token), so
-                // the grant is stale, and the lock is another's now.
-                let Some(sent_at) = places.of(grant.place) else {
-                    continue;
+            grant = interest.handed_over() => {
+                // Only a place that no later attempt found taken: an attempt after it that was
+                // refused saw the handed key gone (it would have found its own token), so the
+                // grant is stale, and the lock is another's now.
+                let Some(sent_at) = self.places.of(grant.place) else {
+                    return Ok(Step::Again);
                 };
-                let now = Instant::now();
-                if let Some(late) = late_lease(inner.backend.node(), &key, &options, sent_at, now, give_up_at) {
-                    late?;
-                    continue;
+                if self.late(sent_at, Instant::now())? {
+                    return Ok(Step::Again);
                 }
-                let_go.disarm();
-                let fence = options.fencing.then_some(grant.fence);
-                let lease = admitted(
-                    inner, key, token, fence, options, sent_at, attempts, started, labels,
-                )
-                .await?;
-                labels.handed_over();
-                return Ok(lease);
+                Ok(Step::Take {
+                    fence: self.options.fencing.then_some(grant.fence),
+                    sent_at,
+                    handed: true,
+                })
             }
-            () = current.released() => {}
-            () = tokio::time::sleep_until(wake_at) => {}
+            () = interest.released() => Ok(Step::Again),
+            () = tokio::time::sleep_until(wake_at) => Ok(Step::Again),
         }
+    }
+
+    /// Whether a lock taken by the attempt sent at `sent_at` can no longer be trusted by `now`
+    /// (its lease, ttl - drift from the sending, is over: a slow reply, or this process
+    /// paused): to try again, or an error to give up with once `wait` is over.
+    fn late(&self, sent_at: Instant, now: Instant) -> Result<bool, LockError> {
+        match late_lease(
+            self.inner.backend.node(),
+            &self.key,
+            &self.options,
+            sent_at,
+            now,
+            self.give_up_at,
+        ) {
+            None => Ok(false),
+            Some(late) => late.map(|()| true),
+        }
+    }
+
+    /// The key whose releases this waiter follows.
+    fn waited_key(&self) -> &LockKey {
+        self.key.keys().get(self.waiting_on).unwrap_or(&self.key)
+    }
+
+    /// The lock is this acquisition's: its lease, admitted by the registry.
+    async fn take(
+        mut self,
+        fence: Option<u64>,
+        sent_at: Instant,
+        handed: bool,
+    ) -> Result<Arc<Lease>, LockError> {
+        self.let_go.disarm();
+        let lease = Lease::new(
+            self.inner.next_lease_id(),
+            self.key,
+            self.token,
+            fence,
+            self.options,
+            sent_at,
+            self.labels.clone(),
+        );
+        self.inner.admit(&lease).await?;
+        if handed {
+            self.labels.handed_over();
+        }
+        tracing::debug!(
+            key = %crate::error::shown(&lease.key.name),
+            fence = lease.fence,
+            attempts = self.attempts,
+            waited_ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX),
+            "lock acquired"
+        );
+        Ok(lease)
     }
 }
 
@@ -363,39 +523,6 @@ fn late_lease(
         ),
         source: None,
     }))
-}
-
-/// The lease of an acquired lock, admitted by the registry.
-#[allow(clippy::too_many_arguments)]
-async fn admitted(
-    inner: &Arc<RegistryInner>,
-    key: LockKey,
-    token: String,
-    fence: Option<u64>,
-    options: LockOptions,
-    sent_at: Instant,
-    attempts: u32,
-    started: Instant,
-    labels: &Labels,
-) -> Result<Arc<Lease>, LockError> {
-    let lease = Lease::new(
-        inner.next_lease_id(),
-        key,
-        token,
-        fence,
-        options,
-        sent_at,
-        labels.clone(),
-    );
-    inner.admit(&lease).await?;
-    tracing::debug!(
-        key = %crate::error::shown(&lease.key.name),
-        fence = lease.fence,
-        attempts,
-        waited_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
-        "lock acquired"
-    );
-    Ok(lease)
 }
 
 /// Lets go of an acquisition's token in the background when dropped armed (the acquisition
