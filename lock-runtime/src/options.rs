@@ -324,11 +324,16 @@ impl LockOptions {
         Ok(())
     }
 
-    /// The safety margin subtracted from every local deadline: the clock-drift allowance of the
-    /// Redlock analysis (1 % of the ttl plus 2 ms).
+    /// The safety margin subtracted from this lock's local deadlines (see [`drift`]).
     pub(crate) fn drift(&self) -> Duration {
-        self.ttl / 100 + Duration::from_millis(2)
+        drift(self.ttl)
     }
+}
+
+/// The safety margin subtracted from every local deadline of a lease of `ttl`: the clock-drift
+/// allowance of the Redlock analysis, 1 % of the ttl plus 2 ms. The one place it is computed.
+pub(crate) fn drift(ttl: Duration) -> Duration {
+    ttl / 100 + Duration::from_millis(2)
 }
 
 /// How a key is held: by one owner, or side by side (see `ACQUIRE_LUA`).

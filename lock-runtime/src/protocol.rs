@@ -68,7 +68,7 @@
 //!
 //! ```
 //! // The same owner-checked release, from any Redis client:
-//! assert!(lock_runtime::protocol::RELEASE_LUA.contains("owner ~= ARGV[1]"));
+//! assert!(lock_runtime::protocol::RELEASE_LUA.contains("owner ~= token"));
 //! ```
 
 /// Reads who holds a lock from its token, as `lockctl` shows it.

@@ -409,7 +409,7 @@ impl Store for Redlock {
         }
         drop(replies);
         let elapsed = started.elapsed();
-        let drift = ttl / 100 + Duration::from_millis(2);
+        let drift = crate::options::drift(ttl);
         let valid = ttl
             .checked_sub(elapsed + drift)
             .is_some_and(|v| !v.is_zero());

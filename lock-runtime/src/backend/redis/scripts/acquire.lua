@@ -1,25 +1,36 @@
-local token, ttl = ARGV[1], ARGV[2]
+-- Takes a lock, a reader's place or a permit, and queues a busy caller that waits (after
+-- prelude.lua and queue.lua; its call and reply: acquire.rs).
+-- KEYS: [1] the lock, [2] its fencing counter, [3] its waiters' queue (`queue:`), [4] their
+--   places (`queued:`); only [1] or [1] and [2] where there is no queue (Redlock,
+--   `confirm_replicas`, a slot in migration).
+-- ARGV: [1] the caller's token, [2] the ttl in ms, [3] `1` to take a fencing token, [4] `1` to
+--   queue up when busy, [5] the publish command (`PUBLISH`, or `SPUBLISH` in a cluster), [6] a
+--   semaphore's size or `read` (`0` or absent: the lock itself), [7] the number of the
+--   caller's attempt (its place in the queue), [8] `1` when the caller waits if busy, [9] `1`
+--   when other waiters of the caller's process wait for the lock.
+local token, ttl, fenced, queue_up, publish = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local share, attempt, waits, others_wait = ARGV[6], ARGV[7], ARGV[8], ARGV[9]
 local corrupt_key = corrupt_shared_key()
 if corrupt_key then return corrupt_key end
 -- The caller's value once it takes the lock: marked when others wait (see prelude.lua), here
--- (ARGV[9]) or, where `queued` may hold anyone, in the queue.
+-- (`others_wait`) or, where `queued` may hold anyone, in the queue.
 local function taken_as(queued)
-  if ARGV[9] == '1' or (queued and waited_behind() ~= '') then return token .. WAITED end
+  if others_wait == '1' or (queued and waited_behind() ~= '') then return token .. WAITED end
   return token
 end
-if ARGV[6] and ARGV[6] ~= '0' then
+if share and share ~= '0' then
   local kind = redis.call('TYPE', KEYS[1]).ok
   if kind == 'string' then
     local value = redis.call('GET', KEYS[1])
-    if ARGV[8] == '1' then
+    if waits == '1' then
       mark_waited(KEYS[1], value)
       note_unqueued(ttl)
     end
     return {0, redis.call('PTTL', KEYS[1]), holder_of(value)}
   end
   if kind ~= 'zset' and kind ~= 'none' then return {2, kind} end
-  local limit = tonumber(ARGV[6]) or math.huge
-  local tag = limit == math.huge and '#read' or '#permits=' .. ARGV[6]
+  local limit = tonumber(share) or math.huge
+  local tag = limit == math.huge and '#read' or '#permits=' .. share
   local now = now_ms()
   local held = 0
   if kind == 'zset' then
@@ -36,15 +47,15 @@ if ARGV[6] and ARGV[6] ~= '0' then
     -- A queued waiter ahead refuses this caller, whether it is handed the lock now or later.
     local before, head, head_deadline, fencing, place = oldest_live_waiter()
     if held == 0 and head then
-      local refused = publish_refused(ARGV[5])
+      local refused = publish_refused(publish)
       if refused then return refused end
-      if ARGV[8] == '1' then note_unqueued(ttl) end
-      hand_over(head, head_deadline, fencing, place, before, '', ARGV[5])
+      if waits == '1' then note_unqueued(ttl) end
+      hand_over(head, head_deadline, fencing, place, before, '', publish)
       return {0, head_deadline - now, head}
     end
     if kind == 'zset' then settle_shared(now) end
     drop_places(before)
-    if head and ARGV[8] == '1' then note_unqueued(ttl) end
+    if head and waits == '1' then note_unqueued(ttl) end
     if head or held >= limit then
       local wait = math.huge
       if held > 0 then
@@ -61,7 +72,7 @@ if ARGV[6] and ARGV[6] ~= '0' then
 end
 if #KEYS < 4 or redis.call('EXISTS', KEYS[3]) == 0 then
   if redis.call('SET', KEYS[1], taken_as(false), 'NX', 'PX', ttl) then
-    return {1, take_fence(ARGV[3], ttl)}
+    return {1, take_fence(fenced, ttl)}
   end
 end
 local value = redis.pcall('GET', KEYS[1])
@@ -78,7 +89,7 @@ end
 if owner == token then
   redis.call('PEXPIRE', KEYS[1], ttl)
   leave_queue(token)
-  return {1, own_fence(ARGV[3], ttl)}
+  return {1, own_fence(fenced, ttl)}
 end
 if not owner then
   local before, waiter, waiter_deadline, fencing, place = oldest_live_waiter()
@@ -86,24 +97,24 @@ if not owner then
     drop_places(before)
     leave_queue(token)
     redis.call('SET', KEYS[1], taken_as(true), 'PX', ttl)
-    return {1, take_fence(ARGV[3], ttl)}
+    return {1, take_fence(fenced, ttl)}
   end
-  local refused = publish_refused(ARGV[5])
+  local refused = publish_refused(publish)
   if refused then return refused end
-  value = hand_over(waiter, waiter_deadline, fencing, place, before, '', ARGV[5])
+  value = hand_over(waiter, waiter_deadline, fencing, place, before, '', publish)
   owner = waiter
 end
 if shared then settle_shared(now_ms()) end
-if ARGV[4] == '1' and #KEYS >= 4 then
+if queue_up == '1' and #KEYS >= 4 then
   if not redis.call('ZSCORE', KEYS[3], token) then
     local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')[2]
     redis.call('ZADD', KEYS[3], (tonumber(last) or 0) + 1, token)
   end
-  local entry = string.format('%d %s %s %s', now_ms() + tonumber(ttl), ttl, ARGV[3], ARGV[7] or '0')
+  local entry = string.format('%d %s %s %s', now_ms() + tonumber(ttl), ttl, fenced, attempt or '0')
   redis.call('HSET', KEYS[4], token, entry)
   for i = 3, 4 do
     if redis.call('PTTL', KEYS[i]) < tonumber(ttl) then redis.call('PEXPIRE', KEYS[i], ttl) end
   end
 end
-if ARGV[8] == '1' then mark_waited(KEYS[1], value) end
+if waits == '1' then mark_waited(KEYS[1], value) end
 return {0, redis.call('PTTL', KEYS[1]), owner}

@@ -1,6 +1,13 @@
-local token, ttl, n = ARGV[1], ARGV[2], tonumber(ARGV[4])
+-- Takes every key of a multi-key lock, or none (after prelude.lua; its call and reply:
+-- acquire_all.rs).
+-- KEYS: [1..n] the locks (sorted), then with fencing [n+1..2n] their counters.
+-- ARGV: [1] the caller's token, [2] the ttl in ms, [3] `1` to take a fencing token, [4] n,
+--   [5] `1` when the caller waits if busy, [6] `1` when other waiters of the caller's process
+--   wait for the lock.
+local token, ttl, fenced, n = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
+local waits, others_wait = ARGV[5], ARGV[6]
 -- Every counter is checked before any key is written (see `corrupt` in prelude.lua).
-if ARGV[3] == '1' then
+if fenced == '1' then
   for i = n + 1, 2 * n do
     local found = bad_counter(KEYS[i])
     if found then return corrupt('counter', found, KEYS[i]) end
@@ -17,14 +24,14 @@ for i = 1, n do
     return {0, redis.call('PTTL', KEYS[i]), tag, i}
   end
   if owner and owner ~= token then
-    if ARGV[5] == '1' then mark_waited(KEYS[i], value) end
+    if waits == '1' then mark_waited(KEYS[i], value) end
     return {0, redis.call('PTTL', KEYS[i]), owner, i}
   end
-  values[i] = value or (ARGV[6] == '1' and token .. WAITED or token)
+  values[i] = value or (others_wait == '1' and token .. WAITED or token)
 end
 -- A key already ours keeps its value: marked, its release still wakes who waited.
 for i = 1, n do redis.call('SET', KEYS[i], values[i], 'PX', ttl) end
-if ARGV[3] ~= '1' then return {1, 0} end
+if fenced ~= '1' then return {1, 0} end
 local fence = 0
 for i = n + 1, 2 * n do
   local next = next_fence(KEYS[i])

@@ -1,3 +1,7 @@
+-- Deletes whatever lock is there and tells its waiters (after prelude.lua; its call and
+-- reply: force_unlock.rs).
+-- KEYS: [1] the lock. ARGV: [1] the publish command.
+local publish = ARGV[1]
 local kind = redis.call('TYPE', KEYS[1]).ok
 local tenure
 if kind == 'string' then
@@ -8,6 +12,6 @@ elseif kind == 'zset' then
 else
   return 0
 end
-redis.call(ARGV[1], KEYS[1], redis.sha1hex(tenure))
+redis.call(publish, KEYS[1], redis.sha1hex(tenure))
 redis.call('DEL', KEYS[1])
 return 1

@@ -1,3 +1,7 @@
+-- Who holds a key, for how long, its last fencing token and who queues for it (after
+-- prelude.lua and queue.lua; its call and reply: inspect.rs).
+-- KEYS: [1] the lock, [2] its fencing counter, [3] its waiters' queue, [4] their places.
+-- ARGV: none.
 local corrupt_key = corrupt_shared_key()
 if corrupt_key then return corrupt_key end
 local token = holder_of(redis.pcall('GET', KEYS[1]))

@@ -1,5 +1,7 @@
--- What acquire.lua and release.lua share after the prelude: taking a fencing token, and handing
--- the lock to the oldest live waiter.
+-- What acquire.lua, release.lua and inspect.lua share after the prelude: taking a fencing
+-- token, and handing the lock to the oldest live waiter.
+-- KEYS (the calling script's): [1] the lock, [2] its fencing counter, [3] its waiters' queue,
+--   [4] their places; called with [1] or [1] and [2] alone, there is no queue to serve.
 --
 -- The waiters' queue is two keys beside the lock, in its slot: `queue:...` (a sorted set of
 -- waiters' tokens, scored by arrival) and `queued:...` (a hash from each token to

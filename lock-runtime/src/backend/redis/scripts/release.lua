@@ -1,32 +1,32 @@
-local refused = corrupt_shared_key() or publish_refused(ARGV[2])
+local refused = corrupt_shared_key() or publish_refused(publish)
 if refused then return refused end
 local owner = holder_of(value)
 local shared = type(owner) == 'table' and redis.call('TYPE', KEYS[1]).ok == 'zset' and shared_tag_of(KEYS[1])
-if shared or owner ~= ARGV[1] then
-  local queued = #KEYS >= 4 and redis.call('ZSCORE', KEYS[3], ARGV[1])
-  local released = shared and release_permit(ARGV[1], ARGV[2]) or 0
+if shared or owner ~= token then
+  local queued = #KEYS >= 4 and redis.call('ZSCORE', KEYS[3], token)
+  local released = shared and release_permit(token, publish) or 0
   if queued and released == 0 and (shared or not owner) then
     -- A waiter for the whole lock leaves: whoever it held off (readers, permit takers) may enter.
-    redis.call(ARGV[2], KEYS[1], redis.sha1hex(ARGV[1]))
+    redis.call(publish, KEYS[1], redis.sha1hex(token))
   end
-  leave_queue(ARGV[1])
+  leave_queue(token)
   return released
 end
-local released = redis.sha1hex(ARGV[1])
+local released = redis.sha1hex(token)
 local before = 0
 if #KEYS >= 4 and redis.call('EXISTS', KEYS[3]) == 1 then
   local waiter, deadline, fencing, place
-  before, waiter, deadline, fencing, place = oldest_live_waiter(ARGV[1])
+  before, waiter, deadline, fencing, place = oldest_live_waiter(token)
   if waiter then
-    hand_over(waiter, deadline, fencing, place, before, released, ARGV[2], ARGV[1])
+    hand_over(waiter, deadline, fencing, place, before, released, publish, token)
     return 2
   end
 end
-redis.call(ARGV[2], KEYS[1], released)
+redis.call(publish, KEYS[1], released)
 redis.call('DEL', KEYS[1])
 if #KEYS >= 4 then
   drop_places(before)
-  leave_queue(ARGV[1])
+  leave_queue(token)
   -- Told: the unqueued waiters try again, and note themselves again if refused.
   redis.call('HDEL', KEYS[4], UNQUEUED)
 end

@@ -1,5 +1,6 @@
--- `ARGV`: for each lock its token, ttl and fence (`0`: not fenced); `KEYS`: the locks, then the
--- counter of each fenced one, in the same order.
+-- Renews every lease of a keeper's batch (after prelude.lua; its call and reply: renew.rs).
+-- KEYS: the locks, then the fencing counter of each fenced one, in the same order.
+-- ARGV: for each lock, its holder's token, the ttl in ms and its fence (`0`: not fenced).
 local out, n, counters = {}, #ARGV / 3, 0
 for i = 1, n do
   local key, token, ttl, fence = KEYS[i], ARGV[3 * i - 2], ARGV[3 * i - 1], ARGV[3 * i]
