@@ -11,14 +11,17 @@
 //! (see [`tenure_name`]) wakes nobody the second time it arrives: a Redlock release is
 //! published by every node that held the lock, and still costs one retry per process.
 //!
+//! This hub knows no engine: a feed reads its store's messages into a [`Notice`] (the Redis
+//! one in `backend::redis::notification`) and the in-memory store makes them itself.
+//!
 //! Where the store hands a released lock straight to the oldest waiter (see `RELEASE_LUA`), the
-//! notification names the new holder's tenure, its fencing token and the attempt whose queue
+//! notice names the new holder's tenure, its fencing token and the attempt whose queue
 //! place it went to ([`Grant`]): it wakes that waiter alone, which holds the lock on arrival
 //! unless an attempt of its own has since found the lock taken, and nobody else (the lock is
 //! not free).
 //!
 //! Observers of a key (an election's, see `election`) are woken by every notification on its
-//! channel, and by the news that a lock was taken (`ELECTED`, which wakes no waiter): whoever
+//! channel, and by the news that a lock was taken ([`Notice::Taken`], which wakes no waiter): whoever
 //! holds it may have changed.
 //!
 //! A waiter registers its interest *before* its next attempt, so a release between a failed
@@ -102,49 +105,16 @@ pub(crate) struct Grant {
     pub place: Option<u32>,
 }
 
-/// A release notification, read.
+/// What a store tells the waiters of a key, read from its own message.
 #[derive(Debug, PartialEq, Eq)]
-enum Message<'a> {
+pub(crate) enum Notice<'a> {
     /// The lock is free; with the released tenure where the message names it.
     Freed { released: Option<&'a str> },
     /// The lock went to the waiter whose tenure is `next`.
     HandedOver { next: &'a str, grant: Grant },
-    /// The lock was taken ([`ELECTED`]): news for observers, nothing for waiters.
+    /// The lock was taken (an elected candidate's announcement): news for observers, nothing
+    /// for waiters.
     Taken,
-}
-
-/// What an elected candidate publishes on its key's channel: observers learn of a leader
-/// that took a free lock, which no release announced.
-pub(crate) const ELECTED: &str = "+elected";
-
-impl<'a> Message<'a> {
-    fn read(message: &'a str) -> Self {
-        if message == ELECTED {
-            return Self::Taken;
-        }
-        let parts: Vec<&str> = message.splitn(5, ':').collect();
-        if let [released, next, fence, place @ ..] = parts.as_slice() {
-            let place = match place {
-                [] => Some(None),
-                [place] => place.parse().ok().map(Some),
-                _ => None,
-            };
-            if let (true, true, Ok(fence), Some(place)) = (
-                released.is_empty() || names_a_tenure(released),
-                names_a_tenure(next),
-                fence.parse(),
-                place,
-            ) {
-                return Self::HandedOver {
-                    next,
-                    grant: Grant { fence, place },
-                };
-            }
-        }
-        Self::Freed {
-            released: names_a_tenure(message).then_some(message),
-        }
-    }
 }
 
 /// How many released tenures a slot remembers; far more than releases of one key that can
@@ -160,12 +130,12 @@ impl Slot {
         self.handoffs.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn deliver(&self, message: &Message<'_>, wake_after: usize) {
+    fn deliver(&self, notice: &Notice<'_>, wake_after: usize) {
         self.news.notify_waiters();
-        match *message {
-            Message::Taken => {}
-            Message::Freed { released } => self.wake_one(released, wake_after),
-            Message::HandedOver { next, grant } => {
+        match *notice {
+            Notice::Taken => {}
+            Notice::Freed { released } => self.wake_one(released, wake_after),
+            Notice::HandedOver { next, grant } => {
                 if let Some(handoff) = self.handoffs().get(next) {
                     *handoff.grant.lock().unwrap_or_else(PoisonError::into_inner) = Some(grant);
                     handoff.arrived.notify_one();
@@ -207,15 +177,6 @@ pub(crate) fn tenure_name(token: &str) -> String {
     sha1_smol::Sha1::from(token).digest().to_string()
 }
 
-/// Whether a notification's message names a tenure: 40 lowercase hex digits. Anything else
-/// (another client's `released`, say) wakes a waiter every time it arrives.
-fn names_a_tenure(message: &str) -> bool {
-    message.len() == 40
-        && message
-            .bytes()
-            .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
-}
-
 impl Slots {
     fn lock(&self) -> MutexGuard<'_, HashMap<String, SlotEntry>> {
         // A panic while holding this lock cannot leave the map inconsistent (every update is a
@@ -225,10 +186,10 @@ impl Slots {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn deliver(&self, channel: &str, message: &Message<'_>) {
+    fn deliver(&self, channel: &str, notice: &Notice<'_>) {
         let slot = self.lock().get(channel).map(|entry| entry.slot.clone());
         if let Some(slot) = slot {
-            slot.deliver(message, self.wake_after);
+            slot.deliver(notice, self.wake_after);
         }
     }
 
@@ -249,14 +210,13 @@ pub(crate) struct Waiters {
 }
 
 impl Waiters {
-    /// Delivers a release notification carrying `message` on `channel`: to the waiter the lock
-    /// was handed to, or to one waiter of a freed lock. `false` once the hub is gone: the feed
-    /// may stop.
-    pub(crate) fn deliver(&self, channel: &str, message: &str) -> bool {
-        let message = Message::read(message);
+    /// Delivers `notice` for `channel`'s key: to the waiter the lock was handed to, or to one
+    /// waiter of a freed lock, and to its observers. `false` once the hub is gone: the feed may
+    /// stop.
+    pub(crate) fn deliver(&self, channel: &str, notice: &Notice<'_>) -> bool {
         self.slots
             .upgrade()
-            .map(|s| s.deliver(channel, &message))
+            .map(|s| s.deliver(channel, notice))
             .is_some()
     }
 
@@ -336,7 +296,7 @@ impl Interest<'_> {
     }
 
     /// Resolves on the next notification of any kind for this key (a release, a handoff, a
-    /// new holder's [`ELECTED`]) after this call: enable it before looking at the key, so that
+    /// new holder's announcement) after this call: enable it before looking at the key, so that
     /// a change in between still wakes it.
     pub(crate) fn news(&self) -> tokio::sync::futures::Notified<'_> {
         self.slot.news.notified()
@@ -441,13 +401,13 @@ impl WaitHub {
     /// Wakes one waiter for `channel` (the in-memory backend calls this on release).
     pub(crate) fn notify(&self, channel: &str) {
         self.shared
-            .deliver(channel, &Message::Freed { released: None });
+            .deliver(channel, &Notice::Freed { released: None });
     }
 
     /// Tells the key's observers that the lock was taken (the in-memory backend's
-    /// [`ELECTED`]).
+    /// [`Notice::Taken`]).
     pub(crate) fn taken(&self, channel: &str) {
-        self.shared.deliver(channel, &Message::Taken);
+        self.shared.deliver(channel, &Notice::Taken);
     }
 
     /// Tells the waiter holding `token` that a release handed it the lock (the in-memory
@@ -455,7 +415,7 @@ impl WaitHub {
     pub(crate) fn hand_over(&self, channel: &str, token: &str, grant: Grant) {
         let next = tenure_name(token);
         self.shared
-            .deliver(channel, &Message::HandedOver { next: &next, grant });
+            .deliver(channel, &Notice::HandedOver { next: &next, grant });
     }
 
     /// Whether a release notification for the tenure of `token` on `channel` has arrived
@@ -542,9 +502,6 @@ mod tests {
             tenure_name("abc"),
             "a9993e364706816aba3e25717850c26c9cd0d89d"
         );
-        assert!(names_a_tenure(&tenure_name("host:1:00ff")));
-        assert!(!names_a_tenure("released"));
-        assert!(!names_a_tenure(&tenure_name("x").to_uppercase()));
     }
 
     /// A hub of `nodes` feeds that deliver nothing themselves, and the hold on its waiters a
@@ -572,15 +529,18 @@ mod tests {
             let notified = interest.slot.notify.notified();
             futures_util::FutureExt::now_or_never(notified).is_some()
         };
-        assert!(waiters.deliver("k", &tenure));
+        let freed = Notice::Freed {
+            released: Some(&tenure),
+        };
+        assert!(waiters.deliver("k", &freed));
         assert!(hub.released_recently("k", "holder-token"));
         assert!(!woken(&first), "one node of three announced it");
-        assert!(waiters.deliver("k", &tenure));
+        assert!(waiters.deliver("k", &freed));
         assert!(woken(&first), "a majority announced it: one waiter wakes");
-        assert!(waiters.deliver("k", &tenure));
+        assert!(waiters.deliver("k", &freed));
         assert!(!woken(&second), "the last copy wakes nobody");
-        // Messages that name no tenure wake a waiter each time.
-        waiters.deliver("k", "released");
+        // Notices that name no tenure wake a waiter each time.
+        waiters.deliver("k", &Notice::Freed { released: None });
         assert!(woken(&second));
     }
 
@@ -591,23 +551,12 @@ mod tests {
         let (mut chosen, mut other) = (hub.interest("k", far).await, hub.interest("k", far).await);
         chosen.expect_handoff("chosen-token");
         other.expect_handoff("other-token");
-        let message = format!(
-            "{}:{}:42:7",
-            tenure_name("old"),
-            tenure_name("chosen-token")
-        );
         let grant = Grant {
             fence: 42,
             place: Some(7),
         };
-        assert_eq!(
-            Message::read(&message),
-            Message::HandedOver {
-                next: &tenure_name("chosen-token"),
-                grant
-            }
-        );
-        waiters.deliver("k", &message);
+        let next = tenure_name("chosen-token");
+        waiters.deliver("k", &Notice::HandedOver { next: &next, grant });
         use futures_util::FutureExt;
         assert_eq!(chosen.handed_over().now_or_never(), Some(grant));
         assert_eq!(
@@ -624,14 +573,13 @@ mod tests {
             other.released().now_or_never().is_none(),
             "nor woken: the lock is not free"
         );
-        // A lock handed over by an acquisition that found it free names no released tenure.
         // An older releaser names no place.
-        let message = format!(":{}:0", tenure_name("other-token"));
-        waiters.deliver("k", &message);
         let grant = Grant {
             fence: 0,
             place: None,
         };
+        let next = tenure_name("other-token");
+        waiters.deliver("k", &Notice::HandedOver { next: &next, grant });
         assert_eq!(other.handed_over().now_or_never(), Some(grant));
     }
 }

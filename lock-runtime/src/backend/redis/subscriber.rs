@@ -201,7 +201,10 @@ impl Subscriber {
                             .and_then(|v| redis::from_redis_value_ref::<String>(v).ok())
                     };
                     match text(0) {
-                        Some(channel) => waiters.deliver(&channel, &text(1).unwrap_or_default()),
+                        Some(channel) => waiters.deliver(
+                            &channel,
+                            &super::notification::read(&text(1).unwrap_or_default()),
+                        ),
                         None => true,
                     }
                 }

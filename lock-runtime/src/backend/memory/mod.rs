@@ -1,0 +1,341 @@
+//! An in-process store with the same semantics as Redis, for unit tests and local runs. Its
+//! model of the scripts is in `model`; here is the store's face.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::contract::{
+    Acquire, Attempt, LockInfo, Permits, Place, Renewal, Renewed, Share, Store, FENCE_EXPIRY_MS,
+};
+use crate::error::LockError;
+use crate::key::LockKey;
+use crate::waiting::WaitHub;
+
+mod model;
+use model::{Data, Entry, HandedOver};
+
+/// Locks kept in this process's memory.
+///
+/// One store shared by several registries behaves like one Redis shared by several replicas:
+/// they exclude each other, queue up for each other's releases (which hand the lock to the
+/// oldest live waiter) and share fencing counters. Time is
+/// Tokio's clock, so tests under `tokio::time::pause()` can let leases expire instantly.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// use lock_runtime::{MemoryStore, Registry};
+///
+/// let store = MemoryStore::new();
+/// let replica_a = Registry::builder().memory(store.clone()).build().unwrap();
+/// let replica_b = Registry::builder().memory(store).build().unwrap();
+///
+/// let held = replica_a.lock("report:2026-11-22").acquire().await.unwrap();
+/// assert!(replica_b.lock("report:2026-11-22").acquire().await.unwrap_err().is_busy());
+/// held.release().await.unwrap();
+/// # }
+/// ```
+#[derive(Clone, Default)]
+pub struct MemoryStore {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryStore")
+            .field("keys", &self.inner.data().locks.len())
+            .finish()
+    }
+}
+
+struct Inner {
+    data: Mutex<Data>,
+    hub: WaitHub,
+}
+
+impl Default for Inner {
+    fn default() -> Self {
+        Self {
+            data: Mutex::default(),
+            hub: WaitHub::local(),
+        }
+    }
+}
+
+impl Inner {
+    fn data(&self) -> std::sync::MutexGuard<'_, Data> {
+        // Every critical section is a few map operations that cannot panic halfway.
+        self.data.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl MemoryStore {
+    /// Releases one key, as `release.lua` does.
+    fn release_key(&self, key: &LockKey, token: &str) -> bool {
+        let now = Instant::now();
+        let mut data = self.inner.data();
+        let left = data.leave_queue(&key.redis_key, token);
+        if let Some(pool) = data.pool(&key.redis_key, now) {
+            if pool.holders.remove(token).is_none() {
+                drop(data);
+                if left {
+                    // A waiter for the whole lock left: whoever it held off may enter.
+                    self.inner.hub.notify(key.channel());
+                }
+                return false;
+            }
+            let handed = if data.pool(&key.redis_key, now).is_none() {
+                data.hand_over(key, now)
+            } else {
+                None
+            };
+            drop(data);
+            self.announce(key, handed);
+            return true;
+        }
+        let owner = data.live(&key.redis_key, now).map(|e| e.token == token);
+        if owner != Some(true) {
+            drop(data);
+            if left && owner.is_none() {
+                self.inner.hub.notify(key.channel());
+            }
+            return false;
+        }
+        data.locks.remove(&key.redis_key);
+        let handed = data.hand_over(key, now);
+        drop(data);
+        self.announce(key, handed);
+        true
+    }
+
+    /// Tells the waiters a release happened: the lock went to `handed`, or it is free.
+    fn announce(&self, key: &LockKey, handed: Option<HandedOver>) {
+        match handed {
+            Some(to) => self.inner.hub.hand_over(key.channel(), &to.token, to.grant),
+            None => self.inner.hub.notify(key.channel()),
+        }
+    }
+
+    /// An empty store.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// How many callers wait for a release of `redis_key` (the full Redis name, prefix
+    /// included) now, as `PUBSUB NUMSUB` counts a Redis server's listeners: for tests that must
+    /// not release a lock before its waiter listens.
+    #[must_use]
+    pub fn waiters(&self, redis_key: &str) -> usize {
+        self.inner.hub.interested(redis_key)
+    }
+
+    /// Sets `key` (the full Redis name, prefix included) to `value` with no expiry, as a foreign
+    /// writer would: for tests that take a lock away behind its holder's back.
+    pub fn overwrite(&self, redis_key: &str, value: &str) {
+        self.inner.data().locks.insert(
+            redis_key.to_owned(),
+            Entry {
+                token: value.to_owned(),
+                expires_at: None,
+            },
+        );
+    }
+}
+
+impl Store for MemoryStore {
+    fn node(&self) -> &str {
+        "memory"
+    }
+
+    fn hub(&self) -> &WaitHub {
+        &self.inner.hub
+    }
+
+    async fn acquire(&self, attempt: &Acquire<'_>) -> Result<Attempt, LockError> {
+        let now = Instant::now();
+        let mut data = self.inner.data();
+        let key = attempt.key;
+        if attempt.key.is_multi() {
+            return Ok(data.take_all(attempt, now));
+        }
+        if attempt.share.is_shared() {
+            let (outcome, handed) = data.take_place(attempt, now)?;
+            drop(data);
+            if let Some(to) = handed {
+                self.inner.hub.hand_over(key.channel(), &to.token, to.grant);
+            }
+            return Ok(outcome);
+        }
+        let mut handed = None;
+        let pool = data
+            .pool(&key.redis_key, now)
+            .map(|p| (p.share.tag(), p.soonest()));
+        let owner = match data.live(&key.redis_key, now) {
+            Some(entry) => Some(entry.token.clone()),
+            None if pool.is_some() => pool.as_ref().map(|(tag, _)| tag.clone()),
+            // A free lock goes to the oldest live waiter, if that is not the caller.
+            None => match data.hand_over(key, now) {
+                Some(to) if to.token != attempt.token => {
+                    let owner = to.token.clone();
+                    handed = Some(to);
+                    Some(owner)
+                }
+                Some(_) | None => None,
+            },
+        };
+        let outcome = match owner {
+            Some(owner) if owner != attempt.token => {
+                if attempt.queue {
+                    data.queue_up(attempt, now);
+                }
+                let expires_at = match &pool {
+                    Some((_, soonest)) => *soonest,
+                    None => data.live(&key.redis_key, now).and_then(|e| e.expires_at),
+                };
+                Attempt::Busy {
+                    retry_after: expires_at.map(|t| t - now),
+                    holder: Some(owner),
+                    at: 0,
+                }
+            }
+            owner => {
+                let again = owner.is_some_and(|o| o == attempt.token);
+                data.leave_queue(&key.redis_key, attempt.token);
+                data.locks.insert(
+                    key.redis_key.clone(),
+                    Entry {
+                        token: attempt.token.to_owned(),
+                        expires_at: Some(now + attempt.ttl),
+                    },
+                );
+                // A holder asking again keeps its fence (see queue.lua's `own_fence`).
+                let until = now + attempt.ttl;
+                let fence = attempt
+                    .fencing
+                    .then(|| match data.live_fence(&key.fence_key, now) {
+                        Some(fence) if again => {
+                            if let Some(counter) = data.fences.get_mut(&key.fence_key) {
+                                counter.expires_at = until + Duration::from_millis(FENCE_EXPIRY_MS);
+                            }
+                            fence
+                        }
+                        _ => data.next_fence(&key.fence_key, now, until),
+                    });
+                Attempt::Acquired { fence }
+            }
+        };
+        drop(data);
+        if let Some(to) = handed {
+            self.inner.hub.hand_over(key.channel(), &to.token, to.grant);
+        }
+        Ok(outcome)
+    }
+
+    async fn release(&self, key: &LockKey, token: &str, _: Share) -> Result<bool, LockError> {
+        // Every key is let go of, also after one that was not ours.
+        let mut all = true;
+        for key in key.keys() {
+            all &= self.release_key(key, token);
+        }
+        Ok(all)
+    }
+
+    async fn renew(
+        &self,
+        batch: &[Renewal<'_>],
+        _budget: Duration,
+    ) -> Result<Vec<Option<Renewed>>, LockError> {
+        let now = Instant::now();
+        let mut data = self.inner.data();
+        Ok(batch
+            .iter()
+            .map(|r| {
+                if let Some(pool) = data.pool(r.redis_key, now) {
+                    return match pool.holders.get_mut(r.token) {
+                        Some(deadline) => {
+                            *deadline = now + Duration::from_millis(r.ttl_ms);
+                            Renewed::Yes
+                        }
+                        None => Renewed::Gone,
+                    };
+                }
+                match data.live(r.redis_key, now) {
+                    Some(entry) if entry.token == r.token => {
+                        let until = now + Duration::from_millis(r.ttl_ms);
+                        entry.expires_at = Some(until);
+                        if let Some((counter, fence)) = r.fence {
+                            data.hold_fence(counter, fence, now, until);
+                        }
+                        Renewed::Yes
+                    }
+                    Some(_) => Renewed::Taken,
+                    None => Renewed::Gone,
+                }
+            })
+            .map(Some)
+            .collect())
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<LockInfo, LockError> {
+        let now = Instant::now();
+        let mut data = self.inner.data();
+        let queue: Vec<Place> = data
+            .queues
+            .get(&key.redis_key)
+            .into_iter()
+            .flatten()
+            .filter(|w| w.deadline > now)
+            .map(|w| Place::new(w.token.clone(), w.deadline - now))
+            .collect();
+        let mut info = LockInfo {
+            fence: data
+                .fences
+                .get(&key.fence_key)
+                .filter(|f| f.expires_at > now)
+                .map(|f| f.last),
+            waiters: u32::try_from(queue.len()).unwrap_or(u32::MAX),
+            queue,
+            ..LockInfo::default()
+        };
+        if let Some(pool) = data.pool(&key.redis_key, now) {
+            let held = u32::try_from(pool.holders.len()).unwrap_or(u32::MAX);
+            info.remaining = pool.holders.values().max().map(|t| *t - now);
+            info.holders = pool
+                .holders
+                .iter()
+                .map(|(token, deadline)| Place::new(token.clone(), *deadline - now))
+                .collect();
+            info.holders.sort_by_key(|p| std::cmp::Reverse(p.remaining));
+            info.permits = match pool.share {
+                Share::Permits(total) => Some(Permits { held, total }),
+                Share::Read | Share::Exclusive => None,
+            };
+            info.readers = (pool.share == Share::Read).then_some(held);
+        } else if let Some(entry) = data.live(&key.redis_key, now) {
+            info.owner = Some(entry.token.clone());
+            info.remaining = entry.expires_at.map(|t| t - now);
+        }
+        Ok(info)
+    }
+
+    async fn announce_taken(&self, key: &LockKey) -> Result<(), LockError> {
+        self.inner.hub.taken(key.channel());
+        Ok(())
+    }
+
+    async fn force_unlock(&self, key: &LockKey) -> Result<bool, LockError> {
+        let now = Instant::now();
+        let mut data = self.inner.data();
+        let existed =
+            data.live(&key.redis_key, now).is_some() || data.pool(&key.redis_key, now).is_some();
+        data.locks.remove(&key.redis_key);
+        data.pools.remove(&key.redis_key);
+        drop(data);
+        if existed {
+            self.inner.hub.notify(key.channel());
+        }
+        Ok(existed)
+    }
+}
