@@ -130,7 +130,7 @@ pub async fn profile(url: &str, server_pid: u32, samples: usize) {
     let holder = Client::connect(Lib::Runtime, url).await;
     let waiter = Arc::new(Client::connect(Lib::Runtime, url).await);
     let mut local = Pinger::connect(Lib::Runtime, url).await;
-    let mut remote = crate::uncontended::remote_connection(url);
+    let mut remote = crate::libs::remote_connection(url);
     for _ in 0..50 {
         holder.cycle("handoff:warm").await.expect("warm-up");
         waiter.cycle("handoff:warm").await.expect("warm-up");

@@ -201,3 +201,25 @@ impl<T> PerLib<T> {
         &mut self.0[lib as usize]
     }
 }
+
+/// A `MultiplexedConnection` made by a task of a current-thread runtime on a thread of its own,
+/// where its driver then runs (the thread lives as long as the process).
+pub fn remote_connection(url: &str) -> Pinger {
+    let client = redis::Client::open(url).expect("url");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        runtime.block_on(async move {
+            let con = client
+                .get_multiplexed_async_connection()
+                .await
+                .expect("multiplexed connection");
+            tx.send(con).expect("send the connection");
+            std::future::pending::<()>().await
+        });
+    });
+    Pinger::Multiplexed(rx.recv().expect("the connection"))
+}

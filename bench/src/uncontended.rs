@@ -9,7 +9,7 @@
 
 use lock_runtime::protocol::RELEASE_LUA;
 
-use crate::libs::{Client, Lib, PerLib, Pinger};
+use crate::libs::{remote_connection, Client, Lib, PerLib, Pinger};
 use crate::redis_stats::server_median_usec;
 use crate::stats::Samples;
 
@@ -148,28 +148,6 @@ pub async fn measure(url: &str, iterations: usize) -> Uncontended {
         raw: Samples::new(raw),
         raw_remote: Samples::new(raw_remote),
     }
-}
-
-/// A `MultiplexedConnection` made by a task of a current-thread runtime on a thread of its own,
-/// where its driver then runs (the thread lives as long as the process).
-pub fn remote_connection(url: &str) -> Pinger {
-    let client = redis::Client::open(url).expect("url");
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        runtime.block_on(async move {
-            let con = client
-                .get_multiplexed_async_connection()
-                .await
-                .expect("multiplexed connection");
-            tx.send(con).expect("send the connection");
-            std::future::pending::<()>().await
-        });
-    });
-    Pinger::Multiplexed(rx.recv().expect("the connection"))
 }
 
 /// `--profile wakeups N`, second part: N uncontended cycles back to back, lock-runtime's against

@@ -20,7 +20,7 @@ use nix::unistd::{getppid, Pid};
 use tokio::sync::mpsc;
 
 use crate::cli::ExecJobArgs;
-use crate::run::status;
+use crate::status;
 
 /// What the reaper reports of the job.
 #[derive(Debug)]

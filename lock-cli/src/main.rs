@@ -22,6 +22,7 @@ mod list;
 mod render;
 mod run;
 mod scan;
+mod status;
 mod target;
 mod watch;
 
@@ -78,7 +79,7 @@ async fn start(cli: Cli) -> ExitCode {
     // `run` exits with its command's status, or with one of its own that says why it did not
     // run; a configuration it cannot use is a usage error there.
     let usage = if matches!(cli.command, Command::Run(_)) {
-        ExitCode::from(run::status::USAGE)
+        ExitCode::from(status::USAGE)
     } else {
         ExitCode::FAILURE
     };
