@@ -26,7 +26,7 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::{watch, Notify};
 use tokio::time::{timeout, Instant};
 
-use super::contract::{Acquire, Attempt, LockInfo, Place, Renewal, Renewed, Share, Store};
+use super::contract::{Acquire, Attempt, LockInfo, Permits, Place, Renewal, Renewed, Share, Store};
 use super::redis::RedisBackend;
 use crate::key::LockKey;
 use crate::timeouts::Timeouts;
@@ -581,6 +581,10 @@ impl Store for Redlock {
                     .count()
                     >= self.quorum
             });
+        // Held shared as it is held at all: by whoever a majority of the nodes hold, as the
+        // owner is (a place on fewer nodes is a release or an undo on its way there).
+        let holders = shared_holders(&infos, self.quorum);
+        let held = u32::try_from(holders.len()).unwrap_or(u32::MAX);
         Ok(LockInfo {
             owner: owner.map(str::to_owned),
             remaining: owner.and_then(|o| {
@@ -591,14 +595,17 @@ impl Store for Redlock {
                     .min()
             }),
             fence: None,
-            // What the busiest node counts: a permit holder holds on more nodes than a
-            // majority, so no node sees fewer than a permit's share of holders.
             permits: infos
                 .iter()
-                .filter_map(|i| i.permits)
-                .max_by_key(|p| p.held),
-            readers: infos.iter().filter_map(|i| i.readers).max(),
-            holders: shared_holders(&infos, self.quorum),
+                .find_map(|i| i.permits)
+                .filter(|_| held > 0)
+                .map(|p| Permits { held, ..p }),
+            readers: infos
+                .iter()
+                .find_map(|i| i.readers)
+                .filter(|_| held > 0)
+                .map(|_| held),
+            holders,
             // The nodes hand nothing over, so nobody queues there.
             waiters: 0,
             queue: Vec::new(),

@@ -617,6 +617,66 @@ async fn permits_never_exceed_their_number_and_need_more_than_a_majority() {
         .unwrap();
 }
 
+/// Who holds a semaphore or a read lock is what a majority of the nodes hold, as for an owner:
+/// a permit left on one node (a release still on its way there, or an attempt that won no
+/// quorum and is being undone) is no holder, in `permits` and `readers` as in `holders`.
+#[tokio::test]
+async fn inspect_counts_a_permit_or_a_reader_only_where_a_majority_holds_it() {
+    let nodes = nodes(3);
+    let registry = registry(&nodes);
+    let held = registry.lock("pool").permits(3).acquire().await.unwrap();
+    until_held_everywhere_shared(&nodes, "lock:pool", 2).await;
+    // A straggler on one node only: a permit (and, on another key, a reader) that no other
+    // node has, as a release on its way there would leave it.
+    let far = "99999999999999";
+    let mut one = nodes[0].client().get_connection().unwrap();
+    let _: () = redis::cmd("ZADD")
+        .arg("lock:pool")
+        .arg(far)
+        .arg("host:1:00000000000000000000000000000001")
+        .query(&mut one)
+        .unwrap();
+    let _: () = redis::cmd("ZADD")
+        .arg("lock:shelf")
+        .arg(far)
+        .arg("host:1:00000000000000000000000000000002")
+        .arg("+inf")
+        .arg("#read")
+        .query(&mut one)
+        .unwrap();
+    let info = registry.inspect("pool").await.unwrap();
+    assert_eq!(info.holders.len(), 1, "{info:?}");
+    assert_eq!(
+        info.permits,
+        Some(lock_runtime::Permits { held: 1, total: 3 }),
+        "one permit is held on a majority, the other on one node only: {info:?}"
+    );
+    held.release().await.unwrap();
+    let info = registry.inspect("pool").await.unwrap();
+    assert_eq!(
+        info.permits, None,
+        "no permit is held on a majority: {info:?}"
+    );
+    let shelf = registry.inspect("shelf").await.unwrap();
+    assert_eq!(shelf.readers, None, "a reader on one node only: {shelf:?}");
+}
+
+/// Until `key`'s sorted set (a semaphore's or readers') has `members` members on every node.
+async fn until_held_everywhere_shared(nodes: &[RedisServer], key: &str, members: usize) {
+    lock_tests::eventually(Duration::from_secs(5), "every node has the place", || {
+        let all = nodes.iter().all(|node| {
+            let mut con = node.client().get_connection().unwrap();
+            redis::cmd("ZCARD")
+                .arg(key)
+                .query::<usize>(&mut con)
+                .unwrap()
+                == members
+        });
+        std::future::ready(all)
+    })
+    .await;
+}
+
 /// Readers and writers each need a majority: any two majorities share a node, where a reader
 /// and a writer exclude each other.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
