@@ -148,7 +148,18 @@ async fn keep(keeper: Weak<Keeper>, wake: Arc<Notify>, _running: Running) {
                 return;
             };
             let now = Instant::now();
-            let plan = keeper.leases.plan(now);
+            // Planned and recorded as one step under `next_wake`'s lock: a lease taken into
+            // keeping meanwhile either is in this plan, or finds the time recorded here (not the
+            // previous one, which may be earlier than its first renewal) and wakes the keeper.
+            let plan = {
+                let mut next_wake = keeper
+                    .next_wake
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                let plan = keeper.leases.plan(now);
+                *next_wake = plan.next;
+                plan
+            };
             for (lease, reason) in plan.lost {
                 lease.mark_lost(reason);
             }
@@ -163,10 +174,6 @@ async fn keep(keeper: Weak<Keeper>, wake: Arc<Notify>, _running: Running) {
                     batch.wake.notify_one();
                 });
             }
-            *keeper
-                .next_wake
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner) = plan.next;
             plan.next.unwrap_or(now + Duration::from_secs(3600))
         };
         tokio::select! {
