@@ -406,3 +406,82 @@ impl Share {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    /// The reason `options` are refused for, naming the key; `None` when they are taken.
+    fn refused(options: LockOptions) -> Option<String> {
+        match options.validate("the-key") {
+            Ok(()) => None,
+            Err(LockError::InvalidOptions { key, reason }) => {
+                assert_eq!(key, "the-key");
+                Some(reason)
+            }
+            Err(other) => panic!("not InvalidOptions: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_ttl_is_taken_from_10_ms_to_365_days() {
+        let at = |ttl| refused(LockOptions::new().ttl(ttl));
+        assert_eq!(at(MIN_TTL), None);
+        assert!(at(MIN_TTL - MS).is_some_and(|r| r.contains("10 ms or more")));
+        assert_eq!(at(MAX_TTL), None);
+        assert!(at(MAX_TTL + MS).is_some_and(|r| r.contains("365 days")));
+    }
+
+    #[test]
+    fn holds_are_bounded_by_the_ttl_and_each_other() {
+        let ttl = Duration::from_secs(1);
+        let base = LockOptions::new().ttl(ttl);
+        assert_eq!(refused(base.max_hold(ttl)), None);
+        assert!(refused(base.max_hold(ttl - MS)).is_some_and(|r| r.contains("shorter than `ttl`")));
+        assert!(refused(base.max_hold(MAX_TTL + MS)).is_some());
+        assert!(refused(base.min_hold(Duration::ZERO)).is_some());
+        assert_eq!(refused(base.min_hold(MS)), None);
+        // With renewal off, a hold longer than the ttl would outlive the key.
+        assert_eq!(refused(base.min_hold(ttl * 2)), None);
+        assert!(refused(base.renew(false).min_hold(ttl * 2)).is_some_and(|r| r.contains("expire")));
+        assert_eq!(refused(base.renew(false).min_hold(ttl)), None);
+        let both = base.max_hold(ttl * 2);
+        assert_eq!(refused(both.min_hold(ttl * 2)), None);
+        assert!(refused(both.min_hold(ttl * 2 + MS)).is_some_and(|r| r.contains("max_hold")));
+    }
+
+    #[test]
+    fn shared_locks_refuse_what_orders_or_divides_nothing() {
+        let base = LockOptions::new();
+        assert!(refused(base.permits(0)).is_some());
+        assert_eq!(refused(base.permits(1)), None);
+        assert!(refused(base.permits(2).fencing(true)).is_some_and(|r| r.contains("fencing")));
+        assert!(refused(base.mode(Mode::Read).permits(2)).is_some());
+        assert!(refused(base.mode(Mode::Read).fencing(true)).is_some());
+        assert_eq!(refused(base.mode(Mode::Read)), None);
+        assert_eq!(refused(base.mode(Mode::Write).fencing(true)), None);
+    }
+
+    #[test]
+    fn the_drift_allowance_is_one_percent_of_the_ttl_plus_2_ms() {
+        assert_eq!(drift(Duration::from_secs(1)), Duration::from_millis(12));
+        assert_eq!(drift(MIN_TTL), Duration::from_micros(2_100));
+        assert_eq!(LockOptions::new().drift(), drift(Duration::from_secs(30)));
+    }
+
+    #[test]
+    fn a_share_is_written_and_tagged_as_the_scripts_read_it() {
+        assert_eq!(Share::Exclusive.wire(), "0");
+        assert_eq!(Share::Read.wire(), "read");
+        assert_eq!(Share::Permits(3).wire(), "3");
+        for share in [Share::Read, Share::Permits(1), Share::Permits(250)] {
+            assert_eq!(Share::from_tag(&share.tag()), Some(share));
+        }
+        assert_eq!(Share::Exclusive.tag(), "");
+        for foreign in ["", "#write", "#permits=", "#permits=x", "read", "#read "] {
+            assert_eq!(Share::from_tag(foreign), None, "{foreign:?}");
+        }
+    }
+}

@@ -93,3 +93,94 @@ fn the_readme_quickstart_builds_and_runs_in_a_project_outside_the_workspace() {
         "the quickstart's lock was released when deploy returned"
     );
 }
+
+/// `major.minor[.patch]` as numbers, for comparing Rust versions.
+fn rust_version(text: &str) -> (u64, u64, u64) {
+    let mut parts = text.split('.').map(|p| p.parse::<u64>().expect("a number"));
+    let mut next = || parts.next().unwrap_or(0);
+    (next(), next(), next())
+}
+
+/// The minimum supported Rust version the published crates declare holds for what they pull
+/// in: every crate `lock-runtime` and `lock-macros` depend on (to build, with every feature the
+/// workspace turns on) declares a `rust-version` no newer than theirs, or none. The machine has
+/// one toolchain, so the crates' own code is held to it by clippy's `incompatible_msrv` (on in
+/// `./scripts/test`), which reads the same `rust-version`.
+#[test]
+fn every_dependency_of_the_published_crates_builds_on_their_declared_minimum_rust() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let output = Command::new(env!("CARGO"))
+        .args(["metadata", "--format-version", "1", "--locked"])
+        .current_dir(&root)
+        .output()
+        .expect("cargo metadata runs");
+    assert!(
+        output.status.success(),
+        "cargo metadata: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let metadata: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    let packages = metadata["packages"].as_array().expect("packages");
+    let by_id = |id: &str| {
+        packages
+            .iter()
+            .find(|p| p["id"] == id)
+            .unwrap_or_else(|| panic!("package {id}"))
+    };
+    let ours = |name: &str| {
+        packages
+            .iter()
+            .find(|p| p["name"] == name && p["source"].is_null())
+            .unwrap_or_else(|| panic!("workspace member {name}"))
+    };
+    let declared = ours("lock-runtime")["rust_version"]
+        .as_str()
+        .expect("lock-runtime declares a rust-version");
+    assert_eq!(
+        ours("lock-macros")["rust_version"].as_str(),
+        Some(declared),
+        "both published crates declare one minimum"
+    );
+    let nodes = metadata["resolve"]["nodes"].as_array().expect("resolve");
+    let mut todo: Vec<String> = ["lock-runtime", "lock-macros"]
+        .iter()
+        .map(|name| ours(name)["id"].as_str().unwrap().to_owned())
+        .collect();
+    let mut seen = std::collections::BTreeSet::new();
+    let mut newer = Vec::new();
+    while let Some(id) = todo.pop() {
+        if !seen.insert(id.clone()) {
+            continue;
+        }
+        let package = by_id(&id);
+        if let Some(needs) = package["rust_version"].as_str() {
+            if rust_version(needs) > rust_version(declared) {
+                newer.push(format!(
+                    "{} {} needs {needs}",
+                    package["name"], package["version"]
+                ));
+            }
+        }
+        let node = nodes.iter().find(|n| n["id"] == id.as_str()).expect("node");
+        for dep in node["deps"].as_array().expect("deps") {
+            let built = dep["dep_kinds"]
+                .as_array()
+                .expect("dep_kinds")
+                .iter()
+                .any(|kind| kind["kind"].is_null() || kind["kind"] == "build");
+            if built {
+                todo.push(dep["pkg"].as_str().expect("pkg").to_owned());
+            }
+        }
+    }
+    assert!(
+        seen.len() > 20,
+        "the walk found the dependency tree: {seen:?}"
+    );
+    assert!(
+        newer.is_empty(),
+        "dependencies newer than the declared rust-version {declared} (lower them in Cargo.lock, \
+         or raise rust-version in Cargo.toml):\n{}",
+        newer.join("\n")
+    );
+}

@@ -160,3 +160,125 @@ pub(crate) fn not_a_lock(key: &LockKey, kind: &str, node: &str) -> LockError {
 fn key_index(i: i64) -> usize {
     usize::try_from(i - 1).unwrap_or(0)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    fn attempt(key: &LockKey, fencing: bool, share: Share) -> Acquire<'_> {
+        Acquire {
+            key,
+            token: "host:1:00",
+            ttl: Duration::from_secs(1),
+            fencing,
+            attempt: 1,
+            queue: false,
+            waits: false,
+            others_wait: false,
+            share,
+        }
+    }
+
+    fn one() -> LockKey {
+        LockKey::new("lock:", "job".to_owned(), false).unwrap()
+    }
+
+    #[test]
+    fn an_acquired_reply_carries_a_fence_only_where_one_was_asked_for() {
+        let key = one();
+        let reply = || vec![Value::Int(1), Value::Int(42)];
+        let fenced = read(reply(), &attempt(&key, true, Share::Exclusive), "n");
+        assert_eq!(fenced.unwrap(), Attempt::Acquired { fence: Some(42) });
+        let plain = read(reply(), &attempt(&key, false, Share::Exclusive), "n");
+        assert_eq!(plain.unwrap(), Attempt::Acquired { fence: None });
+    }
+
+    #[test]
+    fn a_busy_reply_carries_the_holders_lease_its_token_and_which_key_was_taken() {
+        let key = one();
+        let exclusive = attempt(&key, false, Share::Exclusive);
+        let busy = read(
+            vec![Value::Int(0), Value::Int(1500), text("h:2:ff")],
+            &exclusive,
+            "n",
+        );
+        assert_eq!(
+            busy.unwrap(),
+            Attempt::Busy {
+                retry_after: Some(Duration::from_millis(1500)),
+                holder: Some("h:2:ff".to_owned()),
+                at: 0,
+            }
+        );
+        // A key without an expiry (-1) has no lease to wait out; a shared holder shows no token.
+        let forever = read(vec![Value::Int(0), Value::Int(-1)], &exclusive, "n");
+        assert_eq!(
+            forever.unwrap(),
+            Attempt::Busy {
+                retry_after: None,
+                holder: None,
+                at: 0,
+            }
+        );
+        // A multi-key lock's reply names the key found taken, from 1.
+        let keys = LockKey::many("lock:", vec!["a".to_owned(), "b".to_owned()], false).unwrap();
+        let second = read(
+            vec![Value::Int(0), Value::Int(10), text("h:2:ff"), Value::Int(2)],
+            &attempt(&keys, false, Share::Exclusive),
+            "n",
+        );
+        assert!(matches!(second.unwrap(), Attempt::Busy { at: 1, .. }));
+    }
+
+    #[test]
+    fn a_shared_key_of_another_kind_or_size_is_refused_naming_both() {
+        let key = one();
+        let refused = read(
+            vec![Value::Int(3), text("#permits=3")],
+            &attempt(&key, false, Share::Read),
+            "node-a",
+        )
+        .unwrap_err();
+        let shown = refused.to_string();
+        assert!(
+            matches!(refused, LockError::InvalidOptions { .. })
+                && shown.contains("a semaphore of 3 permits")
+                && shown.contains("a read lock")
+                && shown.contains("node-a"),
+            "{shown}"
+        );
+        // A sorted set whose tag is not ours is application data.
+        let foreign = read(
+            vec![Value::Int(3), text("#mine")],
+            &attempt(&key, false, Share::Read),
+            "node-a",
+        )
+        .unwrap_err();
+        assert!(
+            matches!(&foreign, LockError::InvalidKey { key, .. } if key == "job")
+                && foreign.to_string().contains("sorted set"),
+            "{foreign}"
+        );
+    }
+
+    #[test]
+    fn a_key_holding_application_data_is_refused_naming_the_key_its_type_and_the_node() {
+        let keys = LockKey::many("lock:", vec!["a".to_owned(), "b".to_owned()], false).unwrap();
+        let refused = read(
+            vec![Value::Int(2), text("hash"), Value::Int(2)],
+            &attempt(&keys, false, Share::Exclusive),
+            "node-b",
+        )
+        .unwrap_err();
+        let shown = refused.to_string();
+        assert!(
+            matches!(&refused, LockError::InvalidKey { key, .. } if key == "b")
+                && shown.contains("`lock:b` on node-b holds a hash"),
+            "{shown}"
+        );
+    }
+}

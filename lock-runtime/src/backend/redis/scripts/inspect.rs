@@ -78,3 +78,79 @@ pub(crate) fn read((owner, pttl, fence, tag, queue, holders): Reply) -> LockInfo
         },
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn places(of: &[(&str, u64)]) -> Vec<(String, u64)> {
+        of.iter().map(|(t, ms)| ((*t).to_owned(), *ms)).collect()
+    }
+
+    #[test]
+    fn an_exclusive_holder_its_lease_fence_and_queue_are_read_in_order() {
+        let info = read((
+            Some("h:1:aa".to_owned()),
+            900,
+            Some(7),
+            None,
+            places(&[("w:1:01", 800), ("w:2:02", 600)]),
+            Vec::new(),
+        ));
+        assert_eq!(info.owner.as_deref(), Some("h:1:aa"));
+        assert_eq!(info.remaining, Some(Duration::from_millis(900)));
+        assert_eq!(info.fence, Some(7));
+        assert_eq!((info.permits, info.readers), (None, None));
+        assert_eq!(info.waiters, 2);
+        assert_eq!(
+            info.queue,
+            vec![
+                Place::new("w:1:01", Duration::from_millis(800)),
+                Place::new("w:2:02", Duration::from_millis(600))
+            ]
+        );
+        assert!(info.holders.is_empty());
+    }
+
+    #[test]
+    fn a_semaphore_and_readers_are_read_from_their_tag_and_live_holders() {
+        let holders = places(&[("p:1:01", 500), ("p:2:02", 300)]);
+        let semaphore = read((
+            None,
+            500,
+            None,
+            Some("#permits=3".to_owned()),
+            Vec::new(),
+            holders.clone(),
+        ));
+        assert_eq!(semaphore.permits, Some(Permits { held: 2, total: 3 }));
+        assert_eq!(semaphore.readers, None);
+        assert_eq!(semaphore.holders.len(), 2);
+        let readers = read((
+            None,
+            500,
+            None,
+            Some("#read".to_owned()),
+            Vec::new(),
+            holders,
+        ));
+        assert_eq!((readers.readers, readers.permits), (Some(2), None));
+        // A set whose every place ran out is free, though its key has not expired yet.
+        let spent = read((
+            None,
+            5,
+            None,
+            Some("#read".to_owned()),
+            Vec::new(),
+            Vec::new(),
+        ));
+        assert_eq!((spent.readers, spent.permits), (None, None));
+        assert!(spent.holders.is_empty());
+    }
+
+    #[test]
+    fn a_free_key_has_no_owner_and_no_lease() {
+        let free = read((None, -2, None, None, Vec::new(), Vec::new()));
+        assert_eq!(free, LockInfo::default());
+    }
+}

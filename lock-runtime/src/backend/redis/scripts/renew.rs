@@ -43,3 +43,16 @@ pub(crate) fn renewed(flag: i64) -> Renewed {
         _ => Renewed::Taken,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_flag_of_the_script_is_read() {
+        assert_eq!(renewed(1), Renewed::Yes);
+        assert_eq!(renewed(0), Renewed::Gone);
+        // Anyone else's, a sorted set that is not ours or its place ran out: never renewed.
+        assert_eq!(renewed(-1), Renewed::Taken);
+    }
+}
