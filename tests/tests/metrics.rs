@@ -27,7 +27,8 @@ fn recorder() -> &'static PrometheusHandle {
         // thread reaches it first (tokio-rs/tracing#3611): another test's thread, without one,
         // would turn the "lock lease lost" event off for good, and the gated subscriber would
         // never see it. A second, global one makes it ask every subscriber.
-        tracing::subscriber::set_global_default(Silent).expect("the only global subscriber");
+        tracing::subscriber::set_global_default(tracing::subscriber::NoSubscriber::default())
+            .expect("the only global subscriber");
         let prometheus = PrometheusBuilder::new().build_recorder();
         let handle = prometheus.handle();
         metrics::set_global_recorder(GatedRecorder(prometheus))
@@ -157,29 +158,6 @@ impl metrics::Recorder for GatedRecorder {
     fn register_histogram(&self, key: &Key, metadata: &Metadata<'_>) -> metrics::Histogram {
         self.0.register_histogram(key, metadata)
     }
-}
-
-/// The process's global `tracing` subscriber: interested in nothing (see [`recorder`]).
-struct Silent;
-
-impl tracing::Subscriber for Silent {
-    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
-        false
-    }
-
-    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
-        tracing::span::Id::from_u64(1)
-    }
-
-    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
-
-    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
-
-    fn event(&self, _: &tracing::Event<'_>) {}
-
-    fn enter(&self, _: &tracing::span::Id) {}
-
-    fn exit(&self, _: &tracing::span::Id) {}
 }
 
 /// A `tracing` subscriber whose "lock lease lost" events pass the [`Gate`] first.

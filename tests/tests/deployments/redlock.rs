@@ -408,6 +408,9 @@ async fn a_slow_node_connects_although_its_share_of_a_short_ttl_is_shorter_than_
             .lock(format!("k{}", held.len()))
             .ttl(Duration::from_millis(300))
             .renew(false)
+            // Each attempt needs both fast nodes within 30 ms: a machine kept busy by its
+            // neighbours misses that now and then, and the next attempt makes up for it.
+            .wait(Duration::from_secs(5))
             .acquire()
             .await
             .expect("a quorum of the fast nodes");
