@@ -630,6 +630,10 @@ impl Builder<'_> {
             .map(Vec::as_slice)
             .collect();
         let mut renewed_here = false;
+        // Redis runs a script on a clock frozen when the call began: its keys expire (or not)
+        // as of that moment, however late its commands are logged (the server stopped
+        // mid-call). What it did still happened when each command is logged.
+        let frozen = call.at_us;
         for (i, cmd) in body.iter().enumerate() {
             let key = cmd.arg(1).to_vec();
             if !self.is_lock_key(&key) {
@@ -643,7 +647,7 @@ impl Builder<'_> {
                         .any(|a| a.eq_ignore_ascii_case(b"KEEPTTL")) =>
                 {
                     // A waiter marks the holder's token as waited for: owner and expiry stay.
-                    self.expire(&key, cmd.at_us);
+                    self.expire(&key, frozen);
                     let value = cmd.arg_str(2);
                     let owner = self.owner(&key).map(str::to_owned);
                     let marked = value.strip_suffix(WAITED);
@@ -696,10 +700,10 @@ impl Builder<'_> {
                         ));
                         continue;
                     };
-                    self.expire(&key, cmd.at_us);
+                    self.expire(&key, frozen);
                     let token = cmd.arg_str(2);
                     if !refused {
-                        self.expire_places(&key, cmd.at_us);
+                        self.expire_places(&key, frozen);
                         let beside: Vec<String> = self
                             .live_places(&key, cmd.at_us)
                             .into_iter()
@@ -747,7 +751,7 @@ impl Builder<'_> {
                     }
                     // A set of places: its expiry follows its last deadline, and must never cut
                     // a live place short.
-                    self.expire_places(&key, cmd.at_us);
+                    self.expire_places(&key, frozen);
                     let ms = cmd.arg_str(2).parse::<i64>().unwrap_or(0);
                     let expiry = cmd.at_us / 1000 + ms;
                     // Places lost with their server (survival not yet seen) are not judged.
@@ -770,7 +774,7 @@ impl Builder<'_> {
                 }
                 "ZADD" => renewed_here |= self.zadd(&key, cmd, &argv),
                 "ZREM" => {
-                    self.expire_places(&key, cmd.at_us);
+                    self.expire_places(&key, frozen);
                     for member in &cmd.args[2..] {
                         if !argv.contains(&member.as_slice()) {
                             self.history.violations.push(format!(
@@ -791,9 +795,9 @@ impl Builder<'_> {
                         }
                     }
                 }
-                "ZREMRANGEBYSCORE" => self.expire_places(&key, cmd.at_us),
+                "ZREMRANGEBYSCORE" => self.expire_places(&key, frozen),
                 "PEXPIRE" => {
-                    self.expire(&key, cmd.at_us);
+                    self.expire(&key, frozen);
                     let ms = cmd.arg_str(2).parse::<i64>().unwrap_or(0);
                     if let Some(token) = self.revealed(&key, call) {
                         self.restored(&key, &token, cmd.at_us, ms);
@@ -822,7 +826,7 @@ impl Builder<'_> {
                     renewed_here = true;
                 }
                 "DEL" | "UNLINK" => {
-                    self.expire(&key, cmd.at_us);
+                    self.expire(&key, frozen);
                     self.end_places(&key, cmd.at_us, "deleted");
                     // The owner-checked release runs GET first; force-unlock runs TYPE.
                     let checked = body[..i]
@@ -1290,6 +1294,36 @@ mod tests {
             .filter(|e| !matches!(e, Event::Lost { .. }))
             .collect();
         rebuild(&[known], "lock:", false).violations
+    }
+
+    /// A script sees its keys as they were when it started (Redis freezes the clock for a
+    /// script): a release whose call was logged before its lock expired, and whose body ran
+    /// after a stop of the server mid-call (a Redlock-5 run: the call at .782, its `DEL` 1.5 s
+    /// later), released what it owned; one whose call came after the expiry found no key, so a
+    /// `DEL` there is not the owner's.
+    #[test]
+    fn a_script_judges_its_keys_at_the_moment_its_call_began() {
+        let taken = [
+            r#"10.000000 [0 127.0.0.1:1] "evalsha" "s" "1" "lock:k" "A" "1000" "0""#,
+            r#"10.000010 [0 lua] "SET" "lock:k" "A" "NX" "PX" "1000""#,
+        ];
+        let release_at = |call: &str, body: &str| {
+            let mut lines = taken.to_vec();
+            let call = format!(r#"{call} [0 127.0.0.1:1] "evalsha" "x" "1" "lock:k" "A" "PUBLISH""#);
+            let get = format!(r#"{body} [0 lua] "GET" "lock:k""#);
+            let del = format!(r#"{body} [0 lua] "DEL" "lock:k""#);
+            lines.extend([call.as_str(), get.as_str(), del.as_str()]);
+            rebuild(&[events(&lines)], "lock:", false).violations
+        };
+        let stopped_mid_call = release_at("10.900000", "12.400000");
+        assert!(stopped_mid_call.is_empty(), "{stopped_mid_call:?}");
+        let after_the_expiry = release_at("11.100000", "11.100010");
+        assert!(
+            after_the_expiry
+                .iter()
+                .any(|v| v.starts_with("(d) owner-checked DEL of lock:k")),
+            "{after_the_expiry:?}"
+        );
     }
 
     #[test]
