@@ -432,14 +432,19 @@ impl<'a> Facts<'a> {
     /// Every section with the end of the stretch it must have held its keys for: all of it,
     /// unless its worker saw the lease lost, then until that moment (a loss seen late is a
     /// double grant as much as one never seen), or until its own process was stopped before
-    /// (a stopped process acts on nothing; it sees the loss only once it runs again). Records
-    /// from before the loss's moment was recorded leave a lost section unjudged.
+    /// (a stopped process acts on nothing; it sees the loss only once it runs again). A loss
+    /// recorded while the worker's runtime was kept off the CPU (its heartbeat says so) counts
+    /// from where that stall began. Records from before the loss's moment was recorded leave a
+    /// lost section unjudged.
     fn judged(&self) -> impl Iterator<Item = (&Section, i64)> {
         self.secs.iter().filter_map(|s| {
             if !(s.outcome.lost() || s.lost_seen) {
                 return Some((s, s.end));
             }
             let seen = s.lost_at?.min(s.end);
+            // Recorded while the worker's runtime was kept off the CPU: the loss may have come
+            // any time in that stall, so the record speaks only for the time before it.
+            let seen = self.stalled_since(s.worker, seen).unwrap_or(seen);
             let stopped = self
                 .i
                 .faults
@@ -451,6 +456,39 @@ impl<'a> Facts<'a> {
             let to = stopped.unwrap_or(seen);
             (to > s.start).then_some((s, to))
         })
+    }
+
+    /// When `worker`'s runtime was last seen running on time before `at` (its previous
+    /// heartbeat), where its heartbeat shows it kept off the CPU over `at` (a late heartbeat due
+    /// before `at` that ran at it, within one wake-up's slack); `None` where it ran on time then.
+    fn stalled_since(&self, worker: u32, at: i64) -> Option<i64> {
+        self.i
+            .lines
+            .iter()
+            .filter(|line| line.worker == worker)
+            .filter_map(|line| match line.record {
+                Record::Stall {
+                    at: woke, late_us, ..
+                } => {
+                    let due = woke - i64::try_from(late_us).expect("fits");
+                    // The heartbeat before it ran on time, up to one period before this one
+                    // was due: the runtime was last seen running then.
+                    (due < at && woke >= at - WAKE_SLACK_US).then_some(due - us(Record::HEARTBEAT))
+                }
+                _ => None,
+            })
+            .min()
+    }
+
+    /// Lost sections whose loss was recorded while their worker was kept off the CPU (see
+    /// [`Facts::judged`]).
+    fn losses_seen_in_a_stall(&self) -> usize {
+        self.secs
+            .iter()
+            .filter(|s| s.outcome.lost() || s.lost_seen)
+            .filter_map(|s| s.lost_at.map(|at| (s, at.min(s.end))))
+            .filter(|(s, at)| self.stalled_since(s.worker, *at).is_some())
+            .count()
     }
 
     /// Whether `worker`'s runtime was kept off the CPU from the moment a timer was due (`due`)
@@ -1290,6 +1328,10 @@ fn summary(f: &Facts<'_>, figures: &Figures<'_>) -> Vec<String> {
             holder_hits
         ),
         format!(
+            "  (a) {} losses recorded while their worker was kept off the CPU, judged up to where it was last seen on time",
+            f.losses_seen_in_a_stall()
+        ),
+        format!(
             "  (e) smallest cancel margin: {} over {} cancelled bodies; smallest margin of a completed section: {}",
             ms(cancels.smallest_margin),
             cancels.checked,
@@ -1832,6 +1874,59 @@ fn a_late_cancel_is_excused_only_by_a_stall_that_covers_it() {
     .join("\n");
     assert!(violations.contains("after its key expired"), "{violations}");
     judged_late(None);
+}
+
+/// (a) of a section that went on after its loss (`on_lost = "continue"`) and whose worker
+/// recorded the loss after the key had expired: judged up to that record, it ran outside its
+/// tenure, unless the worker's own heartbeat shows its runtime kept off the CPU over the moment
+/// it recorded the loss: then the loss may have come any time in that stall, and the section is
+/// judged up to where its runtime was last seen running on time (a Cluster run beside two CPU
+/// hogs and a second test suite: a loss recorded 10 ms after the expiry, heartbeats up to 64 ms
+/// late).
+#[test]
+fn a_loss_recorded_late_is_excused_only_by_a_stall_over_the_moment_it_was_recorded() {
+    let (_, histories) = late_cancel();
+    let went_on = Synthetic {
+        outcome: Outcome::Ok,
+        lost_seen: true,
+        lost_at: Some(11_030_000),
+        write: StoreCall::NotMade,
+        ..Synthetic::new(1, "1.1", "h:1:a", 1, (10_000_100, 11_500_000))
+    };
+    let stall = |at: i64, late_us: u64| Line {
+        worker: 1,
+        record: Record::Stall {
+            w: "1".to_string(),
+            at,
+            late_us,
+        },
+    };
+    let check_with = |stall: Option<Line>| {
+        let mut lines = vec![went_on.begin(), went_on.end()];
+        lines.extend(stall);
+        let report = check(&Inputs {
+            register: 0,
+            ..Inputs::synthetic(&lines, &histories)
+        });
+        (report.violations.join("\n"), report.lines.join("\n"))
+    };
+    let outside = "ran outside its server-side tenure";
+    let (violations, _) = check_with(None);
+    assert!(violations.contains(outside), "{violations}");
+    // A heartbeat due at 10.990 s ran when it recorded the loss (the one before ran on time,
+    // up to one period earlier): judged up to 10.980 s.
+    let (violations, lines) = check_with(Some(stall(11_030_500, 40_500)));
+    assert_eq!(violations, "");
+    assert!(
+        lines.contains("1 losses recorded while their worker was kept off the CPU"),
+        "{lines}"
+    );
+    // A stall that ended before the record, or whose runtime was seen on time after the key
+    // expired, excuses nothing.
+    for stall_at in [stall(11_020_000, 20_000), stall(11_030_500, 5_000)] {
+        let (violations, _) = check_with(Some(stall_at));
+        assert!(violations.contains(outside), "{violations}");
+    }
 }
 
 /// A grant in a gap of a live server's history (its `MONITOR` connection closed by a Sentinel's
