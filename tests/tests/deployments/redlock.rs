@@ -754,3 +754,40 @@ async fn attempts_that_won_no_quorum_leave_no_lock_behind_on_any_node() {
     )
     .await;
 }
+
+/// An attempt that won no quorum is taken back only where it holds the key: on a node whose
+/// answer it never got (its command held on the way), the take-back arrives after a refused
+/// attempt and leaves the holder's lock there as it was.
+#[tokio::test]
+async fn a_taken_back_attempt_leaves_the_holders_lock_on_a_node_that_did_not_answer_it() {
+    let nodes = nodes(3);
+    let holder = registry(&nodes);
+    let held = hold(&holder, "k").await;
+    until_held_everywhere(&nodes, "k", Some(held.token())).await;
+    let proxy = lock_tests::proxy::Proxy::start(nodes[2].port());
+    let contender = with_timeouts(
+        Registry::builder().redlock([nodes[0].url(), nodes[1].url(), proxy.url()]),
+        Duration::from_millis(300),
+    );
+    lock_tests::warm_up(&contender).await;
+    // The attempt on the third node, and everything after it there, waits in the proxy: that
+    // node never answers it, so the attempt is taken back there too.
+    proxy.hold_requests_from(b"lock:k");
+    let err = contender.lock("k").acquire().await.unwrap_err();
+    assert!(err.is_busy(), "{err}");
+    // The attempt and its take-back.
+    proxy.held_at_least(b"lock:k", 2).await;
+    let (gets, _) = lock_tests::command_counts(&nodes[2].url(), "get").await;
+    proxy.release_requests();
+    // The take-back reads the key (one GET) before it decides.
+    lock_tests::eventually(Duration::from_secs(5), "the take-back ran", || async {
+        lock_tests::command_counts(&nodes[2].url(), "get").await.0 > gets
+    })
+    .await;
+    assert_eq!(
+        holders(&nodes, "k", Some(held.token())),
+        3,
+        "the holder's lock is on every node still"
+    );
+    held.release().await.unwrap();
+}

@@ -173,3 +173,60 @@ async fn a_fenced_key_refuses_the_late_write_of_a_holder_whose_lock_passed_on() 
         .unwrap();
     assert_eq!(read, FencedWrite::Written(None));
 }
+
+/// A counter ahead of the server's clock (written while a server with a clock ahead of this one
+/// was the master, say) still yields a greater token: a token is the greater of the counter's
+/// value plus one and the clock.
+#[tokio::test]
+async fn a_counter_ahead_of_the_servers_clock_still_yields_a_greater_token() {
+    let server = RedisServer::start();
+    let reg = registry(&server);
+    let mut con = raw(&server.url()).await;
+    let guard = reg
+        .lock("invoice:10")
+        .fencing(true)
+        .acquire()
+        .await
+        .unwrap();
+    // A day ahead of the token the clock gave.
+    let ahead = guard.fence().unwrap() + 86_400_000_000;
+    guard.release().await.unwrap();
+    let _: () = con.set("fence:{lock:invoice:10}", ahead).await.unwrap();
+    let next = reg
+        .lock("invoice:10")
+        .fencing(true)
+        .acquire()
+        .await
+        .unwrap();
+    assert!(
+        next.fence().unwrap() > ahead,
+        "{:?} after {ahead}",
+        next.fence()
+    );
+    next.release().await.unwrap();
+}
+
+/// A lock over several keys takes the greatest of its counters' next tokens, so it is above every
+/// token handed out on any of its keys, also where one counter is ahead of the server's clock.
+#[tokio::test]
+async fn a_multi_key_lock_takes_a_token_above_every_one_of_its_counters() {
+    let server = RedisServer::start();
+    let reg = registry(&server);
+    let mut con = raw(&server.url()).await;
+    let guard = reg
+        .lock("invoice:11")
+        .fencing(true)
+        .acquire()
+        .await
+        .unwrap();
+    let ahead = guard.fence().unwrap() + 86_400_000_000;
+    guard.release().await.unwrap();
+    let _: () = con.set("fence:{lock:invoice:12}", ahead).await.unwrap();
+    for keys in [["invoice:11", "invoice:12"], ["invoice:12", "invoice:11"]] {
+        let both = reg.lock_all(keys).fencing(true).acquire().await.unwrap();
+        let fence = both.fence().unwrap();
+        assert!(fence > ahead, "{keys:?}: {fence} after {ahead}");
+        both.release().await.unwrap();
+        let _: () = con.set("fence:{lock:invoice:12}", ahead).await.unwrap();
+    }
+}

@@ -125,7 +125,19 @@ async fn a_waiter_that_stopped_keeping_its_place_is_skipped_never_handed_the_loc
     })
     .await;
 
+    let live: Vec<String> = con.zrange("queue:{lock:skip}", 0, -1).await.unwrap();
+    let live = live
+        .into_iter()
+        .find(|token| *token != stale)
+        .expect("the live waiter is queued");
     held.release().await.unwrap();
+    // The release itself handed the lock over, to the live waiter, past the stale place.
+    let handed: Option<String> = con.get("lock:skip").await.unwrap();
+    assert_eq!(
+        handed.as_deref(),
+        Some(live.as_str()),
+        "the release handed the lock to the live waiter"
+    );
     let guard = second
         .await
         .unwrap()
@@ -388,4 +400,101 @@ async fn a_release_with_a_waiter_in_its_own_process_is_one_command() {
         "(release scripts, DELIFEQs) for one handoff"
     );
     guard.release().await.unwrap();
+}
+
+/// A handed-over lease runs from the sending of the attempt that kept the waiter's place (the
+/// handed key expires with that place), not from the notification: a waiter that heard of the
+/// handoff slowly sees its lease over before anyone else can take the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slowly_heard_handoffs_lease_is_over_before_another_can_take_the_key() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    let (holder, other) = (registry(&server), registry(&server));
+    let slow = patient_registry(&proxy.url());
+    lock_tests::warm_up(&slow).await;
+    let held = holder.lock("slow-handoff").acquire().await.unwrap();
+    // Each message and reply reaches the waiter 150 ms after the server sent it: far more than
+    // a 6 s lease's drift, far less than the lease.
+    proxy.set_latency(Duration::from_millis(150));
+    let waiter = tokio::spawn(async move {
+        slow.lock("slow-handoff")
+            .ttl(Duration::from_secs(6))
+            .renew(false)
+            .wait(Duration::from_secs(30))
+            .acquire()
+            .await
+    });
+    // Its second attempt (the one right after it subscribed) kept its place; the next comes a
+    // third of the ttl after it, so the waiter waits for the handoff with no attempt on its way.
+    let con = raw(&server.url()).await;
+    eventually(LIMIT, "the waiter's second attempt kept its place", || {
+        let mut con = con.clone();
+        async move {
+            let places: Vec<String> = con.hvals("queued:{lock:slow-handoff}").await.unwrap();
+            places.iter().any(|place| place.ends_with(" 2"))
+        }
+    })
+    .await;
+    held.release().await.unwrap();
+    let handed = waiter.await.unwrap().expect("handed the lock");
+    let second = other
+        .lock("slow-handoff")
+        .wait(Duration::from_secs(30))
+        .acquire()
+        .await
+        .expect("the handed key runs out on the server");
+    assert!(
+        handed.is_lost(),
+        "another registry holds the key while the handed lease still holds"
+    );
+    second.release().await.unwrap();
+}
+
+/// A handoff heard only after its lease ran out (the waiter's process was stopped across it, and
+/// nobody took the key meanwhile) is not taken as held: the waiter tries again, and holds the
+/// key on the server when it says it holds the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handoff_heard_after_its_lease_ran_out_is_never_taken_as_held() {
+    use tokio::io::AsyncBufReadExt;
+    let server = RedisServer::start();
+    let holder = registry(&server);
+    let mut con = raw(&server.url()).await;
+    // Whether the waiter hears the handoff or its overdue timer first is up to its runtime:
+    // enough rounds to hear it first in some.
+    for round in 0..30 {
+        let key: &'static str = Box::leak(format!("late-handoff:{round}").into_boxed_str());
+        let held = holder.lock(key).acquire().await.unwrap();
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_lock-waiter"))
+            .args([&server.url(), key, "400", "20000"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start lock-waiter");
+        let pid = child.id().expect("running");
+        let mut lines = tokio::io::BufReader::new(child.stdout.take().expect("piped")).lines();
+        until_queued(&server.url(), key, 1).await;
+        lock_tests::signal(pid, "STOP");
+        held.release().await.unwrap();
+        eventually(LIMIT, "the handed-over key to run out", || {
+            let mut con = con.clone();
+            async move { !con.exists::<_, bool>(format!("lock:{key}")).await.unwrap() }
+        })
+        .await;
+        lock_tests::signal(pid, "CONT");
+        let line = next_line(&mut lines, LIMIT)
+            .await
+            .expect("the waiter takes the free lock");
+        let token = line
+            .strip_prefix("held ")
+            .unwrap_or_else(|| panic!("{line}"));
+        let on_server: Option<String> = con.get(format!("lock:{key}")).await.unwrap();
+        assert_eq!(
+            on_server.as_deref(),
+            Some(token),
+            "round {round}: the waiter said it held a lock the server does not give it"
+        );
+        drop(child.stdin.take());
+        child.wait().await.unwrap();
+    }
 }

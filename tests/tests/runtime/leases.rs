@@ -533,3 +533,138 @@ async fn a_renewal_unanswered_for_a_third_of_the_ttl_puts_the_lease_at_risk_unti
         .await
         .expect("free again after the body's release");
 }
+
+/// Until another registry holds `key` (it waits for the first holder's key to run out on the
+/// server).
+async fn taken_by_another(other: &lock_runtime::Registry, key: &str) -> lock_runtime::LockGuard {
+    other
+        .lock(key)
+        .wait(Duration::from_secs(20))
+        .acquire()
+        .await
+        .expect("the key runs out on the server")
+}
+
+/// A lease runs from the sending of the attempt that took the lock, not from its reply: the
+/// server started the key's expiry in between. So a holder whose reply came slowly sees its lease
+/// over before anyone else can take the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_replys_lease_is_over_before_another_can_take_the_key() {
+    let server = RedisServer::start();
+    let proxy = lock_tests::proxy::Proxy::start(server.port());
+    let slow = super::support::patient_registry(&proxy.url());
+    lock_tests::warm_up(&slow).await;
+    let other = registry(&server);
+    // Each reply comes 150 ms after the server ran the command: far more than a 1 s lease's
+    // drift, far less than the lease.
+    proxy.set_latency(Duration::from_millis(150));
+    let first = slow
+        .lock("slow-reply")
+        .ttl(Duration::from_secs(1))
+        .renew(false)
+        .acquire()
+        .await
+        .unwrap();
+    let second = taken_by_another(&other, "slow-reply").await;
+    assert!(
+        first.is_lost(),
+        "another registry holds the key while the first holder's lease still holds"
+    );
+    second.release().await.unwrap();
+}
+
+/// A renewal extends the lease from its sending, not from its reply: a holder whose last
+/// renewal's reply came slowly sees its lease over before anyone else can take the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_renewals_lease_is_over_before_another_can_take_the_key() {
+    let server = RedisServer::start();
+    let proxy = lock_tests::proxy::Proxy::start(server.port());
+    let slow = super::support::patient_registry(&proxy.url());
+    lock_tests::warm_up(&slow).await;
+    let other = registry(&server);
+    proxy.set_latency(Duration::from_millis(150));
+    let first = slow
+        .lock("slow-renewal")
+        .ttl(Duration::from_millis(1500))
+        .acquire()
+        .await
+        .unwrap();
+    // A renewal reached the server; its reply is on its way back. The renewals after it never
+    // reach the server.
+    lock_tests::renewed_on(
+        &server,
+        "lock:slow-renewal",
+        Duration::from_secs(10),
+        "a renewal",
+    )
+    .await;
+    proxy.hold_requests_from(b"lock:slow-renewal");
+    let second = taken_by_another(&other, "slow-renewal").await;
+    assert!(
+        first.is_lost(),
+        "another registry holds the key while the first holder's renewed lease still holds"
+    );
+    second.release().await.unwrap();
+    proxy.release_requests();
+}
+
+/// Under `OnLost::Cancel`, a body whose lease runs out is dropped before the key can expire on
+/// the server: by the time another registry holds the key, the body is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_body_is_dropped_before_another_can_take_the_key() {
+    let server = RedisServer::start();
+    let (reg, other) = (registry(&server), registry(&server));
+    let dropped = Arc::new(AtomicBool::new(false));
+    let (started_tx, started) = tokio::sync::oneshot::channel();
+    let flag = DropFlag(dropped.clone());
+    let run = reg
+        .lock("cancelled")
+        .ttl(Duration::from_secs(1))
+        .renew(false)
+        .run(async move {
+            let _flag = flag;
+            started_tx.send(()).unwrap();
+            std::future::pending::<Result<(), LockError>>().await
+        });
+    let run = tokio::spawn(run);
+    started.await.unwrap();
+    let second = taken_by_another(&other, "cancelled").await;
+    assert!(
+        dropped.load(Ordering::SeqCst),
+        "another registry holds the key while the first body still runs"
+    );
+    assert_lost(&run.await.unwrap().unwrap_err(), LostReason::NotRenewed);
+    second.release().await.unwrap();
+}
+
+/// The drift kept off every lease (ttl/100 + 2 ms) covers a server whose clock runs faster than
+/// the client's: a key that expires 0.8 % early (as on such a server) still outlasts the lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_is_over_before_a_fast_clocked_server_expires_its_key() {
+    let server = RedisServer::start();
+    let (reg, other) = (registry(&server), registry(&server));
+    let mut con = raw(&server.url()).await;
+    let first = reg
+        .lock("fast-clock")
+        .ttl(Duration::from_secs(5))
+        .renew(false)
+        .acquire()
+        .await
+        .unwrap();
+    // 40 ms off a 5 s expiry, in one step on the server.
+    let shortened: i64 = redis::Script::new(
+        "return redis.call('PEXPIRE', KEYS[1], redis.call('PTTL', KEYS[1]) - tonumber(ARGV[1]))",
+    )
+    .key("lock:fast-clock")
+    .arg(40)
+    .invoke_async(&mut con)
+    .await
+    .unwrap();
+    assert_eq!(shortened, 1, "the key was where it is documented");
+    let second = taken_by_another(&other, "fast-clock").await;
+    assert!(
+        first.is_lost(),
+        "another registry holds the key while the first holder's lease still holds"
+    );
+    second.release().await.unwrap();
+}

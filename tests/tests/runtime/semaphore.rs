@@ -175,3 +175,35 @@ async fn a_permit_or_a_read_lock_taken_away_stops_its_body() {
     })
     .await;
 }
+
+/// A permit whose place ran out on the server (its score, the place's deadline, passed) is lost
+/// at the next renewal, not renewed back to life: in between, another taker may have been
+/// counted without it.
+#[tokio::test]
+async fn a_permit_whose_place_ran_out_on_the_server_is_lost_not_renewed() {
+    let server = RedisServer::start();
+    let reg = registry(&server);
+    let mut con = lock_tests::raw(&server.url()).await;
+    let guard = reg
+        .lock("lapsed")
+        .permits(2)
+        .ttl(lock_tests::RENEWED_TTL)
+        .acquire()
+        .await
+        .unwrap();
+    // The place's deadline, long past: as if its holder had not renewed it in time.
+    let updated: i64 = redis::cmd("ZADD")
+        .arg("lock:lapsed")
+        .arg("XX")
+        .arg("CH")
+        .arg(1)
+        .arg(guard.token())
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(updated, 1, "the place was where it is documented");
+    let err = tokio::time::timeout(lock_tests::RENEWED_TTL * 3, guard.lost())
+        .await
+        .expect("the next renewal finds the place ran out");
+    lock_tests::assert_lost(&err, lock_runtime::LostReason::Gone);
+}
