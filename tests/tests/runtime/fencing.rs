@@ -230,3 +230,20 @@ async fn a_multi_key_lock_takes_a_token_above_every_one_of_its_counters() {
         let _: () = con.set("fence:{lock:invoice:12}", ahead).await.unwrap();
     }
 }
+
+/// `FencedKey` compares tokens as numbers: a token with fewer digits is lower, whatever its
+/// first digit.
+#[tokio::test]
+async fn a_fenced_key_compares_tokens_as_numbers() {
+    use lock_runtime::{FencedKey, FencedWrite};
+
+    let server = RedisServer::start();
+    let mut con = raw(&server.url()).await;
+    let balance = FencedKey::new("balance:10");
+    let written = balance.write::<()>(&mut con, 10, "SET", 100).await.unwrap();
+    assert_eq!(written, FencedWrite::Written(()));
+    let late = balance.write::<()>(&mut con, 9, "SET", 0).await.unwrap();
+    assert_eq!(late, FencedWrite::Refused { highest: 10 });
+    let value: i64 = con.get("balance:10").await.unwrap();
+    assert_eq!(value, 100);
+}
