@@ -1309,7 +1309,8 @@ mod tests {
         ];
         let release_at = |call: &str, body: &str| {
             let mut lines = taken.to_vec();
-            let call = format!(r#"{call} [0 127.0.0.1:1] "evalsha" "x" "1" "lock:k" "A" "PUBLISH""#);
+            let call =
+                format!(r#"{call} [0 127.0.0.1:1] "evalsha" "x" "1" "lock:k" "A" "PUBLISH""#);
             let get = format!(r#"{body} [0 lua] "GET" "lock:k""#);
             let del = format!(r#"{body} [0 lua] "DEL" "lock:k""#);
             lines.extend([call.as_str(), get.as_str(), del.as_str()]);
