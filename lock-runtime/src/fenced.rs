@@ -24,6 +24,9 @@ if token > highest then redis.call('SET', KEYS[2], ARGV[1]) end
 return {1, reply}
 ";
 
+/// The largest token the script compares exactly: Lua numbers are doubles.
+const MAX_FENCE: u64 = (1 << 53) - 1;
+
 static FENCED_WRITE: std::sync::LazyLock<Script> =
     std::sync::LazyLock::new(|| Script::new(FENCED_WRITE_LUA));
 
@@ -134,7 +137,8 @@ impl FencedKey {
     ///
     /// # Errors
     /// The connection's errors, and the command's own (`WRONGTYPE`...), which leave the key
-    /// and its record as they were.
+    /// and its record as they were; a `fence` of 2^53 or more (which the script's Lua numbers
+    /// cannot compare exactly) before anything is sent.
     pub async fn write<T: FromRedisValue>(
         &self,
         con: &mut impl ConnectionLike,
@@ -142,6 +146,18 @@ impl FencedKey {
         command: &str,
         args: impl ToRedisArgs,
     ) -> RedisResult<FencedWrite<T>> {
+        if fence > MAX_FENCE {
+            return Err(RedisError::from((
+                redis::ErrorKind::Client,
+                "fencing token out of range",
+                format!(
+                    "token {fence} for `{}` is 2^53 or more, which the record's script (Lua \
+                     numbers) cannot compare exactly; nothing was sent. The library's own tokens \
+                     stay below it; fence this key with tokens below 2^53",
+                    self.key
+                ),
+            )));
+        }
         let reply: Vec<Value> = FENCED_WRITE
             .key(&self.key)
             .key(&self.record)

@@ -247,3 +247,34 @@ async fn a_fenced_key_compares_tokens_as_numbers() {
     let value: i64 = con.get("balance:10").await.unwrap();
     assert_eq!(value, 100);
 }
+
+/// The record's script compares tokens as Lua numbers, exact below 2^53: a larger token (the
+/// library's own stay below it until the year 2255; an application's own `u64` need not) is
+/// refused before anything is sent, with an error that says why, and nothing is written.
+#[tokio::test]
+async fn a_fenced_key_refuses_a_token_its_script_cannot_compare_exactly() {
+    use lock_runtime::{FencedKey, FencedWrite};
+
+    let server = RedisServer::start();
+    let mut con = raw(&server.url()).await;
+    let balance = FencedKey::new("balance:11");
+    let highest_exact = (1u64 << 53) - 1;
+    let written = balance.write::<()>(&mut con, highest_exact, "SET", 1).await;
+    assert_eq!(written.unwrap(), FencedWrite::Written(()));
+    for too_large in [1u64 << 53, (1 << 53) + 1, u64::MAX] {
+        let err = balance
+            .write::<()>(&mut con, too_large, "SET", 2)
+            .await
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("2^53") && err.to_string().contains("balance:11"),
+            "{err}"
+        );
+    }
+    let value: i64 = con.get("balance:11").await.unwrap();
+    assert_eq!(value, 1, "nothing was written");
+    assert_eq!(
+        balance.highest(&mut con).await.unwrap(),
+        Some(highest_exact)
+    );
+}
