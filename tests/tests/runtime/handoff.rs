@@ -283,32 +283,12 @@ async fn next_line(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_stopped_across_a_handoff_never_takes_the_lock_while_another_holds_it() {
-    use tokio::io::AsyncBufReadExt;
     let server = RedisServer::start();
     let (first, other) = (registry(&server), registry(&server));
     let mut con = raw(&server.url()).await;
     for round in 0..20 {
         let key: &'static str = Box::leak(format!("stalled:{round}").into_boxed_str());
-        let held = first.lock(key).acquire().await.unwrap();
-        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_lock-waiter"))
-            .args([&server.url(), key, "400", "20000"])
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("start lock-waiter");
-        let pid = child.id().expect("running");
-        let mut lines = tokio::io::BufReader::new(child.stdout.take().expect("piped")).lines();
-        until_queued(&server.url(), key, 1).await;
-        // Stopped in the queue: the release hands it the lock, which it cannot hear of, and the
-        // handed key runs out unrenewed while it sleeps.
-        lock_tests::signal(pid, "STOP");
-        held.release().await.unwrap();
-        eventually(LIMIT, "the handed-over key to run out", || {
-            let mut con = con.clone();
-            async move { !con.exists::<_, bool>(format!("lock:{key}")).await.unwrap() }
-        })
-        .await;
+        let (mut child, pid, mut lines) = stopped_across_a_handoff(&server, &first, key).await;
         let theirs = other
             .lock(key)
             .ttl(Duration::from_secs(10))
@@ -455,7 +435,6 @@ async fn a_slowly_heard_handoffs_lease_is_over_before_another_can_take_the_key()
 /// key on the server when it says it holds the lock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handoff_heard_after_its_lease_ran_out_is_never_taken_as_held() {
-    use tokio::io::AsyncBufReadExt;
     let server = RedisServer::start();
     let holder = registry(&server);
     let mut con = raw(&server.url()).await;
@@ -463,24 +442,7 @@ async fn a_handoff_heard_after_its_lease_ran_out_is_never_taken_as_held() {
     // enough rounds to hear it first in some.
     for round in 0..30 {
         let key: &'static str = Box::leak(format!("late-handoff:{round}").into_boxed_str());
-        let held = holder.lock(key).acquire().await.unwrap();
-        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_lock-waiter"))
-            .args([&server.url(), key, "400", "20000"])
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("start lock-waiter");
-        let pid = child.id().expect("running");
-        let mut lines = tokio::io::BufReader::new(child.stdout.take().expect("piped")).lines();
-        until_queued(&server.url(), key, 1).await;
-        lock_tests::signal(pid, "STOP");
-        held.release().await.unwrap();
-        eventually(LIMIT, "the handed-over key to run out", || {
-            let mut con = con.clone();
-            async move { !con.exists::<_, bool>(format!("lock:{key}")).await.unwrap() }
-        })
-        .await;
+        let (mut child, pid, mut lines) = stopped_across_a_handoff(&server, &holder, key).await;
         lock_tests::signal(pid, "CONT");
         let line = next_line(&mut lines, LIMIT)
             .await
@@ -497,4 +459,39 @@ async fn a_handoff_heard_after_its_lease_ran_out_is_never_taken_as_held() {
         drop(child.stdin.take());
         child.wait().await.unwrap();
     }
+}
+
+/// A `lock-waiter` process queued for `key`, which `holder` held: stopped in the queue, so the
+/// release hands it the lock, which it cannot hear of, and the handed key runs out unrenewed
+/// while it sleeps. Returns the process, its pid and its output's lines.
+async fn stopped_across_a_handoff(
+    server: &RedisServer,
+    holder: &lock_runtime::Registry,
+    key: &'static str,
+) -> (
+    tokio::process::Child,
+    u32,
+    tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+) {
+    use tokio::io::AsyncBufReadExt;
+    let held = holder.lock(key).acquire().await.unwrap();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_lock-waiter"))
+        .args([&server.url(), key, "400", "20000"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start lock-waiter");
+    let pid = child.id().expect("running");
+    let lines = tokio::io::BufReader::new(child.stdout.take().expect("piped")).lines();
+    until_queued(&server.url(), key, 1).await;
+    lock_tests::signal(pid, "STOP");
+    held.release().await.unwrap();
+    let con = raw(&server.url()).await;
+    eventually(LIMIT, "the handed-over key to run out", || {
+        let mut con = con.clone();
+        async move { !con.exists::<_, bool>(format!("lock:{key}")).await.unwrap() }
+    })
+    .await;
+    (child, pid, lines)
 }

@@ -545,19 +545,33 @@ async fn taken_by_another(other: &lock_runtime::Registry, key: &str) -> lock_run
         .expect("the key runs out on the server")
 }
 
-/// A lease runs from the sending of the attempt that took the lock, not from its reply: the
-/// server started the key's expiry in between. So a holder whose reply came slowly sees its lease
-/// over before anyone else can take the key.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_slow_replys_lease_is_over_before_another_can_take_the_key() {
+/// A server; a registry that reaches it through a proxy adding `latency` to every reply, warmed
+/// up first; and another registry on the server directly.
+async fn behind_a_slow_link(
+    latency: Duration,
+) -> (
+    RedisServer,
+    lock_tests::proxy::Proxy,
+    lock_runtime::Registry,
+    lock_runtime::Registry,
+) {
     let server = RedisServer::start();
     let proxy = lock_tests::proxy::Proxy::start(server.port());
     let slow = super::support::patient_registry(&proxy.url());
     lock_tests::warm_up(&slow).await;
     let other = registry(&server);
+    proxy.set_latency(latency);
+    (server, proxy, slow, other)
+}
+
+/// A lease runs from the sending of the attempt that took the lock, not from its reply: the
+/// server started the key's expiry in between. So a holder whose reply came slowly sees its lease
+/// over before anyone else can take the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_replys_lease_is_over_before_another_can_take_the_key() {
     // Each reply comes 150 ms after the server ran the command: far more than a 1 s lease's
     // drift, far less than the lease.
-    proxy.set_latency(Duration::from_millis(150));
+    let (_server, _proxy, slow, other) = behind_a_slow_link(Duration::from_millis(150)).await;
     let first = slow
         .lock("slow-reply")
         .ttl(Duration::from_secs(1))
@@ -577,12 +591,7 @@ async fn a_slow_replys_lease_is_over_before_another_can_take_the_key() {
 /// renewal's reply came slowly sees its lease over before anyone else can take the key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_renewals_lease_is_over_before_another_can_take_the_key() {
-    let server = RedisServer::start();
-    let proxy = lock_tests::proxy::Proxy::start(server.port());
-    let slow = super::support::patient_registry(&proxy.url());
-    lock_tests::warm_up(&slow).await;
-    let other = registry(&server);
-    proxy.set_latency(Duration::from_millis(150));
+    let (server, proxy, slow, other) = behind_a_slow_link(Duration::from_millis(150)).await;
     let first = slow
         .lock("slow-renewal")
         .ttl(Duration::from_millis(1500))
