@@ -174,6 +174,14 @@ async fn a_fenced_key_refuses_the_late_write_of_a_holder_whose_lock_passed_on() 
     assert_eq!(read, FencedWrite::Written(None));
 }
 
+/// A token a day ahead of the one the server's clock gives `key` now (its holder released).
+async fn a_day_ahead(reg: &lock_runtime::Registry, key: &str) -> u64 {
+    let guard = reg.lock(key).fencing(true).acquire().await.unwrap();
+    let ahead = guard.fence().unwrap() + 86_400_000_000;
+    guard.release().await.unwrap();
+    ahead
+}
+
 /// A counter ahead of the server's clock (written while a server with a clock ahead of this one
 /// was the master, say) still yields a greater token: a token is the greater of the counter's
 /// value plus one and the clock.
@@ -182,15 +190,7 @@ async fn a_counter_ahead_of_the_servers_clock_still_yields_a_greater_token() {
     let server = RedisServer::start();
     let reg = registry(&server);
     let mut con = raw(&server.url()).await;
-    let guard = reg
-        .lock("invoice:10")
-        .fencing(true)
-        .acquire()
-        .await
-        .unwrap();
-    // A day ahead of the token the clock gave.
-    let ahead = guard.fence().unwrap() + 86_400_000_000;
-    guard.release().await.unwrap();
+    let ahead = a_day_ahead(&reg, "invoice:10").await;
     let _: () = con.set("fence:{lock:invoice:10}", ahead).await.unwrap();
     let next = reg
         .lock("invoice:10")
@@ -213,14 +213,7 @@ async fn a_multi_key_lock_takes_a_token_above_every_one_of_its_counters() {
     let server = RedisServer::start();
     let reg = registry(&server);
     let mut con = raw(&server.url()).await;
-    let guard = reg
-        .lock("invoice:11")
-        .fencing(true)
-        .acquire()
-        .await
-        .unwrap();
-    let ahead = guard.fence().unwrap() + 86_400_000_000;
-    guard.release().await.unwrap();
+    let ahead = a_day_ahead(&reg, "invoice:11").await;
     let _: () = con.set("fence:{lock:invoice:12}", ahead).await.unwrap();
     for keys in [["invoice:11", "invoice:12"], ["invoice:12", "invoice:11"]] {
         let both = reg.lock_all(keys).fencing(true).acquire().await.unwrap();
