@@ -503,7 +503,7 @@ fn late_lease(
     now: Instant,
     give_up_at: Instant,
 ) -> Option<Result<(), LockError>> {
-    if now < sent_at + options.ttl - options.drift() {
+    if now < options.deadline(sent_at) {
         return None;
     }
     tracing::debug!(key = %crate::error::shown(&key.name), "a lock taken after its lease ran out");

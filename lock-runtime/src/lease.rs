@@ -60,7 +60,7 @@ impl Lease {
         labels: Labels,
     ) -> Arc<Self> {
         let state = Mutex::new(LeaseState {
-            deadline: sent_at + options.ttl - options.drift(),
+            deadline: options.deadline(sent_at),
             lost: None,
             at_risk: false,
             body: false,
@@ -122,7 +122,7 @@ impl Lease {
     /// late: its body may have been cancelled and its owner told, and a lease that comes back
     /// to life would make `is_lost` flap.
     pub(crate) fn confirm_renewal(&self, sent_at: Instant) {
-        let deadline = sent_at + self.options.ttl - self.options.drift();
+        let deadline = self.options.deadline(sent_at);
         let now = Instant::now();
         let (mut lapsed, mut safe_again) = (false, false);
         self.update(|s| {

@@ -328,6 +328,12 @@ impl LockOptions {
     pub(crate) fn drift(&self) -> Duration {
         drift(self.ttl)
     }
+
+    /// The local deadline of a lease confirmed by a command sent at `sent_at`: the server
+    /// started the key's expiry after that, so the key cannot expire before this.
+    pub(crate) fn deadline(&self, sent_at: tokio::time::Instant) -> tokio::time::Instant {
+        sent_at + self.ttl - self.drift()
+    }
 }
 
 /// The safety margin subtracted from every local deadline of a lease of `ttl`: the clock-drift
