@@ -95,8 +95,11 @@ pub struct Outage {
     /// The last command the history shows before the loss (µs).
     pub seen_until_us: i64,
     pub lost_us: i64,
-    /// The first command the history shows after it (`i64::MAX`: none).
+    /// The first command that server's own history shows after it (`i64::MAX`: none); in a
+    /// group merged from several servers, the others' commands do not say it is back.
     pub back_us: i64,
+    /// Which of the group's servers (its stream's place in [`rebuild`]'s `streams`).
+    pub server: usize,
     /// Only the history stopped: the server kept its data and answered throughout.
     pub ran_on: bool,
 }
@@ -179,11 +182,12 @@ impl Builder<'_> {
 
     /// The history shows nothing of the server from `seen_until_us` until `lost_us` (a loss;
     /// `ran_on`: a gap in a live server's history): an outage, and no key known written since.
-    fn lost_sight(&mut self, seen_until_us: i64, lost_us: i64, ran_on: bool) {
+    fn lost_sight(&mut self, server: usize, seen_until_us: i64, lost_us: i64, ran_on: bool) {
         self.history.outages.push(Outage {
             seen_until_us,
             lost_us,
             back_us: i64::MAX,
+            server,
             ran_on,
         });
         self.written_since_loss.clear();
@@ -1044,17 +1048,22 @@ pub fn rebuild(streams: &[Vec<Event>], prefix: &str, ifeq: bool) -> History {
         unseen_until_us: None,
         longest_ms: 0,
     };
-    let mut merged: Vec<Unit<'_>> = streams.iter().flat_map(|s| units(s)).collect();
+    let mut merged: Vec<(usize, Unit<'_>)> = streams
+        .iter()
+        .enumerate()
+        .flat_map(|(server, s)| units(s).into_iter().map(move |u| (server, u)))
+        .collect();
     // Stable: a server's own units keep their order when stamps tie.
-    merged.sort_by_key(Unit::at_us);
+    merged.sort_by_key(|(_, u)| u.at_us());
+    let (servers, merged): (Vec<usize>, Vec<Unit<'_>>) = merged.into_iter().unzip();
     let refused = refused_plain_sets(&merged);
-    for (i, unit) in merged.into_iter().enumerate() {
+    for (i, (server, unit)) in servers.into_iter().zip(merged).enumerate() {
         match unit {
             Unit::Lost {
                 at_us,
                 seen_until_us,
             } => {
-                b.lost_sight(seen_until_us, at_us, false);
+                b.lost_sight(server, seen_until_us, at_us, false);
                 b.history.server_losses += 1;
                 b.last_loss_us = Some(at_us);
                 b.unseen_until_us = (!b.replicated).then_some(at_us);
@@ -1070,13 +1079,13 @@ pub fn rebuild(streams: &[Vec<Event>], prefix: &str, ifeq: bool) -> History {
                 seen_until_us,
                 to_us,
             } => {
-                b.lost_sight(seen_until_us, to_us, true);
+                b.lost_sight(server, seen_until_us, to_us, true);
                 b.history.gaps += 1;
                 b.unseen_until_us = Some(to_us);
             }
             Unit::Command(e, body) => {
-                if let Some(outage) = b.history.outages.last_mut() {
-                    if outage.back_us == i64::MAX {
+                for outage in &mut b.history.outages {
+                    if outage.server == server && outage.back_us == i64::MAX {
                         outage.back_us = e.at_us;
                     }
                 }
