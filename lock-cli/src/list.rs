@@ -42,13 +42,13 @@ pub async fn list(target: &Target, registry: &Registry, key_prefix: &str) -> Res
     }
     print!("{}", render::table(&rows));
     let nodes = match target {
-        Target::Server(_) => String::new(),
-        Target::Cluster(_) => format!(" on {} masters", scan.scanned),
         Target::Redlock(urls) => format!(" on {} of {} nodes", scan.scanned, urls.len()),
+        Target::Cluster(_) => format!(" on {} masters", scan.scanned),
         Target::Sentinel { .. } => format!(
             " on {}, the master the sentinels name",
             scan.master.as_deref().unwrap_or("?")
         ),
+        _ => String::new(),
     };
     println!(
         "{held} lock{} under {under}{nodes}",

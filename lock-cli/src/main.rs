@@ -35,7 +35,7 @@ use lock_runtime::{LockError, Registry};
 
 use crate::cli::{Cli, Command};
 use crate::confirm::Answer;
-use crate::target::{Target, PASSWORD_VAR};
+use crate::target::{TargetExt, PASSWORD_VAR};
 
 /// A failure to report: one message for the operator, exit status 1.
 #[derive(Debug)]
@@ -94,7 +94,7 @@ async fn start(cli: Cli) -> ExitCode {
 
 async fn execute(cli: Cli) -> Result<ExitCode, Failure> {
     let env = |name: &str| std::env::var(name).ok();
-    let mut target = Target::resolve(&cli.target, env).map_err(Failure)?;
+    let mut target = target::resolve(&cli.target, env).map_err(Failure)?;
     if let Some(password) = env(PASSWORD_VAR).filter(|p| !p.is_empty()) {
         target = target.with_password(&password).map_err(Failure)?;
     }

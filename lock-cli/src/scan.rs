@@ -105,6 +105,13 @@ pub async fn scan(target: &Target, pattern: &str) -> Result<Scan, Failure> {
             }
             scan.scanned = masters;
         }
+        _ => {
+            return Err(Failure(
+                "lockctl cannot list the keys of this deployment yet; name a key (`show`, \
+                 `watch`, `unlock`)"
+                    .to_owned(),
+            ))
+        }
     }
     scan.keys = counts
         .into_iter()

@@ -2,7 +2,7 @@
 //! variables, so `lockctl` sees exactly what the services see (Sentinel included: the master
 //! the sentinels name).
 
-use lock_runtime::{LockError, Registry};
+use lock_runtime::{Deployment, LockError, Registry};
 
 /// A password for every URL that carries none, so that it need not be typed on a command line
 /// (where `ps` and the shell's history show it).
@@ -10,24 +10,15 @@ pub const PASSWORD_VAR: &str = "LOCK_REDIS_PASSWORD";
 
 use crate::cli::TargetArgs;
 
-/// The variables [`Target::resolve`] reads for a deployment: each may hold URLs, and so
-/// passwords.
-const URL_VARS: [&str; 5] = [
-    "LOCK_REDIS_SENTINEL",
-    "LOCK_REDIS_SENTINEL_MASTER",
-    "LOCK_REDIS_CLUSTER",
-    "LOCK_REDIS_URL",
-    "REDIS_URL",
-];
-
 /// The variables of `env` that hold lockctl's credentials: [`PASSWORD_VAR`] when set, and each
-/// of [`URL_VARS`] that holds a URL with a password. `lockctl run` keeps them from its
+/// of the library's deployment variables (`Deployment::VARIABLES`) that holds a URL with a
+/// password. `lockctl run` keeps them from its
 /// command.
 pub fn credential_vars(env: impl Fn(&str) -> Option<String>) -> Vec<&'static str> {
     std::iter::once(PASSWORD_VAR)
         .filter(|&name| env(name).is_some())
         .chain(
-            URL_VARS
+            Target::VARIABLES
                 .into_iter()
                 .filter(|&name| env(name).is_some_and(|value| carries_password(&value))),
         )
@@ -46,101 +37,76 @@ fn carries_password(value: &str) -> bool {
         })
 }
 
-/// A deployment of lock-runtime's Redis backends.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Target {
-    /// One Redis server.
-    Server(String),
-    /// A Redis Cluster, through these seed nodes.
-    Cluster(Vec<String>),
-    /// Redlock over these independent masters.
-    Redlock(Vec<String>),
-    /// The master these sentinels name for `master` (a service name, or a URL carrying the
-    /// master's login), as `RegistryBuilder::sentinel` takes them.
-    Sentinel {
-        master: String,
-        sentinels: Vec<String>,
-    },
+/// A deployment of lock-runtime's, as the library names it.
+pub type Target = Deployment;
+
+/// The flags win; otherwise the variables `Registry::from_env` reads, through the library's
+/// own grammar (`Deployment::from_vars`): `LOCK_REDIS_SENTINEL` (with
+/// `LOCK_REDIS_SENTINEL_MASTER`), then `LOCK_REDIS_CLUSTER`, then `LOCK_REDIS_URL` (a comma list
+/// is Redlock), then `REDIS_URL`. `--master-name` names the master of sentinels from either
+/// place, else `LOCK_REDIS_SENTINEL_MASTER` does: like the library, there is no default name.
+///
+/// # Errors
+/// A message saying what to pass when nothing names a deployment, or sentinels no master.
+pub fn resolve(args: &TargetArgs, env: impl Fn(&str) -> Option<String>) -> Result<Target, String> {
+    if let Some(url) = &args.url {
+        return Ok(Target::Server(url.clone()));
+    }
+    if !args.cluster.is_empty() {
+        return Ok(Target::Cluster(args.cluster.clone()));
+    }
+    if !args.redlock.is_empty() {
+        return Ok(Target::Redlock(args.redlock.clone()));
+    }
+    let var = |name: &str| env(name).filter(|v: &String| !v.trim().is_empty());
+    let master = args
+        .master_name
+        .clone()
+        .or_else(|| var(Target::SENTINEL_MASTER_VAR));
+    let no_master = "sentinels are given but no master name: pass --master-name (the service \
+                     name the sentinels monitor, e.g. mymaster) or set LOCK_REDIS_SENTINEL_MASTER";
+    if !args.sentinel.is_empty() {
+        return Ok(Target::Sentinel {
+            master: master.ok_or(no_master)?,
+            sentinels: args.sentinel.clone(),
+        });
+    }
+    let sentinels_set = var("LOCK_REDIS_SENTINEL").is_some();
+    if sentinels_set && master.is_none() {
+        return Err(no_master.to_owned());
+    }
+    if args.master_name.is_some() && !sentinels_set {
+        return Err(
+            "--master-name names the master of sentinels: pass them with \
+                    --sentinel URL,URL (or set LOCK_REDIS_SENTINEL)"
+                .to_owned(),
+        );
+    }
+    // The flag's master name stands in for the variable's.
+    let env = |name: &str| {
+        if name == Target::SENTINEL_MASTER_VAR {
+            master.clone()
+        } else {
+            env(name)
+        }
+    };
+    Target::from_vars(env)
+        .map_err(|e| e.to_string())?
+        .ok_or_else(|| {
+            "no Redis to inspect: pass --url, --cluster, --redlock or --sentinel, or set \
+             LOCK_REDIS_URL / LOCK_REDIS_CLUSTER / LOCK_REDIS_SENTINEL as for the services"
+                .to_owned()
+        })
 }
 
-impl Target {
-    /// The flags win; otherwise the variables `Registry::from_env` reads, in its order:
-    /// `LOCK_REDIS_SENTINEL` (with `LOCK_REDIS_SENTINEL_MASTER`), then `LOCK_REDIS_CLUSTER`,
-    /// then `LOCK_REDIS_URL` (a comma list is Redlock), then `REDIS_URL`. `--master-name`
-    /// names the master of sentinels from either place, else `LOCK_REDIS_SENTINEL_MASTER`
-    /// does: like the library, there is no default name.
-    ///
-    /// # Errors
-    /// A message saying what to pass when nothing names a deployment, or sentinels no master.
-    pub fn resolve(
-        args: &TargetArgs,
-        env: impl Fn(&str) -> Option<String>,
-    ) -> Result<Self, String> {
-        if let Some(url) = &args.url {
-            return Ok(Self::Server(url.clone()));
-        }
-        if !args.cluster.is_empty() {
-            return Ok(Self::Cluster(args.cluster.clone()));
-        }
-        if !args.redlock.is_empty() {
-            return Ok(Self::Redlock(args.redlock.clone()));
-        }
-        let var = |name| env(name).filter(|v: &String| !v.trim().is_empty());
-        let list = |v: String| v.split(',').map(|s| s.trim().to_owned()).collect();
-        let sentinels = if args.sentinel.is_empty() {
-            var("LOCK_REDIS_SENTINEL").map(list)
-        } else {
-            Some(args.sentinel.clone())
-        };
-        if let Some(sentinels) = sentinels {
-            let master = args
-                .master_name
-                .clone()
-                .or_else(|| var("LOCK_REDIS_SENTINEL_MASTER"))
-                .ok_or(
-                    "sentinels are given but no master name: pass --master-name (the service \
-                     name the sentinels monitor, e.g. mymaster) or set LOCK_REDIS_SENTINEL_MASTER",
-                )?;
-            return Ok(Self::Sentinel { master, sentinels });
-        }
-        if args.master_name.is_some() {
-            return Err(
-                "--master-name names the master of sentinels: pass them with \
-                        --sentinel URL,URL (or set LOCK_REDIS_SENTINEL)"
-                    .to_owned(),
-            );
-        }
-        if let Some(seeds) = var("LOCK_REDIS_CLUSTER") {
-            return Ok(Self::Cluster(list(seeds)));
-        }
-        match var("LOCK_REDIS_URL").or_else(|| var("REDIS_URL")) {
-            Some(url) if url.contains(',') => Ok(Self::Redlock(list(url))),
-            Some(url) => Ok(Self::Server(url.trim().to_owned())),
-            None => Err(
-                "no Redis to inspect: pass --url, --cluster, --redlock or --sentinel, or set \
-                 LOCK_REDIS_URL / LOCK_REDIS_CLUSTER / LOCK_REDIS_SENTINEL as for the services"
-                    .to_owned(),
-            ),
-        }
-    }
-
+/// What lockctl does with a deployment beside what the library does.
+pub trait TargetExt: Sized {
     /// A registry on this deployment: `inspect` and `force_unlock` go through the library, so
     /// the CLI reads and deletes exactly the keys the library writes, in every mode.
     ///
     /// # Errors
     /// See `RegistryBuilder::build`.
-    pub fn registry(&self, prefix: &str) -> Result<Registry, LockError> {
-        let builder = Registry::builder().prefix(prefix);
-        match self {
-            Self::Server(url) => builder.url(url.clone()),
-            Self::Cluster(seeds) => builder.cluster(seeds.clone()),
-            Self::Redlock(nodes) => builder.redlock(nodes.clone()),
-            Self::Sentinel { master, sentinels } => {
-                builder.sentinel(master.clone(), sentinels.clone())
-            }
-        }
-        .build()
-    }
+    fn registry(&self, prefix: &str) -> Result<Registry, LockError>;
 
     /// This deployment with `password` in every URL that has none: the server's, each seed's,
     /// each Redlock node's, and with sentinels the master's login (a master given by name
@@ -149,7 +115,18 @@ impl Target {
     ///
     /// # Errors
     /// A URL that does not parse (the message does not echo it: it may hold another password).
-    pub fn with_password(self, password: &str) -> Result<Self, String> {
+    fn with_password(self, password: &str) -> Result<Self, String>;
+}
+
+impl TargetExt for Target {
+    fn registry(&self, prefix: &str) -> Result<Registry, LockError> {
+        Registry::builder()
+            .prefix(prefix)
+            .deployment(self.clone())
+            .build()
+    }
+
+    fn with_password(self, password: &str) -> Result<Self, String> {
         let add = |url: &String| -> Result<String, String> {
             let mut parsed = url::Url::parse(url)
                 .map_err(|e| format!("a URL given with {PASSWORD_VAR} does not parse: {e}"))?;
@@ -175,16 +152,13 @@ impl Target {
                 };
                 Self::Sentinel { master, sentinels }
             }
+            _ => {
+                return Err(format!(
+                    "lockctl cannot put {PASSWORD_VAR} into this deployment's URLs; put the \
+                     password in its URL instead"
+                ))
+            }
         })
-    }
-
-    /// The URLs given (every Redlock node, the cluster's seeds, the sentinels).
-    pub fn urls(&self) -> &[String] {
-        match self {
-            Self::Server(url) => std::slice::from_ref(url),
-            Self::Cluster(urls) | Self::Redlock(urls) => urls,
-            Self::Sentinel { sentinels, .. } => sentinels,
-        }
     }
 }
 
@@ -269,7 +243,7 @@ mod tests {
             url: Some("redis://flag:1/".into()),
             ..no_flags()
         };
-        let target = Target::resolve(&args, env(&[("LOCK_REDIS_CLUSTER", "redis://c:1")]));
+        let target = resolve(&args, env(&[("LOCK_REDIS_CLUSTER", "redis://c:1")]));
         assert_eq!(target, Ok(Target::Server("redis://flag:1/".into())));
     }
 
@@ -281,18 +255,18 @@ mod tests {
             ("REDIS_URL", "redis://r:1"),
         ];
         assert_eq!(
-            Target::resolve(&no_flags(), env(&all)),
+            resolve(&no_flags(), env(&all)),
             Ok(Target::Cluster(vec![
                 "redis://c:1".into(),
                 "redis://c:2".into()
             ]))
         );
         assert_eq!(
-            Target::resolve(&no_flags(), env(&all[1..])),
+            resolve(&no_flags(), env(&all[1..])),
             Ok(Target::Server("redis://l:1".into()))
         );
         assert_eq!(
-            Target::resolve(&no_flags(), env(&all[2..])),
+            resolve(&no_flags(), env(&all[2..])),
             Ok(Target::Server("redis://r:1".into()))
         );
     }
@@ -305,7 +279,7 @@ mod tests {
             ("REDIS_URL", "redis://cache:6379"),
         ];
         assert_eq!(
-            Target::resolve(&no_flags(), env(&vars)),
+            resolve(&no_flags(), env(&vars)),
             Ok(Target::Sentinel {
                 master: "mymaster".into(),
                 sentinels: vec!["redis://s1:26379".into(), "redis://s2:26379".into()],
@@ -313,7 +287,7 @@ mod tests {
         );
         // Without a master name the sentinels cannot be followed: say what to set, rather
         // than inspect whatever REDIS_URL names.
-        let refused = Target::resolve(&no_flags(), env(&[vars[0], vars[2]])).unwrap_err();
+        let refused = resolve(&no_flags(), env(&[vars[0], vars[2]])).unwrap_err();
         assert!(refused.contains("--master-name"), "{refused}");
         assert!(refused.contains("LOCK_REDIS_SENTINEL_MASTER"), "{refused}");
     }
@@ -326,7 +300,7 @@ mod tests {
         };
         let master_env = [("LOCK_REDIS_SENTINEL_MASTER", "from-env")];
         assert_eq!(
-            Target::resolve(&args, env(&master_env)),
+            resolve(&args, env(&master_env)),
             Ok(Target::Sentinel {
                 master: "from-env".into(),
                 sentinels: vec!["rediss://s1:26379".into()],
@@ -337,7 +311,7 @@ mod tests {
             ..args
         };
         assert_eq!(
-            Target::resolve(&args, env(&master_env)),
+            resolve(&args, env(&master_env)),
             Ok(Target::Sentinel {
                 master: "from-flag".into(),
                 sentinels: vec!["rediss://s1:26379".into()],
@@ -347,13 +321,13 @@ mod tests {
             master_name: Some("mymaster".into()),
             ..no_flags()
         };
-        let refused = Target::resolve(&alone, env(&[("REDIS_URL", "redis://c:1")])).unwrap_err();
+        let refused = resolve(&alone, env(&[("REDIS_URL", "redis://c:1")])).unwrap_err();
         assert!(refused.contains("--sentinel"), "{refused}");
     }
 
     #[test]
     fn a_url_list_in_the_environment_means_redlock() {
-        let target = Target::resolve(
+        let target = resolve(
             &no_flags(),
             env(&[("LOCK_REDIS_URL", "redis://a:1,redis://b:1,redis://c:1")]),
         );
@@ -369,7 +343,7 @@ mod tests {
 
     #[test]
     fn nothing_configured_says_what_to_pass() {
-        let error = Target::resolve(&no_flags(), env(&[("LOCK_REDIS_URL", " ")])).unwrap_err();
+        let error = resolve(&no_flags(), env(&[("LOCK_REDIS_URL", " ")])).unwrap_err();
         assert!(error.contains("--url"), "{error}");
     }
 }

@@ -77,7 +77,7 @@ impl CurrentLock {
     /// key's.
     #[must_use]
     pub fn redis_key(&self) -> &str {
-        &self.frame.lease.key.redis_key
+        &self.frame.lease.key.stored
     }
 
     /// The fencing token, when the lock was taken with fencing. Pass it to the storage you

@@ -48,7 +48,7 @@ pub enum LockError {
     },
     /// The backend failed: unreachable, timed out, or answered with an error.
     #[error(
-        "Redis node {node} failed `{command}`{}: {message}; check that the server is reachable \
+        "node {node} failed `{command}`{}: {message}; check that the server is reachable \
          and that this user may run the command",
         for_key(key.as_deref())
     )]
@@ -61,9 +61,9 @@ pub enum LockError {
         key: Option<String>,
         /// What the node or the client library said.
         message: String,
-        /// The underlying client error, when there is one.
+        /// The store's client error, when there is one.
         #[source]
-        source: Option<Arc<redis::RedisError>>,
+        source: Option<StoreError>,
     },
     /// No registry is installed under that name and none can be built from the environment.
     #[error("{}", not_configured(registry.as_deref()))]
@@ -208,7 +208,7 @@ impl LockError {
     pub fn is_transient(&self) -> bool {
         match self {
             Self::Busy { .. } | Self::Lost { .. } => true,
-            Self::Backend { source, .. } => source.as_deref().is_none_or(transient_redis_error),
+            Self::Backend { source, .. } => source.as_ref().is_none_or(|e| e.transient),
             Self::NotOwner { .. }
             | Self::NotConfigured { .. }
             | Self::InvalidConfig { .. }
@@ -221,7 +221,7 @@ impl LockError {
     /// Whether the operation certainly reached no server: no connection could be made to send
     /// it on.
     pub(crate) fn never_sent(&self) -> bool {
-        matches!(self, Self::Backend { source: Some(e), .. } if e.is_connection_refusal())
+        matches!(self, Self::Backend { source: Some(e), .. } if e.never_sent)
     }
 
     /// A configuration that cannot be used; `reason` says what to change.
@@ -232,37 +232,61 @@ impl LockError {
     }
 }
 
-/// Whether the server or the connection may answer otherwise next time: everything but a
-/// refusal that stands (permissions, credentials, the type under a key, a command or syntax
-/// the server does not have, a client set up wrongly).
-fn transient_redis_error(e: &redis::RedisError) -> bool {
-    use redis::{ErrorKind, ServerErrorKind};
-    let lasting_code = matches!(
-        e.code(),
-        Some("NOPERM" | "WRONGPASS" | "NOAUTH" | "WRONGTYPE" | "CROSSSLOT")
-    );
-    let lasting_answer = e.kind() == ErrorKind::Server(ServerErrorKind::ResponseError)
-        && e.detail().is_some_and(|detail| {
-            let detail = detail.to_ascii_lowercase();
-            [
-                "unknown command",
-                "unknown subcommand",
-                "wrong number of arguments",
-                "syntax error",
-                // An ACL refusal of a command a script runs (Redis 7, Valkey).
-                "the user executing the script can't run",
-                "acl failure in script",
-            ]
-            .iter()
-            .any(|cause| detail.starts_with(cause))
-        });
-    let lasting_kind = matches!(
-        e.kind(),
-        ErrorKind::AuthenticationFailed
-            | ErrorKind::InvalidClientConfig
-            | ErrorKind::Server(ServerErrorKind::NoPerm | ServerErrorKind::CrossSlot)
-    );
-    !(lasting_code || lasting_answer || lasting_kind)
+/// What a store's client library reported (on Redis, a `redis::RedisError`), with the store's
+/// reading of it: whether trying again may succeed ([`LockError::is_transient`]). Its message is
+/// the client's; [`get_ref`](Self::get_ref) gives the client's error itself, to downcast.
+#[derive(Debug, Clone)]
+pub struct StoreError {
+    error: Arc<dyn std::error::Error + Send + Sync>,
+    transient: bool,
+    never_sent: bool,
+}
+
+impl StoreError {
+    /// `error`, which a retry may get past when `transient`; `never_sent`: the operation
+    /// certainly reached no server (no connection could be made to send it on).
+    pub(crate) fn new(
+        error: impl std::error::Error + Send + Sync + 'static,
+        transient: bool,
+        never_sent: bool,
+    ) -> Self {
+        Self {
+            error: Arc::new(error),
+            transient,
+            never_sent,
+        }
+    }
+
+    /// The client library's own error.
+    ///
+    /// ```
+    /// # fn f(e: &lock_runtime::LockError) {
+    /// use std::error::Error as _;
+    /// let redis = e
+    ///     .source()
+    ///     .and_then(|s| s.downcast_ref::<lock_runtime::StoreError>())
+    ///     .and_then(|s| s.get_ref().downcast_ref::<redis::RedisError>());
+    /// # let _ = redis;
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn get_ref(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+        &*self.error
+    }
+}
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.error.fmt(f)
+    }
+}
+
+/// As `std::io::Error` with a custom error: its message is the inner error's, so the chain
+/// goes on with that error's own source.
+impl std::error::Error for StoreError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.error.source()
+    }
 }
 
 /// Keys can be megabytes long and hold control bytes: messages show them shortened and escaped.

@@ -30,10 +30,6 @@ const MAX_FENCE: u64 = (1 << 53) - 1;
 static FENCED_WRITE: std::sync::LazyLock<Script> =
     std::sync::LazyLock::new(|| Script::new(FENCED_WRITE_LUA));
 
-/// Where the highest token written to a key is kept: `fenced:{key}`, or `fenced:key` when the
-/// key has a hash tag of its own, so that both share the key's Redis Cluster slot.
-const RECORD_NAMESPACE: &str = "fenced:";
-
 /// A Redis key whose writes carry the writer's fencing token, and which refuses a writer whose
 /// token is lower than one already written: a holder that lost its lock while paused cannot
 /// overwrite the next holder's data.
@@ -115,7 +111,7 @@ impl FencedKey {
     #[must_use]
     pub fn new(key: impl Into<String>) -> Self {
         let key = key.into();
-        let record = crate::key::companion(RECORD_NAMESPACE, &key);
+        let record = crate::names::companion(crate::names::RECORD_NAMESPACE, &key);
         Self { key, record }
     }
 
@@ -197,7 +193,7 @@ mod tests {
 
     /// The slot Redis Cluster puts `key` in.
     fn slot(key: &str) -> u16 {
-        let hashed = crate::key::hash_tag(key).unwrap_or(key);
+        let hashed = crate::names::hash_tag(key).unwrap_or(key);
         crc16::State::<crc16::XMODEM>::calculate(hashed.as_bytes()) % 16384
     }
 

@@ -63,7 +63,7 @@ impl LockGuard {
     /// The Redis key that holds the lock; of a multi-key lock, its first key's.
     #[must_use]
     pub fn redis_key(&self) -> &str {
-        &self.lease.key.redis_key
+        &self.lease.key.stored
     }
 
     /// The fencing token, when the lock was taken with `fencing`.

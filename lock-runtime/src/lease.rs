@@ -295,11 +295,11 @@ impl Lease {
     /// One renewal per key this lease holds (a multi-key lock has several), each for `ttl`.
     pub(crate) fn renewals(&self, ttl: Duration) -> impl Iterator<Item = Renewal<'_>> {
         self.key.keys().iter().map(move |key| Renewal {
-            redis_key: &key.redis_key,
+            key,
             token: &self.token,
             ttl_ms: ttl_ms(ttl),
             share: self.options.share(),
-            fence: self.fence.map(|fence| (key.fence_key.as_str(), fence)),
+            fence: self.fence,
         })
     }
 

@@ -60,14 +60,18 @@ impl RegistryInner {
         }
     }
 
-    /// The Redis names of `key` under this registry's prefix and deployment.
+    /// `key` under this registry's prefix, as its store can hold it.
     pub(crate) fn lock_key(&self, key: String) -> Result<LockKey, LockError> {
-        LockKey::new(&self.prefix, key, self.backend.is_cluster())
+        let key = LockKey::new(&self.prefix, key)?;
+        self.backend.admit(&key)?;
+        Ok(key)
     }
 
-    /// One key, or a multi-key lock's keys (see [`LockKey::many`]).
+    /// One key, or a multi-key lock's keys (see [`LockKey::many`]), as its store can hold them.
     pub(crate) fn lock_keys(&self, keys: Vec<String>) -> Result<LockKey, LockError> {
-        LockKey::many(&self.prefix, keys, self.backend.is_cluster())
+        let key = LockKey::many(&self.prefix, keys)?;
+        self.backend.admit(&key)?;
+        Ok(key)
     }
 
     /// The registry's name: the one it was built with, else the first it was installed under

@@ -905,3 +905,26 @@ async fn a_counter_at_the_top_of_its_range_is_never_turned_into_one_the_library_
         "the library handed out {first_fence} and wrote {written} to the counter, then: {second:?}"
     );
 }
+
+/// A registry prefix under which a lock key could be the record where a `FencedKey` keeps its
+/// highest token (`fenced:{data key}`): the lock's `SET` would overwrite the application's
+/// record, and a stale writer's token would pass again. Refused as the counters' and queues'
+/// namespaces are (found by an attack on the shared key names).
+#[test]
+fn a_registry_prefix_that_could_name_a_fenced_keys_record_is_refused() {
+    let record = lock_runtime::FencedKey::new("k");
+    assert_eq!(record.key(), "k");
+    for prefix in ["fenced:", "fenced", "fenced:{"] {
+        let err = lock_runtime::Registry::builder()
+            .url("redis://127.0.0.1:1/")
+            .prefix(prefix)
+            .build()
+            .expect_err(prefix);
+        assert!(err.to_string().contains("`fenced:`"), "{prefix}: {err}");
+    }
+    assert!(lock_runtime::Registry::builder()
+        .url("redis://127.0.0.1:1/")
+        .prefix("fencedlock:")
+        .build()
+        .is_ok());
+}

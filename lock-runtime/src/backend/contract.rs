@@ -5,6 +5,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use crate::error::LockError;
+use crate::io::Home;
 use crate::key::LockKey;
 pub(crate) use crate::options::Share;
 use crate::waiting::WaitHub;
@@ -100,15 +101,16 @@ impl Acquire<'_> {
 /// One lock in a renewal batch.
 #[derive(Clone, Copy)]
 pub(crate) struct Renewal<'a> {
-    pub redis_key: &'a str,
+    /// One key (of a multi-key lock, one of its keys).
+    pub key: &'a LockKey,
     pub token: &'a str,
     pub ttl_ms: u64,
     /// How the lock is held (Redlock needs more nodes to keep a permit).
     pub share: Share,
-    /// A fenced lock's counter and the holder's token: the renewal keeps the counter at least
-    /// a day beyond the lease, put back at the token if it is gone, so that it names the
-    /// holder's term for as long as the lock is held (`hold_fence` in the scripts' prelude).
-    pub fence: Option<(&'a str, u64)>,
+    /// A fenced lock's token: the renewal keeps the key's counter at least a day beyond the
+    /// lease, put back at the token if it is gone, so that it names the holder's term for as
+    /// long as the lock is held (`hold_fence` in the scripts' prelude).
+    pub fence: Option<u64>,
 }
 
 /// What `inspect` finds under a key. Fields may be added: read them, or start from
@@ -177,12 +179,64 @@ pub struct Permits {
 ///
 /// Every operation is owner-checked except [`force_unlock`](Self::force_unlock): a lock is
 /// never released or extended by anyone but the holder of its token.
+///
+/// What a store may or may not offer is a provided method whose default is the cautious answer
+/// (no fencing, no handoff, no replicas to confirm): a new store claims each capability it
+/// keeps, and one that claims nothing is still correct.
 pub(crate) trait Store: Send + Sync {
     /// `host:port` (never credentials), for errors and traces.
     fn node(&self) -> &str;
 
     /// Where the waiters for this store's locks are woken.
     fn hub(&self) -> &WaitHub;
+
+    /// Where this store's background work (renewals, background releases) runs: the I/O
+    /// thread, unless the store needs no I/O.
+    fn home(&self) -> Home {
+        Home::Io
+    }
+
+    /// Refuses a key this store cannot hold as asked (a Redis Cluster's keys of one lock must
+    /// share a hash slot, say), with a reason that says what to write instead.
+    fn admit(&self, _key: &LockKey) -> Result<(), LockError> {
+        Ok(())
+    }
+
+    /// Whether fencing tokens are offered: only where one counter serves every holder, so that
+    /// a token only grows.
+    fn offers_fencing(&self) -> bool {
+        false
+    }
+
+    /// Whether a release hands the lock straight to the oldest waiter that queued up (see
+    /// [`Acquire::queue`]); otherwise waiters are woken and race.
+    fn hands_over(&self) -> bool {
+        false
+    }
+
+    /// Whether a failed attempt is taken back in the background (Redlock's undo). The next
+    /// attempt then needs a token of its own: with the same one, a late undo could delete what
+    /// it won.
+    fn undoes_failed_attempts(&self) -> bool {
+        false
+    }
+
+    /// How many replicas must acknowledge each acquisition and renewal (0: none).
+    fn confirm_replicas(&self) -> u32 {
+        0
+    }
+
+    /// An operator's owner-checked force-unlock: as [`release`](Self::release), but where a lock
+    /// lives on several servers it returns only once every one answered or timed out, so that a
+    /// short-lived process (`lockctl unlock`) leaves no copy behind when it exits.
+    fn release_everywhere(
+        &self,
+        key: &LockKey,
+        token: &str,
+        share: Share,
+    ) -> impl Future<Output = Result<bool, LockError>> + Send {
+        self.release(key, token, share)
+    }
 
     /// Takes the lock if it is free (or already held with this token).
     fn acquire(

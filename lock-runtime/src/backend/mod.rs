@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use crate::deployment::Deployment;
 use crate::error::LockError;
 use crate::io::Home;
 use crate::key::LockKey;
@@ -21,7 +22,26 @@ pub use memory::MemoryStore;
 pub(crate) use redis::config::Tls;
 use redis::config::{ClusterSeeds, Topology};
 
-pub(crate) enum Backend {
+/// Declares the stores, once: the [`Backend`] that dispatches to whichever one a registry
+/// was built on, and `each!`, which runs one call on it. A new store is one line here.
+macro_rules! stores {
+    ($d:tt $($(#[$doc:meta])* $variant:ident($store:ty),)+) => {
+        pub(crate) enum Backend {
+            $($(#[$doc])* $variant($store),)+
+        }
+
+        /// Runs `$call` on whichever store `$backend` is.
+        macro_rules! each {
+            ($d backend:expr, $d s:ident => $d call:expr) => {
+                match $d backend {
+                    $(Backend::$variant($d s) => $d call,)+
+                }
+            };
+        }
+    };
+}
+
+stores! { $
     /// A standalone server, a Redis Cluster, or the master Sentinels name.
     Redis(Box<redis::RedisBackend>),
     /// Independent masters.
@@ -30,6 +50,24 @@ pub(crate) enum Backend {
 }
 
 impl Backend {
+    /// The store for `deployment`; its writes count once `replicas` replicas acknowledged
+    /// them (where the deployment has replicas to confirm with: the builder refuses the rest).
+    pub(crate) fn open(
+        deployment: Deployment,
+        tls: &Tls,
+        timeouts: Timeouts,
+        replicas: u32,
+    ) -> Result<Self, LockError> {
+        match deployment {
+            Deployment::Server(url) => Self::server(&url, tls, timeouts, replicas),
+            Deployment::Cluster(seeds) => Self::cluster(seeds, tls, timeouts),
+            Deployment::Redlock(nodes) => Self::redlock(nodes, tls, timeouts),
+            Deployment::Sentinel { master, sentinels } => {
+                Self::sentinel(&master, sentinels, tls, timeouts, replicas)
+            }
+        }
+    }
+
     /// One Redis server; its writes count once `replicas` of its replicas acknowledged them.
     pub(crate) fn server(
         url: &str,
@@ -85,78 +123,6 @@ impl Backend {
             topology, timeouts, replicas,
         )))
     }
-
-    /// Where this backend's background work runs.
-    pub(crate) fn home(&self) -> Home {
-        match self {
-            Self::Memory(_) => Home::Caller,
-            Self::Redis(_) | Self::Redlock(_) => Home::Io,
-        }
-    }
-
-    /// How many replicas must acknowledge each acquisition and renewal (0: none).
-    pub(crate) fn confirm_replicas(&self) -> u32 {
-        match self {
-            Self::Redis(n) => n.confirm_replicas(),
-            Self::Redlock(_) | Self::Memory(_) => 0,
-        }
-    }
-
-    /// Whether a failed attempt is taken back in the background (Redlock's undo). The next
-    /// attempt then needs a token of its own: with the same one, a late undo could delete what
-    /// it won.
-    pub(crate) fn undoes_failed_attempts(&self) -> bool {
-        matches!(self, Self::Redlock(_))
-    }
-
-    /// Whether fencing tokens are offered: everywhere but on Redlock, whose independent
-    /// counters cannot promise a number that only grows.
-    pub(crate) fn offers_fencing(&self) -> bool {
-        !matches!(self, Self::Redlock(_))
-    }
-
-    /// Whether a release hands the lock straight to the oldest waiter that queued up: memory,
-    /// and a single deployment's Redis without `confirm_replicas` (see
-    /// `RedisBackend::hands_over`).
-    pub(crate) fn hands_over(&self) -> bool {
-        match self {
-            Self::Redis(n) => n.hands_over(),
-            Self::Memory(_) => true,
-            Self::Redlock(_) => false,
-        }
-    }
-
-    /// Whether keys must keep the lock, its counter and its channel in one hash slot.
-    pub(crate) fn is_cluster(&self) -> bool {
-        matches!(self, Self::Redis(n) if n.is_cluster())
-    }
-}
-
-/// Runs `$call` on whichever store `$backend` is.
-macro_rules! each {
-    ($backend:expr, $store:ident => $call:expr) => {
-        match $backend {
-            Backend::Redis($store) => $call,
-            Backend::Redlock($store) => $call,
-            Backend::Memory($store) => $call,
-        }
-    };
-}
-
-impl Backend {
-    /// An operator's force-unlock of `token`'s lock: on Redlock, answered by every node that
-    /// answers in time, not only a quorum (see [`redlock::Redlock::release_everywhere`]).
-    pub(crate) async fn release_everywhere(
-        &self,
-        key: &LockKey,
-        token: &str,
-        share: Share,
-    ) -> Result<bool, LockError> {
-        match self {
-            Self::Redlock(r) => r.release_everywhere(key, token, share).await,
-            other => other.release(key, token, share).await,
-        }
-    }
 }
 
 impl Store for Backend {
@@ -166,6 +132,39 @@ impl Store for Backend {
 
     fn hub(&self) -> &WaitHub {
         each!(self, s => s.hub())
+    }
+
+    fn home(&self) -> Home {
+        each!(self, s => s.home())
+    }
+
+    fn admit(&self, key: &LockKey) -> Result<(), LockError> {
+        each!(self, s => s.admit(key))
+    }
+
+    fn offers_fencing(&self) -> bool {
+        each!(self, s => s.offers_fencing())
+    }
+
+    fn hands_over(&self) -> bool {
+        each!(self, s => s.hands_over())
+    }
+
+    fn undoes_failed_attempts(&self) -> bool {
+        each!(self, s => s.undoes_failed_attempts())
+    }
+
+    fn confirm_replicas(&self) -> u32 {
+        each!(self, s => s.confirm_replicas())
+    }
+
+    async fn release_everywhere(
+        &self,
+        key: &LockKey,
+        token: &str,
+        share: Share,
+    ) -> Result<bool, LockError> {
+        each!(self, s => s.release_everywhere(key, token, share).await)
     }
 
     async fn acquire(&self, attempt: &Acquire<'_>) -> Result<Attempt, LockError> {

@@ -299,18 +299,6 @@ impl Redlock {
 }
 
 impl Redlock {
-    /// An operator's force-unlock: as a release, but returns only once every node
-    /// answered or timed out, so a short-lived process (`lockctl unlock`) leaves no node's copy
-    /// behind when it exits.
-    pub(crate) async fn release_everywhere(
-        &self,
-        key: &LockKey,
-        token: &str,
-        share: Share,
-    ) -> Result<bool, LockError> {
-        self.release_on(key, token, share, self.nodes.len()).await
-    }
-
     /// Releases on the nodes, and returns once `wait_for` of them answered (or every node did
     /// what it could): `Ok` when at least a quorum answered (whether any of them still held our
     /// token); an error when fewer did, so the caller retries: the lock may still stand on a
@@ -355,6 +343,21 @@ impl Store for Redlock {
 
     fn hub(&self) -> &WaitHub {
         &self.hub
+    }
+
+    /// A failed attempt is undone in the background, on the nodes that granted it.
+    fn undoes_failed_attempts(&self) -> bool {
+        true
+    }
+
+    /// Answered by every node that answers in time, not only a quorum.
+    async fn release_everywhere(
+        &self,
+        key: &LockKey,
+        token: &str,
+        share: Share,
+    ) -> Result<bool, LockError> {
+        self.release_on(key, token, share, self.nodes.len()).await
     }
 
     async fn acquire(&self, attempt: &Acquire<'_>) -> Result<Attempt, LockError> {
@@ -471,31 +474,25 @@ impl Store for Redlock {
         budget: Duration,
     ) -> Result<Vec<Option<Renewed>>, LockError> {
         // Each node's task outlives this call's borrow of the batch.
-        let owned: Arc<Vec<(String, String, Renewal<'static>)>> = Arc::new(
+        let owned: Arc<Vec<(LockKey, String, u64, Share)>> = Arc::new(
             batch
                 .iter()
-                .map(|r| {
-                    // Redlock takes no fencing tokens, so there is no counter to keep.
-                    let shape = Renewal {
-                        redis_key: "",
-                        token: "",
-                        fence: None,
-                        ..*r
-                    };
-                    (r.redis_key.to_owned(), r.token.to_owned(), shape)
-                })
+                .map(|r| (r.key.clone(), r.token.to_owned(), r.ttl_ms, r.share))
                 .collect(),
         );
         let quorums: Vec<usize> = batch.iter().map(|r| self.quorum_for(r.share)).collect();
         let mut replies = self.fan_out(budget, |_, node| {
             let owned = owned.clone();
             async move {
+                // Redlock takes no fencing tokens, so there is no counter to keep.
                 let batch: Vec<Renewal<'_>> = owned
                     .iter()
-                    .map(|(redis_key, token, shape)| Renewal {
-                        redis_key,
+                    .map(|(key, token, ttl_ms, share)| Renewal {
+                        key,
                         token,
-                        ..*shape
+                        ttl_ms: *ttl_ms,
+                        share: *share,
+                        fence: None,
                     })
                     .collect();
                 node.renew(&batch, budget).await

@@ -5,8 +5,9 @@ use std::time::Duration;
 
 use super::handle::Registry;
 use crate::backend::{Backend, MemoryStore, Tls};
+use crate::deployment::Deployment;
 use crate::error::LockError;
-use crate::key;
+use crate::names;
 use crate::state::RegistryInner;
 use crate::timeouts::Timeouts;
 
@@ -63,29 +64,30 @@ pub struct RegistryBuilder {
 enum Mode {
     #[default]
     Unset,
-    Server(String),
-    Cluster(Vec<String>),
-    Redlock(Vec<String>),
-    Sentinel {
-        master: String,
-        sentinels: Vec<String>,
-    },
+    Deployment(Deployment),
     Memory(MemoryStore),
 }
 
 impl RegistryBuilder {
     /// One Redis server: `redis://[user:password@]host:port[/db]` (ACL user and password go in
     /// the URL), or `rediss://` for TLS when the `tls` feature is on.
-    pub fn url(mut self, url: impl Into<String>) -> Self {
-        self.mode = Mode::Server(url.into());
+    pub fn url(self, url: impl Into<String>) -> Self {
+        self.deployment(Deployment::Server(url.into()))
+    }
+
+    /// Any [`Deployment`], as [`Deployment::from_vars`] reads one (or as the methods that name
+    /// one build it).
+    pub fn deployment(mut self, deployment: Deployment) -> Self {
+        self.mode = Mode::Deployment(deployment);
         self
     }
 
     /// A Redis Cluster, found through these seed nodes (any reachable master or replica). An
     /// empty entry is refused by [`build`](Self::build), naming its position.
-    pub fn cluster<S: Into<String>>(mut self, seeds: impl IntoIterator<Item = S>) -> Self {
-        self.mode = Mode::Cluster(seeds.into_iter().map(Into::into).collect());
-        self
+    pub fn cluster<S: Into<String>>(self, seeds: impl IntoIterator<Item = S>) -> Self {
+        self.deployment(Deployment::Cluster(
+            seeds.into_iter().map(Into::into).collect(),
+        ))
     }
 
     /// Redlock over these independent masters (use 3 or 5): a lock is held when a majority
@@ -94,9 +96,10 @@ impl RegistryBuilder {
     /// [`build`](Self::build) refuses fewer than 3 nodes (a majority of 1 or 2 is every node,
     /// so any failure stops locking: use [`url`](Self::url) for one server), a server listed
     /// twice (also under another database: it would vote twice), and an empty entry.
-    pub fn redlock<S: Into<String>>(mut self, nodes: impl IntoIterator<Item = S>) -> Self {
-        self.mode = Mode::Redlock(nodes.into_iter().map(Into::into).collect());
-        self
+    pub fn redlock<S: Into<String>>(self, nodes: impl IntoIterator<Item = S>) -> Self {
+        self.deployment(Deployment::Redlock(
+            nodes.into_iter().map(Into::into).collect(),
+        ))
     }
 
     /// The master that these Redis Sentinels name for the service `master`, followed across
@@ -141,15 +144,14 @@ impl RegistryBuilder {
     /// assert_eq!(registry.node(), "sentinel mymaster via 10.0.0.1:26379,10.0.0.2:26379");
     /// ```
     pub fn sentinel<S: Into<String>>(
-        mut self,
+        self,
         master: impl Into<String>,
         sentinels: impl IntoIterator<Item = S>,
     ) -> Self {
-        self.mode = Mode::Sentinel {
+        self.deployment(Deployment::Sentinel {
             master: master.into(),
             sentinels: sentinels.into_iter().map(Into::into).collect(),
-        };
-        self
+        })
     }
 
     /// An in-process store instead of Redis (see [`MemoryStore`]).
@@ -295,16 +297,16 @@ impl RegistryBuilder {
     /// [`confirm_replicas`](Self::confirm_replicas) in a mode other than one server or Sentinel.
     pub fn build(self) -> Result<Registry, LockError> {
         let prefix = self.prefix.unwrap_or_else(|| "lock:".to_owned());
-        key::validate_prefix(&prefix)?;
+        names::validate_prefix(&prefix)?;
         let timeouts = Timeouts::new(self.connect_timeout, self.command_timeout)?;
         let replicas = self.confirm_replicas;
         if replicas > 0 {
             let why = match &self.mode {
-                Mode::Cluster(_) => Some(
+                Mode::Deployment(Deployment::Cluster(_)) => Some(
                     "a Redis Cluster's renewals go straight to each master and are not \
                      confirmed yet; use `min-replicas-to-write` on its masters instead",
                 ),
-                Mode::Redlock(_) => Some(
+                Mode::Deployment(Deployment::Redlock(_)) => Some(
                     "Redlock's nodes are independent masters without failover: a node that \
                      restarts without persistence must stay down for one max ttl instead",
                 ),
@@ -321,11 +323,8 @@ impl RegistryBuilder {
         let backend = match self.mode {
             Mode::Unset => return Err(LockError::NotConfigured { registry: None }),
             Mode::Memory(store) => Backend::Memory(store),
-            Mode::Server(url) => Backend::server(&url, &self.tls, timeouts, replicas)?,
-            Mode::Cluster(seeds) => Backend::cluster(seeds, &self.tls, timeouts)?,
-            Mode::Redlock(nodes) => Backend::redlock(nodes, &self.tls, timeouts)?,
-            Mode::Sentinel { master, sentinels } => {
-                Backend::sentinel(&master, sentinels, &self.tls, timeouts, replicas)?
+            Mode::Deployment(deployment) => {
+                Backend::open(deployment, &self.tls, timeouts, replicas)?
             }
         };
         Ok(Registry {

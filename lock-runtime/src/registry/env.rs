@@ -1,6 +1,7 @@
 //! A registry chosen by environment variables, with no code change between deployments.
 
 use super::handle::Registry;
+use crate::deployment::Deployment;
 use crate::error::LockError;
 
 impl Registry {
@@ -13,8 +14,9 @@ impl Registry {
     /// | `LOCK_REDIS_URL=redis://a:6379,redis://b:6379,redis://c:6379` | Redlock over these masters |
     /// | `LOCK_REDIS_URL=redis://a:6379` (else `REDIS_URL`) | one Redis server |
     ///
-    /// An empty entry in a comma list (`redis://a:6379,`) is an error naming its position, never
-    /// skipped: a stray comma must not turn one server into a Redlock.
+    /// The grammar is [`Deployment::from_vars`]'s, which `lockctl` reads too. An empty entry in
+    /// a comma list (`redis://a:6379,`) is an error naming its position, never skipped: a stray
+    /// comma must not turn one server into a Redlock.
     ///
     /// `rediss://` URLs speak TLS (the `tls` feature, with the system's roots: a private CA
     /// needs [`RegistryBuilder::tls_root_cert`](super::builder::RegistryBuilder::tls_root_cert)
@@ -27,13 +29,9 @@ impl Registry {
     /// # Errors
     /// [`LockError::NotConfigured`] when none is set; see [`RegistryBuilder::build`](super::builder::RegistryBuilder::build).
     pub fn from_env() -> Result<Self, LockError> {
-        let var = |name| {
-            std::env::var(name)
-                .ok()
-                .filter(|v: &String| !v.trim().is_empty())
-        };
-        let list = |v: String| v.split(',').map(str::to_owned).collect::<Vec<_>>();
-        let replicas = match var("LOCK_REDIS_CONFIRM_REPLICAS") {
+        let var = |name: &str| std::env::var(name).ok();
+        let confirm = var("LOCK_REDIS_CONFIRM_REPLICAS").filter(|v| !v.trim().is_empty());
+        let replicas = match confirm {
             None => 0,
             Some(n) => n.trim().parse::<u32>().map_err(|_| {
                 LockError::config(format!(
@@ -43,26 +41,11 @@ impl Registry {
                 ))
             })?,
         };
-        let builder = Self::builder().confirm_replicas(replicas);
-        if let Some(sentinels) = var("LOCK_REDIS_SENTINEL") {
-            let master = var("LOCK_REDIS_SENTINEL_MASTER").ok_or_else(|| {
-                LockError::config(
-                    "LOCK_REDIS_SENTINEL is set but LOCK_REDIS_SENTINEL_MASTER is not; set it \
-                     to the service name the sentinels monitor (`mymaster`)",
-                )
-            })?;
-            return builder.sentinel(master, list(sentinels)).build();
-        }
-        if let Some(seeds) = var("LOCK_REDIS_CLUSTER") {
-            return builder.cluster(list(seeds)).build();
-        }
-        let url = var("LOCK_REDIS_URL")
-            .or_else(|| var("REDIS_URL"))
-            .ok_or(LockError::NotConfigured { registry: None })?;
-        if url.contains(',') {
-            builder.redlock(list(url)).build()
-        } else {
-            builder.url(url).build()
-        }
+        let deployment =
+            Deployment::from_vars(var)?.ok_or(LockError::NotConfigured { registry: None })?;
+        Self::builder()
+            .confirm_replicas(replicas)
+            .deployment(deployment)
+            .build()
     }
 }

@@ -10,6 +10,7 @@ use super::contract::{
     Acquire, Attempt, LockInfo, Permits, Place, Renewal, Renewed, Share, Store, FENCE_EXPIRY_MS,
 };
 use crate::error::LockError;
+use crate::io::Home;
 use crate::key::LockKey;
 use crate::waiting::WaitHub;
 
@@ -75,8 +76,8 @@ impl MemoryStore {
     fn release_key(&self, key: &LockKey, token: &str) -> bool {
         let now = Instant::now();
         let mut data = self.inner.data();
-        let left = data.leave_queue(&key.redis_key, token);
-        if let Some(pool) = data.pool(&key.redis_key, now) {
+        let left = data.leave_queue(&key.stored, token);
+        if let Some(pool) = data.pool(&key.stored, now) {
             if pool.holders.remove(token).is_none() {
                 drop(data);
                 if left {
@@ -85,7 +86,7 @@ impl MemoryStore {
                 }
                 return false;
             }
-            let handed = if data.pool(&key.redis_key, now).is_none() {
+            let handed = if data.pool(&key.stored, now).is_none() {
                 data.hand_over(key, now)
             } else {
                 None
@@ -94,7 +95,7 @@ impl MemoryStore {
             self.announce(key, handed);
             return true;
         }
-        let owner = data.live(&key.redis_key, now).map(|e| e.token == token);
+        let owner = data.live(&key.stored, now).map(|e| e.token == token);
         if owner != Some(true) {
             drop(data);
             if left && owner.is_none() {
@@ -102,7 +103,7 @@ impl MemoryStore {
             }
             return false;
         }
-        data.locks.remove(&key.redis_key);
+        data.locks.remove(&key.stored);
         let handed = data.hand_over(key, now);
         drop(data);
         self.announce(key, handed);
@@ -153,6 +154,19 @@ impl Store for MemoryStore {
         &self.inner.hub
     }
 
+    /// No I/O: background work runs on the caller's runtime.
+    fn home(&self) -> Home {
+        Home::Caller
+    }
+
+    fn offers_fencing(&self) -> bool {
+        true
+    }
+
+    fn hands_over(&self) -> bool {
+        true
+    }
+
     async fn acquire(&self, attempt: &Acquire<'_>) -> Result<Attempt, LockError> {
         let now = Instant::now();
         let mut data = self.inner.data();
@@ -170,9 +184,9 @@ impl Store for MemoryStore {
         }
         let mut handed = None;
         let pool = data
-            .pool(&key.redis_key, now)
+            .pool(&key.stored, now)
             .map(|p| (p.share.tag(), p.soonest()));
-        let owner = match data.live(&key.redis_key, now) {
+        let owner = match data.live(&key.stored, now) {
             Some(entry) => Some(entry.token.clone()),
             None if pool.is_some() => pool.as_ref().map(|(tag, _)| tag.clone()),
             // A free lock goes to the oldest live waiter, if that is not the caller.
@@ -192,7 +206,7 @@ impl Store for MemoryStore {
                 }
                 let expires_at = match &pool {
                     Some((_, soonest)) => *soonest,
-                    None => data.live(&key.redis_key, now).and_then(|e| e.expires_at),
+                    None => data.live(&key.stored, now).and_then(|e| e.expires_at),
                 };
                 Attempt::Busy {
                     retry_after: expires_at.map(|t| t - now),
@@ -202,9 +216,9 @@ impl Store for MemoryStore {
             }
             owner => {
                 let again = owner.is_some_and(|o| o == attempt.token);
-                data.leave_queue(&key.redis_key, attempt.token);
+                data.leave_queue(&key.stored, attempt.token);
                 data.locks.insert(
-                    key.redis_key.clone(),
+                    key.stored.clone(),
                     Entry {
                         token: attempt.token.to_owned(),
                         expires_at: Some(now + attempt.ttl),
@@ -214,14 +228,14 @@ impl Store for MemoryStore {
                 let until = now + attempt.ttl;
                 let fence = attempt
                     .fencing
-                    .then(|| match data.live_fence(&key.fence_key, now) {
+                    .then(|| match data.live_fence(&key.stored, now) {
                         Some(fence) if again => {
-                            if let Some(counter) = data.fences.get_mut(&key.fence_key) {
+                            if let Some(counter) = data.fences.get_mut(&key.stored) {
                                 counter.expires_at = until + Duration::from_millis(FENCE_EXPIRY_MS);
                             }
                             fence
                         }
-                        _ => data.next_fence(&key.fence_key, now, until),
+                        _ => data.next_fence(&key.stored, now, until),
                     });
                 Attempt::Acquired { fence }
             }
@@ -252,7 +266,7 @@ impl Store for MemoryStore {
         Ok(batch
             .iter()
             .map(|r| {
-                if let Some(pool) = data.pool(r.redis_key, now) {
+                if let Some(pool) = data.pool(&r.key.stored, now) {
                     return match pool.holders.get_mut(r.token) {
                         Some(deadline) => {
                             *deadline = now + Duration::from_millis(r.ttl_ms);
@@ -261,12 +275,12 @@ impl Store for MemoryStore {
                         None => Renewed::Gone,
                     };
                 }
-                match data.live(r.redis_key, now) {
+                match data.live(&r.key.stored, now) {
                     Some(entry) if entry.token == r.token => {
                         let until = now + Duration::from_millis(r.ttl_ms);
                         entry.expires_at = Some(until);
-                        if let Some((counter, fence)) = r.fence {
-                            data.hold_fence(counter, fence, now, until);
+                        if let Some(fence) = r.fence {
+                            data.hold_fence(&r.key.stored, fence, now, until);
                         }
                         Renewed::Yes
                     }
@@ -283,7 +297,7 @@ impl Store for MemoryStore {
         let mut data = self.inner.data();
         let queue: Vec<Place> = data
             .queues
-            .get(&key.redis_key)
+            .get(&key.stored)
             .into_iter()
             .flatten()
             .filter(|w| w.deadline > now)
@@ -292,14 +306,14 @@ impl Store for MemoryStore {
         let mut info = LockInfo {
             fence: data
                 .fences
-                .get(&key.fence_key)
+                .get(&key.stored)
                 .filter(|f| f.expires_at > now)
                 .map(|f| f.last),
             waiters: u32::try_from(queue.len()).unwrap_or(u32::MAX),
             queue,
             ..LockInfo::default()
         };
-        if let Some(pool) = data.pool(&key.redis_key, now) {
+        if let Some(pool) = data.pool(&key.stored, now) {
             let held = u32::try_from(pool.holders.len()).unwrap_or(u32::MAX);
             info.remaining = pool.holders.values().max().map(|t| *t - now);
             info.holders = pool
@@ -313,7 +327,7 @@ impl Store for MemoryStore {
                 Share::Read | Share::Exclusive => None,
             };
             info.readers = (pool.share == Share::Read).then_some(held);
-        } else if let Some(entry) = data.live(&key.redis_key, now) {
+        } else if let Some(entry) = data.live(&key.stored, now) {
             info.owner = Some(entry.token.clone());
             info.remaining = entry.expires_at.map(|t| t - now);
         }
@@ -329,9 +343,9 @@ impl Store for MemoryStore {
         let now = Instant::now();
         let mut data = self.inner.data();
         let existed =
-            data.live(&key.redis_key, now).is_some() || data.pool(&key.redis_key, now).is_some();
-        data.locks.remove(&key.redis_key);
-        data.pools.remove(&key.redis_key);
+            data.live(&key.stored, now).is_some() || data.pool(&key.stored, now).is_some();
+        data.locks.remove(&key.stored);
+        data.pools.remove(&key.stored);
         drop(data);
         if existed {
             self.inner.hub.notify(key.channel());

@@ -115,14 +115,14 @@ impl Data {
     pub(super) fn take_all(&mut self, attempt: &Acquire<'_>, now: Instant) -> Attempt {
         let keys = attempt.key.keys();
         for (at, key) in keys.iter().enumerate() {
-            if let Some(pool) = self.pool(&key.redis_key, now) {
+            if let Some(pool) = self.pool(&key.stored, now) {
                 return Attempt::Busy {
                     retry_after: pool.soonest().map(|t| t - now),
                     holder: Some(pool.share.tag()),
                     at,
                 };
             }
-            if let Some(entry) = self.live(&key.redis_key, now) {
+            if let Some(entry) = self.live(&key.stored, now) {
                 if entry.token != attempt.token {
                     return Attempt::Busy {
                         retry_after: entry.expires_at.map(|t| t - now),
@@ -137,17 +137,17 @@ impl Data {
                 token: attempt.token.to_owned(),
                 expires_at: Some(now + attempt.ttl),
             };
-            self.locks.insert(key.redis_key.clone(), entry);
+            self.locks.insert(key.stored.clone(), entry);
         }
         let fence = attempt.fencing.then(|| {
             let until = now + attempt.ttl;
             let fence = keys
                 .iter()
-                .map(|k| self.next_fence(&k.fence_key, now, until))
+                .map(|k| self.next_fence(&k.stored, now, until))
                 .max()
                 .unwrap_or(0);
             for key in keys {
-                if let Some(counter) = self.fences.get_mut(&key.fence_key) {
+                if let Some(counter) = self.fences.get_mut(&key.stored) {
                     counter.last = fence;
                 }
             }
@@ -169,7 +169,7 @@ impl Data {
             Share::Read | Share::Exclusive => usize::MAX,
         };
         let key = attempt.key;
-        if let Some(entry) = self.live(&key.redis_key, now) {
+        if let Some(entry) = self.live(&key.stored, now) {
             let busy = Attempt::Busy {
                 retry_after: entry.expires_at.map(|t| t - now),
                 holder: Some(entry.token.clone()),
@@ -177,7 +177,7 @@ impl Data {
             };
             return Ok((busy, None));
         }
-        match self.pool(&key.redis_key, now) {
+        match self.pool(&key.stored, now) {
             Some(pool) if pool.share != share => {
                 return Err(share.mismatch(&key.name, "memory", pool.share));
             }
@@ -185,7 +185,7 @@ impl Data {
             Some(pool) => {
                 let held = pool.holders.len();
                 let soonest = pool.soonest();
-                let head = self.waiter_queued(&key.redis_key, now);
+                let head = self.waiter_queued(&key.stored, now);
                 if held >= limit || head.is_some() {
                     let wait = soonest.into_iter().chain(head).min();
                     let busy = Attempt::Busy {
@@ -208,7 +208,7 @@ impl Data {
             }
         }
         self.pools
-            .entry(key.redis_key.clone())
+            .entry(key.stored.clone())
             .or_insert_with(|| Pool {
                 share,
                 holders: HashMap::new(),
@@ -235,10 +235,7 @@ impl Data {
     /// Takes or keeps `token`'s place in `key`'s queue, renewing it for one ttl (`acquire.lua`'s
     /// last lines, for a caller that queues up).
     pub(super) fn queue_up(&mut self, attempt: &Acquire<'_>, now: Instant) {
-        let queue = self
-            .queues
-            .entry(attempt.key.redis_key.clone())
-            .or_default();
+        let queue = self.queues.entry(attempt.key.stored.clone()).or_default();
         let deadline = now + attempt.ttl;
         match queue.iter_mut().find(|w| w.token == attempt.token) {
             Some(waiter) => {
@@ -259,21 +256,21 @@ impl Data {
     /// The lock expires with the waiter's place: a waiter that died in the queue keeps it no
     /// longer than its place had left.
     pub(super) fn hand_over(&mut self, key: &LockKey, now: Instant) -> Option<HandedOver> {
-        let queue = self.queues.get_mut(&key.redis_key)?;
+        let queue = self.queues.get_mut(&key.stored)?;
         let waiter = std::iter::from_fn(|| queue.pop_front()).find(|w| w.deadline > now);
         if queue.is_empty() {
-            self.queues.remove(&key.redis_key);
+            self.queues.remove(&key.stored);
         }
         let waiter = waiter?;
         self.locks.insert(
-            key.redis_key.clone(),
+            key.stored.clone(),
             Entry {
                 token: waiter.token.clone(),
                 expires_at: Some(waiter.deadline),
             },
         );
         let fence = if waiter.fencing {
-            self.next_fence(&key.fence_key, now, waiter.deadline)
+            self.next_fence(&key.stored, now, waiter.deadline)
         } else {
             0
         };

@@ -38,7 +38,7 @@ use super::renewal::{renew_chunk, Answers, Round, RENEW_CHUNK};
 use super::scripts;
 use crate::backend::contract::Renewal;
 use crate::io;
-use crate::key::hash_tag;
+use crate::names::hash_tag;
 use crate::timeouts::Timeouts;
 
 /// Redis Cluster's slot count.
@@ -81,7 +81,7 @@ impl ClusterNodes {
         let map = self.map().await?;
         let mut by_master: HashMap<&Addr, HashMap<&str, Vec<usize>>> = HashMap::new();
         for (i, r) in batch.iter().enumerate() {
-            let tag = hash_tag(r.redis_key).unwrap_or(r.redis_key);
+            let tag = hash_tag(&r.key.stored).unwrap_or(&r.key.stored);
             let slot = crc16::State::<crc16::XMODEM>::calculate(tag.as_bytes()) % SLOTS;
             let i_range = map.partition_point(|(first, _, _)| *first <= slot);
             let Some((_, last, master)) = i_range.checked_sub(1).map(|at| &map[at]) else {

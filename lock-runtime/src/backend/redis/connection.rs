@@ -11,7 +11,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 
 use super::config::Topology;
-use super::errors::{connect_hint, timed_out};
+use super::errors::{connect_hint, store_error, timed_out};
 use super::manager::{manager, ServerConnection};
 use super::sentinel::SentinelConnection;
 use super::stall::Stall;
@@ -135,7 +135,10 @@ impl SharedConnection {
             Ok(Ok(con)) => Ok(con),
             Ok(Err(e)) => {
                 let hint = connect_hint(&e, self.topology.tls());
-                Err(failure(format!("could not connect: {e}{hint}"), Some(e)))
+                Err(failure(
+                    format!("could not connect: {e}{hint}"),
+                    Some(store_error((*e).clone())),
+                ))
             }
             Err(_) => Err(failure(
                 format!("could not connect within {:?}", self.timeouts.connect),

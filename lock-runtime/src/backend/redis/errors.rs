@@ -1,9 +1,8 @@
 //! Redis errors: telling a silent server from one that refused, and what callers are told.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use crate::error::LockError;
+use crate::error::{LockError, StoreError};
 
 /// Whether `e` means the server gave no answer at all (a timeout, a broken or dropped
 /// connection), as opposed to an answer that refused.
@@ -53,7 +52,7 @@ pub(crate) fn lock_error(
         command,
         key: key.map(str::to_owned),
         message: e.to_string(),
-        source: Some(Arc::new(e)),
+        source: Some(store_error(e)),
     }
 }
 
@@ -108,6 +107,45 @@ fn corrupt_key(node: &str, key: Option<&str>, e: &redis::RedisError) -> Option<L
     })
 }
 
+/// `e` as the source of a [`LockError`], read for whether a retry may get past it.
+pub(crate) fn store_error(e: redis::RedisError) -> StoreError {
+    let (transient, never_sent) = (transient(&e), e.is_connection_refusal());
+    StoreError::new(e, transient, never_sent)
+}
+
+/// Whether the server or the connection may answer otherwise next time: everything but a
+/// refusal that stands (permissions, credentials, the type under a key, a command or syntax
+/// the server does not have, a client set up wrongly).
+fn transient(e: &redis::RedisError) -> bool {
+    use redis::{ErrorKind, ServerErrorKind};
+    let lasting_code = matches!(
+        e.code(),
+        Some("NOPERM" | "WRONGPASS" | "NOAUTH" | "WRONGTYPE" | "CROSSSLOT")
+    );
+    let lasting_answer = e.kind() == ErrorKind::Server(ServerErrorKind::ResponseError)
+        && e.detail().is_some_and(|detail| {
+            let detail = detail.to_ascii_lowercase();
+            [
+                "unknown command",
+                "unknown subcommand",
+                "wrong number of arguments",
+                "syntax error",
+                // An ACL refusal of a command a script runs (Redis 7, Valkey).
+                "the user executing the script can't run",
+                "acl failure in script",
+            ]
+            .iter()
+            .any(|cause| detail.starts_with(cause))
+        });
+    let lasting_kind = matches!(
+        e.kind(),
+        ErrorKind::AuthenticationFailed
+            | ErrorKind::InvalidClientConfig
+            | ErrorKind::Server(ServerErrorKind::NoPerm | ServerErrorKind::CrossSlot)
+    );
+    !(lasting_code || lasting_answer || lasting_kind)
+}
+
 /// A failure already told as a [`LockError`], back as the client's error (for a renewal round,
 /// a batch).
 pub(crate) fn redis_error(e: &LockError) -> redis::RedisError {
@@ -115,7 +153,11 @@ pub(crate) fn redis_error(e: &LockError) -> redis::RedisError {
         LockError::Backend {
             source: Some(source),
             ..
-        } => (**source).clone(),
+        } if source.get_ref().is::<redis::RedisError>() => source
+            .get_ref()
+            .downcast_ref::<redis::RedisError>()
+            .expect("checked")
+            .clone(),
         other => (redis::ErrorKind::Client, "lock-runtime", other.to_string()).into(),
     }
 }

@@ -19,7 +19,8 @@ use redis::Value;
 
 use crate::backend::contract::{Acquire, Attempt, LockInfo, Renewal, Renewed, Share, Store};
 use crate::error::LockError;
-use crate::key::{hash_tag, LockKey};
+use crate::key::LockKey;
+use crate::names::{self, hash_tag};
 use crate::timeouts::Timeouts;
 use crate::waiting::WaitHub;
 
@@ -152,23 +153,8 @@ impl RedisBackend {
         }
     }
 
-    /// How many replicas must acknowledge each acquisition and renewal (0: none).
-    pub(crate) fn confirm_replicas(&self) -> u32 {
-        self.confirm.as_ref().map_or(0, Confirmer::replicas)
-    }
-
     pub(crate) fn is_cluster(&self) -> bool {
         matches!(self.topology, Topology::Cluster(_))
-    }
-
-    /// Whether waiters queue up beside the lock and a release hands it straight to the oldest
-    /// live one. Not on a Redlock node: each node would pick its own oldest waiter, and a
-    /// handoff must reach a quorum for the same waiter (nodes can disagree on the order, and a
-    /// waiter holding a minority would need its own undo), so Redlock waiters wake and race as
-    /// before. Not with `confirm_replicas`: a handoff happens inside a release, with no `WAIT`
-    /// to confirm it, so its waiters take the lock themselves on the confirming connection.
-    pub(crate) fn hands_over(&self) -> bool {
-        self.hands_over
     }
 
     /// The acquire script on `con`, naming the waiters' queue when `queued` (and the fencing
@@ -357,7 +343,7 @@ impl RedisBackend {
             // marked as waited for), the script follows.
             let op = || match native {
                 true => Op::One(scripts::release::delifeq(key, token)),
-                false => Op::bare_release(&key.redis_key, token),
+                false => Op::bare_release(&key.stored, token),
             };
             match coalescer.enter(Order::Frees(token), op) {
                 Turn::Alone(_sending) => return self.release_alone(key, token, bare).await,
@@ -433,6 +419,31 @@ impl Store for RedisBackend {
         &self.hub
     }
 
+    /// In a Cluster, a lock, its companions and a multi-key lock's keys share one hash slot.
+    fn admit(&self, key: &LockKey) -> Result<(), LockError> {
+        if self.is_cluster() {
+            names::in_one_slot(key)?;
+        }
+        Ok(())
+    }
+
+    fn offers_fencing(&self) -> bool {
+        true
+    }
+
+    /// Waiters queue up beside the lock and a release hands it straight to the oldest live
+    /// one, except with `confirm_replicas`: a handoff happens inside a release, with no `WAIT`
+    /// to confirm it, so its waiters take the lock themselves on the confirming connection.
+    /// (Not on a Redlock node either: each node would pick its own oldest waiter, and a
+    /// handoff must reach a quorum for the same waiter, so Redlock waiters wake and race.)
+    fn hands_over(&self) -> bool {
+        self.hands_over
+    }
+
+    fn confirm_replicas(&self) -> u32 {
+        self.confirm.as_ref().map_or(0, Confirmer::replicas)
+    }
+
     async fn acquire(&self, attempt: &Acquire<'_>) -> Result<Attempt, LockError> {
         if attempt.key.is_multi() && self.confirm.is_none() {
             return self.acquire_all(attempt).await;
@@ -504,7 +515,7 @@ impl Store for RedisBackend {
         let mut groups: HashMap<&str, Vec<usize>> = HashMap::new();
         for (i, r) in batch.iter().enumerate() {
             let group = if self.is_cluster() {
-                hash_tag(r.redis_key).unwrap_or(r.redis_key)
+                hash_tag(&r.key.stored).unwrap_or(&r.key.stored)
             } else {
                 ""
             };

@@ -87,7 +87,7 @@ pub(crate) async fn renew_chunk<C: ConnectionLike + Send>(
 /// `SET key token IFEQ token PX ttl GET` for one lock.
 fn set_ifeq(pipe: &mut redis::Pipeline, lock: &Renewal<'_>) {
     pipe.cmd("SET")
-        .arg(lock.redis_key)
+        .arg(&lock.key.stored)
         .arg(lock.token)
         .arg("IFEQ")
         .arg(lock.token)

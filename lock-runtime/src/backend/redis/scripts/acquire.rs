@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use redis::Value;
 
-use super::call::{lock_keys, Call, Script};
+use super::call::{locking, Call, Script};
 use crate::backend::contract::{ttl_ms, Acquire, Attempt, Share};
 use crate::error::LockError;
 use crate::key::LockKey;
@@ -71,7 +71,7 @@ static SCRIPT: Script = Script::new(ACQUIRE_LUA);
 /// The script's call for `attempt`, naming the waiters' queue when `queued`, publishing a
 /// handoff with `publish` (`PUBLISH`, or `SPUBLISH` in a cluster).
 pub(crate) fn call(attempt: &Acquire<'_>, queued: bool, publish: &str) -> Call {
-    Call::new(&SCRIPT, &lock_keys(attempt.key, queued, attempt.fencing))
+    locking(&SCRIPT, attempt.key, queued, attempt.fencing)
         .arg(attempt.token)
         .arg(ttl_ms(attempt.ttl))
         .arg(u8::from(attempt.fencing))
@@ -87,10 +87,10 @@ pub(crate) fn call(attempt: &Acquire<'_>, queued: bool, publish: &str) -> Call {
 /// `Acquire::plain_set_first`): a script call costs Redis more, and most acquisitions find the
 /// lock free. Only a refusal needs the script's answers (whose token? how long?).
 pub(crate) fn plain_set(attempt: &Acquire<'_>) -> redis::Cmd {
-    let sized = 32 + attempt.key.redis_key.len() + attempt.token.len();
+    let sized = 32 + attempt.key.stored.len() + attempt.token.len();
     let mut set = redis::Cmd::with_capacity(6, sized);
     set.arg("SET")
-        .arg(&attempt.key.redis_key)
+        .arg(&attempt.key.stored)
         .arg(attempt.token)
         .arg("NX")
         .arg("PX")
@@ -151,7 +151,7 @@ pub(crate) fn not_a_lock(key: &LockKey, kind: &str, node: &str) -> LockError {
         reason: format!(
             "Redis key `{}` on {node} holds a {kind}, not a lock; it was left untouched. Pick a \
              registry prefix or key that no application data uses",
-            crate::error::shown(&key.redis_key),
+            crate::error::shown(&key.stored),
         ),
     }
 }
@@ -184,7 +184,7 @@ mod tests {
     }
 
     fn one() -> LockKey {
-        LockKey::new("lock:", "job".to_owned(), false).unwrap()
+        LockKey::new("lock:", "job".to_owned()).unwrap()
     }
 
     #[test]
@@ -225,7 +225,7 @@ mod tests {
             }
         );
         // A multi-key lock's reply names the key found taken, from 1.
-        let keys = LockKey::many("lock:", vec!["a".to_owned(), "b".to_owned()], false).unwrap();
+        let keys = LockKey::many("lock:", vec!["a".to_owned(), "b".to_owned()]).unwrap();
         let second = read(
             vec![Value::Int(0), Value::Int(10), text("h:2:ff"), Value::Int(2)],
             &attempt(&keys, false, Share::Exclusive),
@@ -267,7 +267,7 @@ mod tests {
 
     #[test]
     fn a_key_holding_application_data_is_refused_naming_the_key_its_type_and_the_node() {
-        let keys = LockKey::many("lock:", vec!["a".to_owned(), "b".to_owned()], false).unwrap();
+        let keys = LockKey::many("lock:", vec!["a".to_owned(), "b".to_owned()]).unwrap();
         let refused = read(
             vec![Value::Int(2), text("hash"), Value::Int(2)],
             &attempt(&keys, false, Share::Exclusive),

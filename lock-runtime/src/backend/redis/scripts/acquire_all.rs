@@ -2,6 +2,7 @@
 
 use super::call::{Call, Script};
 use crate::backend::contract::{ttl_ms, Acquire};
+use crate::names;
 
 /// A multi-key lock: `KEYS[1..n]` the locks (sorted), then with fencing `KEYS[n+1..2n]` their
 /// counters; `ARGV[1]` token, `ARGV[2]` ttl ms, `ARGV[3]` `1` to take a fencing token, `ARGV[4]`
@@ -24,13 +25,13 @@ static SCRIPT: Script = Script::new(ACQUIRE_ALL_LUA);
 /// counters. Its reply reads as the acquire script's ([`super::acquire::read`]).
 pub(crate) fn call(attempt: &Acquire<'_>) -> Call {
     let keys = attempt.key.keys();
-    let locks = keys.iter().map(|k| k.redis_key.as_str());
-    let fences = keys.iter().map(|k| k.fence_key.as_str());
-    let names: Vec<&str> = if attempt.fencing {
-        locks.chain(fences).collect()
+    let locks = keys.iter().map(|k| k.stored.as_str());
+    let fences: Vec<String> = if attempt.fencing {
+        keys.iter().map(names::fence).collect()
     } else {
-        locks.collect()
+        Vec::new()
     };
+    let names: Vec<&str> = locks.chain(fences.iter().map(String::as_str)).collect();
     Call::new(&SCRIPT, &names)
         .arg(attempt.token)
         .arg(ttl_ms(attempt.ttl))

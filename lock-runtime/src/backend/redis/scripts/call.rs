@@ -7,6 +7,7 @@ use redis::aio::ConnectionLike;
 use redis::{Cmd, FromRedisValue, ServerErrorKind, ToRedisArgs};
 
 use crate::key::LockKey;
+use crate::names::{self, Companions};
 
 /// A script's text and its SHA-1, which `EVALSHA` names it by (worked out once).
 pub(super) struct Script {
@@ -80,17 +81,14 @@ impl Call {
 /// counter and waiters' queue, else the counter only when `fencing` (during a slot migration
 /// Redis refuses a script whose keys are not all on one node, and a lock without fencing may
 /// have no counter at all).
-pub(super) fn lock_keys(key: &LockKey, queued: bool, fencing: bool) -> Vec<&str> {
+pub(super) fn locking(script: &'static Script, key: &LockKey, queued: bool, fencing: bool) -> Call {
+    let lock = key.stored.as_str();
     if queued {
-        vec![
-            &key.redis_key,
-            &key.fence_key,
-            &key.queue_key,
-            &key.queued_key,
-        ]
+        let c = Companions::of(key);
+        Call::new(script, &[lock, &c.fence, &c.queue, &c.queued])
     } else if fencing {
-        vec![&key.redis_key, &key.fence_key]
+        Call::new(script, &[lock, &names::fence(key)])
     } else {
-        vec![&key.redis_key]
+        Call::new(script, &[lock])
     }
 }

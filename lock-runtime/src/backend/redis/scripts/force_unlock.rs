@@ -14,7 +14,7 @@ static SCRIPT: Script = Script::new(FORCE_UNLOCK_LUA);
 
 /// The script's call deleting `key`, publishing with `publish`.
 pub(crate) fn call(key: &LockKey, publish: &str) -> Call {
-    Call::new(&SCRIPT, &[&key.redis_key]).arg(publish)
+    Call::new(&SCRIPT, &[&key.stored]).arg(publish)
 }
 
 /// Whether the reply says a lock was there.

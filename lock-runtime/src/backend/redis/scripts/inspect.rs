@@ -5,6 +5,7 @@ use std::time::Duration;
 use super::call::{Call, Script};
 use crate::backend::contract::{LockInfo, Permits, Place, Share};
 use crate::key::LockKey;
+use crate::names::Companions;
 
 /// `KEYS[1]` lock, `KEYS[2]` fencing counter, `KEYS[3..4]` the waiters' queue. Returns `{token
 /// or false, pttl, fence or false, tag or false, queue, holders}` (tag for readers or a
@@ -21,15 +22,8 @@ static SCRIPT: Script = Script::new(INSPECT_LUA);
 
 /// The script's call for `key`.
 pub(crate) fn call(key: &LockKey) -> Call {
-    Call::new(
-        &SCRIPT,
-        &[
-            &key.redis_key,
-            &key.fence_key,
-            &key.queue_key,
-            &key.queued_key,
-        ],
-    )
+    let c = Companions::of(key);
+    Call::new(&SCRIPT, &[&key.stored, &c.fence, &c.queue, &c.queued])
 }
 
 /// The script's reply.

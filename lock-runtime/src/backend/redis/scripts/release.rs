@@ -1,6 +1,6 @@
 //! Letting go of a token: a release, or a waiter leaving the queue: `release.lua`.
 
-use super::call::{lock_keys, Call, Script};
+use super::call::{locking, Call, Script};
 use crate::key::LockKey;
 
 /// `KEYS` as for [`ACQUIRE_LUA`](super::ACQUIRE_LUA); `ARGV[1]` token, `ARGV[2]` the publish
@@ -44,7 +44,7 @@ static BARE: Script = Script::new(RELEASE_BARE_LUA);
 /// The script's call letting go of `token` on `key`, naming the waiters' queue when `queued`,
 /// publishing with `publish`.
 pub(crate) fn call(key: &LockKey, token: &str, queued: bool, publish: &str) -> Call {
-    Call::new(&SCRIPT, &lock_keys(key, queued, false))
+    locking(&SCRIPT, key, queued, false)
         .arg(token)
         .arg(publish)
         .arg(if super::marks::silent_when_bare(token) {
@@ -82,8 +82,8 @@ pub(crate) fn bare_replies(reply: redis::Value, locks: usize) -> redis::RedisRes
 /// lock: it deletes the bare token, and refuses (0) a value marked as waited for, which the
 /// script then releases, handing over and waking.
 pub(crate) fn delifeq(key: &LockKey, token: &str) -> redis::Cmd {
-    let mut cmd = redis::Cmd::with_capacity(3, 16 + key.redis_key.len() + token.len());
-    cmd.arg("DELIFEQ").arg(&key.redis_key).arg(token);
+    let mut cmd = redis::Cmd::with_capacity(3, 16 + key.stored.len() + token.len());
+    cmd.arg("DELIFEQ").arg(&key.stored).arg(token);
     cmd
 }
 

@@ -2,6 +2,7 @@
 
 use super::call::{Call, Script};
 use crate::backend::contract::{Renewal, Renewed};
+use crate::names;
 
 /// `KEYS` the locks, then the fencing counter of each fenced one in the same order; `ARGV`
 /// token, ttl ms and fencing token (`0`: not fenced) for each lock in turn. One script call
@@ -18,20 +19,21 @@ static SCRIPT: Script = Script::new(RENEW_LUA);
 
 /// The script's call renewing `locks` (positions in `batch`).
 pub(crate) fn call(batch: &[Renewal<'_>], locks: impl Iterator<Item = usize> + Clone) -> Call {
+    let fences: Vec<String> = locks
+        .clone()
+        .filter(|&i| batch[i].fence.is_some())
+        .map(|i| names::fence(batch[i].key))
+        .collect();
     let keys: Vec<&str> = locks
         .clone()
-        .map(|i| batch[i].redis_key)
-        .chain(
-            locks
-                .clone()
-                .filter_map(|i| batch[i].fence.map(|(key, _)| key)),
-        )
+        .map(|i| batch[i].key.stored.as_str())
+        .chain(fences.iter().map(String::as_str))
         .collect();
     locks.fold(Call::new(&SCRIPT, &keys), |call, i| {
         let lock = &batch[i];
         call.arg(lock.token)
             .arg(lock.ttl_ms)
-            .arg(lock.fence.map_or(0, |(_, fence)| fence))
+            .arg(lock.fence.unwrap_or(0))
     })
 }
 

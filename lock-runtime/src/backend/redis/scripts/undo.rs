@@ -12,7 +12,7 @@ static SCRIPT: Script = Script::new(UNDO_LUA);
 
 /// The script's call taking `token` back from `key`.
 pub(crate) fn call(key: &LockKey, token: &str) -> Call {
-    Call::new(&SCRIPT, &[&key.redis_key]).arg(token)
+    Call::new(&SCRIPT, &[&key.stored]).arg(token)
 }
 
 /// Whether the reply says it took something back.

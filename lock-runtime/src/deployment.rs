@@ -1,0 +1,115 @@
+//! Where a registry's locks live, and the one grammar that reads it from the environment: the
+//! library's `Registry::from_env` and `lockctl` both read it here, so they cannot disagree.
+
+use crate::error::LockError;
+
+/// A deployment the library locks on, as [`RegistryBuilder::deployment`](crate::RegistryBuilder::deployment)
+/// takes it and [`Deployment::from_vars`] reads it from environment variables. URLs may carry
+/// credentials: the registry never shows them (its `node` names `host:port`).
+///
+/// ```
+/// use lock_runtime::Deployment;
+/// let vars = [("LOCK_REDIS_URL", "redis://a:6379, redis://b:6379,redis://c:6379")];
+/// let var = |name: &str| vars.iter().find(|(n, _)| *n == name).map(|(_, v)| v.to_string());
+/// assert_eq!(
+///     Deployment::from_vars(var).unwrap(),
+///     Some(Deployment::Redlock(vec![
+///         "redis://a:6379".into(),
+///         "redis://b:6379".into(),
+///         "redis://c:6379".into(),
+///     ]))
+/// );
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Deployment {
+    /// One Redis server (see [`RegistryBuilder::url`](crate::RegistryBuilder::url)).
+    Server(String),
+    /// A Redis Cluster, through these seed nodes.
+    Cluster(Vec<String>),
+    /// Redlock over these independent masters.
+    Redlock(Vec<String>),
+    /// The master these sentinels name for `master` (a service name, or a URL carrying the
+    /// master's login; see [`RegistryBuilder::sentinel`](crate::RegistryBuilder::sentinel)).
+    Sentinel {
+        /// The service's name (`mymaster`), or a URL whose host is that name.
+        master: String,
+        /// The sentinels' URLs.
+        sentinels: Vec<String>,
+    },
+}
+
+const SENTINEL_MASTER_VAR: &str = "LOCK_REDIS_SENTINEL_MASTER";
+const SENTINELS_VAR: &str = "LOCK_REDIS_SENTINEL";
+const CLUSTER_VAR: &str = "LOCK_REDIS_CLUSTER";
+const URL_VAR: &str = "LOCK_REDIS_URL";
+const FALLBACK_URL_VAR: &str = "REDIS_URL";
+
+impl Deployment {
+    /// The variables [`from_vars`](Self::from_vars) reads, in its order: each may hold URLs, and
+    /// so passwords (`lockctl run` keeps those that do from its command).
+    pub const VARIABLES: [&'static str; 5] = [
+        SENTINELS_VAR,
+        SENTINEL_MASTER_VAR,
+        CLUSTER_VAR,
+        URL_VAR,
+        FALLBACK_URL_VAR,
+    ];
+
+    /// The variable that names the master of the sentinels in `LOCK_REDIS_SENTINEL`.
+    pub const SENTINEL_MASTER_VAR: &'static str = SENTINEL_MASTER_VAR;
+
+    /// The deployment the variables name (`var` reads one; an unset or blank one is absent),
+    /// first match wins:
+    ///
+    /// | variable | deployment |
+    /// |---|---|
+    /// | `LOCK_REDIS_SENTINEL=redis://s1:26379,redis://s2:26379` with `LOCK_REDIS_SENTINEL_MASTER=mymaster` | [`Sentinel`](Self::Sentinel) |
+    /// | `LOCK_REDIS_CLUSTER=redis://a:7000,redis://b:7001` | [`Cluster`](Self::Cluster) |
+    /// | `LOCK_REDIS_URL=redis://a:6379,redis://b:6379,redis://c:6379` | [`Redlock`](Self::Redlock) |
+    /// | `LOCK_REDIS_URL=redis://a:6379` (else `REDIS_URL`) | [`Server`](Self::Server) |
+    ///
+    /// Entries of a comma list are trimmed; an empty one (`redis://a:6379,`) is kept, for the
+    /// registry's build to refuse naming its position: a stray comma must not turn one server
+    /// into a Redlock.
+    ///
+    /// # Errors
+    /// [`LockError::InvalidConfig`] for sentinels without a master name. `Ok(None)` when no
+    /// variable names a deployment.
+    pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<Option<Self>, LockError> {
+        let var = |name| var(name).filter(|v: &String| !v.trim().is_empty());
+        let list = |v: String| v.split(',').map(|s| s.trim().to_owned()).collect();
+        if let Some(sentinels) = var(SENTINELS_VAR) {
+            let master = var(SENTINEL_MASTER_VAR).ok_or_else(|| {
+                LockError::config(format!(
+                    "{SENTINELS_VAR} is set but {SENTINEL_MASTER_VAR} is not; set it to the \
+                     service name the sentinels monitor (`mymaster`)"
+                ))
+            })?;
+            return Ok(Some(Self::Sentinel {
+                master: master.trim().to_owned(),
+                sentinels: list(sentinels),
+            }));
+        }
+        if let Some(seeds) = var(CLUSTER_VAR) {
+            return Ok(Some(Self::Cluster(list(seeds))));
+        }
+        Ok(var(URL_VAR).or_else(|| var(FALLBACK_URL_VAR)).map(|url| {
+            if url.contains(',') {
+                Self::Redlock(list(url))
+            } else {
+                Self::Server(url.trim().to_owned())
+            }
+        }))
+    }
+
+    /// The URLs given: the server's, the cluster's seeds, every Redlock node, the sentinels.
+    #[must_use]
+    pub fn urls(&self) -> &[String] {
+        match self {
+            Self::Server(url) => std::slice::from_ref(url),
+            Self::Cluster(urls) | Self::Redlock(urls) => urls,
+            Self::Sentinel { sentinels, .. } => sentinels,
+        }
+    }
+}
