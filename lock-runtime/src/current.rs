@@ -168,8 +168,16 @@ pub(crate) fn held(registry: &Arc<RegistryInner>, keys: &[String]) -> Held {
 /// Why a task that holds a key as `held` cannot take it again as `asked` inside (`None`: it
 /// re-enters what it holds). A writer may read or take a permit (it holds the key alone); a
 /// reader or permit holder may not write: it would wait for itself, and two such upgraders
-/// would wait for each other forever.
-pub(crate) fn cannot_reenter(held: Share, asked: Share) -> Option<String> {
+/// would wait for each other forever. `fenced`: whether the held lease has a fencing token, and
+/// whether the request asks for one (a request that asks gets one, or an error).
+pub(crate) fn cannot_reenter(held: Share, asked: Share, fenced: (bool, bool)) -> Option<String> {
+    if fenced == (false, true) {
+        return Some(
+            "this task holds it without a fencing token and asks for one inside; take the \
+             outer lock with `fencing = true`"
+                .to_owned(),
+        );
+    }
     match (held, asked) {
         _ if held == asked => None,
         (Share::Exclusive, _) => None,

@@ -115,7 +115,8 @@ impl LockRequest {
                     return Err(lease.lost_error(reason));
                 }
                 let (held, asked) = (lease.options.share(), self.options.share());
-                if let Some(reason) = current::cannot_reenter(held, asked) {
+                let fenced = (lease.fence.is_some(), self.options.fencing);
+                if let Some(reason) = current::cannot_reenter(held, asked, fenced) {
                     return Err(LockError::InvalidOptions {
                         key: self.keys.join(" + "),
                         reason,

@@ -37,6 +37,46 @@ async fn nested_locking_of_the_same_key_in_one_task_reenters() {
     );
 }
 
+/// A nested request that asks for a fencing token inside a lock taken without one: re-entering
+/// would hand it a guard whose `fence()` is `None`, and a caller that skips the fenced write
+/// when there is no token would write unguarded. Refused, naming the key and the fix (found by
+/// an attack on reentrancy).
+#[tokio::test]
+async fn a_nested_request_for_fencing_inside_an_unfenced_lock_is_refused() {
+    let server = RedisServer::start();
+    let reg = registry(&server);
+    let inner_reg = reg.clone();
+    let err = reg
+        .lock("unfenced")
+        .run(async move {
+            inner_reg
+                .lock("unfenced")
+                .fencing(true)
+                .acquire()
+                .await
+                .map(|guard| guard.fence())
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, LockError::InvalidOptions { key, reason }
+            if key == "unfenced" && reason.contains("fencing")),
+        "{err:?}"
+    );
+    // The other way round re-enters: a fenced lock serves a request that does not need it.
+    let inner_reg = reg.clone();
+    let fence = reg
+        .lock("fenced")
+        .fencing(true)
+        .run(async move {
+            let guard = inner_reg.lock("fenced").acquire().await?;
+            Ok::<_, LockError>(guard.fence())
+        })
+        .await
+        .unwrap();
+    assert!(fence.is_some());
+}
+
 #[tokio::test]
 async fn a_spawned_task_does_not_inherit_the_lock() {
     let server = RedisServer::start();
