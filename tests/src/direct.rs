@@ -2,13 +2,18 @@
 //! server counts.
 
 /// A raw async connection straight to a server, for interfering behind the library's back.
+/// Its timeouts are a test's, not the client's defaults (1 s to connect, 500 ms per reply),
+/// which a loaded machine exceeds: a test that wants a timeout sets its own.
 ///
 /// # Panics
-/// When the server does not answer.
+/// When the server does not answer within 10 s.
 pub async fn raw(url: &str) -> redis::aio::MultiplexedConnection {
+    let patient = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(std::time::Duration::from_secs(10)))
+        .set_response_timeout(Some(std::time::Duration::from_secs(10)));
     redis::Client::open(url)
         .expect("url")
-        .get_multiplexed_async_connection()
+        .get_multiplexed_async_connection_with_config(&patient)
         .await
         .expect("raw connection")
 }
