@@ -221,11 +221,13 @@ async fn contending_registries_never_both_hold_while_nodes_fail_and_return() {
 async fn a_holder_learns_it_lost_when_a_majority_restarts_without_persistence() {
     let mut nodes = nodes(3);
     let (a, b) = (registry(&nodes), registry(&nodes));
-    // A long ttl, so the next renewal (ttl/3) comes after the other client took the key:
-    // the holder then finds another owner's token (`Stolen`), not an empty key (`Gone`).
+    // A long ttl, so the next renewal (ttl/3 = 10 s) comes after the other client took the
+    // key: the holder then finds another owner's token (`Stolen`), not an empty key (`Gone`).
+    // The other client has until then to reach the restarted masters (on a loaded machine,
+    // with 300 ms timeouts, a 5 s wait was once not enough).
     let guard = a
         .lock("amnesia")
-        .ttl(Duration::from_secs(9))
+        .ttl(Duration::from_secs(30))
         .acquire()
         .await
         .unwrap();
@@ -235,7 +237,7 @@ async fn a_holder_learns_it_lost_when_a_majority_restarts_without_persistence() 
     nodes[1].restart();
     let taken = b
         .lock("amnesia")
-        .wait(Duration::from_secs(5))
+        .wait(Duration::from_secs(9))
         .acquire()
         .await
         .unwrap();
