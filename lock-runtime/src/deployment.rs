@@ -20,7 +20,7 @@ use crate::error::LockError;
 ///     ]))
 /// );
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Deployment {
     /// One Redis server (see [`RegistryBuilder::url`](crate::RegistryBuilder::url)).
@@ -111,5 +111,53 @@ impl Deployment {
             Self::Cluster(urls) | Self::Redlock(urls) => urls,
             Self::Sentinel { sentinels, .. } => sentinels,
         }
+    }
+}
+
+/// Shows each URL with its password masked: a deployment's URLs may carry credentials, which
+/// never appear in `Debug` output (nor does a builder that holds one show them).
+impl std::fmt::Debug for Deployment {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let all = |urls: &[String]| urls.iter().map(|u| masked(u)).collect::<Vec<_>>();
+        match self {
+            Self::Server(url) => f.debug_tuple("Server").field(&masked(url)).finish(),
+            Self::Cluster(urls) => f.debug_tuple("Cluster").field(&all(urls)).finish(),
+            Self::Redlock(urls) => f.debug_tuple("Redlock").field(&all(urls)).finish(),
+            Self::Sentinel { master, sentinels } => f
+                .debug_struct("Sentinel")
+                .field("master", &masked(master))
+                .field("sentinels", &all(sentinels))
+                .finish(),
+        }
+    }
+}
+
+/// `url` with the password of its login (between `user:` and `@`) replaced by `***`.
+fn masked(url: &str) -> String {
+    let Some(scheme) = url.find("://") else {
+        return url.to_owned();
+    };
+    let start = scheme + 3;
+    let authority_end = url[start..].find('/').map_or(url.len(), |i| start + i);
+    let Some(at) = url[start..authority_end].rfind('@').map(|i| start + i) else {
+        return url.to_owned();
+    };
+    match url[start..at].find(':') {
+        Some(colon) => format!("{}***{}", &url[..=start + colon], &url[at..]),
+        None => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::masked;
+
+    #[test]
+    fn a_password_is_masked_and_the_rest_of_the_url_kept() {
+        assert_eq!(masked("redis://u:pw@h:1/2"), "redis://u:***@h:1/2");
+        assert_eq!(masked("rediss://:p@w@h:1"), "rediss://:***@h:1");
+        assert_eq!(masked("redis://user@h:1/"), "redis://user@h:1/");
+        assert_eq!(masked("redis://h:1/x@y"), "redis://h:1/x@y");
+        assert_eq!(masked("mymaster"), "mymaster");
     }
 }

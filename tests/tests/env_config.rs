@@ -100,3 +100,33 @@ fn the_environment_selects_single_node_redlock_cluster_or_sentinel() {
     assert!(!err.to_string().contains("pw"), "{err}");
     clear();
 }
+
+/// Passwords never appear in `Debug` output (GUARANTEES.md): not of a `Deployment` (public
+/// since the store seam, and what `Deployment::from_vars` returns), nor of a builder that holds
+/// one (found by the attack on the seam: both derived `Debug` over the raw URLs).
+#[test]
+fn a_deployment_and_a_builder_never_show_their_passwords_in_debug_output() {
+    use lock_runtime::Deployment;
+    const SECRET: &str = "s3cret-pw-4711";
+    let url = format!("redis://locker:{SECRET}@127.0.0.1:6390/");
+    let shapes = [
+        Deployment::Server(url.clone()),
+        Deployment::Cluster(vec![url.clone()]),
+        Deployment::Redlock(vec![url.clone(), url.clone(), url.clone()]),
+        Deployment::Sentinel {
+            master: format!("redis://:{SECRET}@mymaster/"),
+            sentinels: vec![url.clone()],
+        },
+    ];
+    for deployment in shapes {
+        let shown = format!("{deployment:?}");
+        assert!(!shown.contains(SECRET), "{shown}");
+        assert!(
+            shown.contains("127.0.0.1:6390"),
+            "still says where: {shown}"
+        );
+        let builder = Registry::builder().deployment(deployment);
+        let shown = format!("{builder:?}");
+        assert!(!shown.contains(SECRET), "{shown}");
+    }
+}

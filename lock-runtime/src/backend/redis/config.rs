@@ -9,10 +9,21 @@ use super::sentinel::SentinelSetup;
 use crate::error::LockError;
 
 /// The certificates `rediss://` connections trust and present (the `tls` feature).
-#[derive(Debug, Default, Clone)]
+#[derive(Default, Clone)]
 pub(crate) struct Tls {
     #[cfg(feature = "tls")]
     certs: Option<redis::TlsCertificates>,
+}
+
+/// Says whether certificates were given, never their bytes (a client key is a secret).
+impl std::fmt::Debug for Tls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        #[cfg(feature = "tls")]
+        let given = self.certs.is_some();
+        #[cfg(not(feature = "tls"))]
+        let given = false;
+        f.debug_struct("Tls").field("certificates", &given).finish()
+    }
 }
 
 impl Tls {
