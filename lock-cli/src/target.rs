@@ -58,6 +58,17 @@ pub fn resolve(args: &TargetArgs, env: impl Fn(&str) -> Option<String>) -> Resul
     if !args.redlock.is_empty() {
         return Ok(Target::Redlock(args.redlock.clone()));
     }
+    if args
+        .master_name
+        .as_ref()
+        .is_some_and(|m| m.trim().is_empty())
+    {
+        return Err(
+            "--master-name is blank: pass the service name the sentinels monitor \
+                    (e.g. mymaster), or leave the flag out to use LOCK_REDIS_SENTINEL_MASTER"
+                .to_owned(),
+        );
+    }
     let var = |name: &str| env(name).filter(|v: &String| !v.trim().is_empty());
     let master = args
         .master_name
@@ -339,6 +350,26 @@ mod tests {
                 "redis://c:1".into()
             ]))
         );
+    }
+
+    /// A blank `--master-name` is the flag's fault, whether or not the variable is set (found
+    /// by the attack on the seam: it was blamed on `LOCK_REDIS_SENTINEL_MASTER`).
+    #[test]
+    fn a_blank_master_name_flag_is_blamed_on_the_flag() {
+        let args = TargetArgs {
+            master_name: Some("  ".into()),
+            ..no_flags()
+        };
+        for vars in [
+            &[("LOCK_REDIS_SENTINEL", "redis://s1:26379")][..],
+            &[
+                ("LOCK_REDIS_SENTINEL", "redis://s1:26379"),
+                ("LOCK_REDIS_SENTINEL_MASTER", "mymaster"),
+            ],
+        ] {
+            let err = resolve(&args, env(vars)).unwrap_err();
+            assert!(err.contains("--master-name is blank"), "{err}");
+        }
     }
 
     #[test]
