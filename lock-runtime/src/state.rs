@@ -62,9 +62,7 @@ impl RegistryInner {
 
     /// `key` under this registry's prefix, as its store can hold it.
     pub(crate) fn lock_key(&self, key: String) -> Result<LockKey, LockError> {
-        let key = LockKey::new(&self.prefix, key)?;
-        self.backend.admit(&key)?;
-        Ok(key)
+        self.lock_keys(vec![key])
     }
 
     /// One key, or a multi-key lock's keys (see [`LockKey::many`]), as its store can hold them.
