@@ -37,6 +37,9 @@ pub enum Deployment {
         /// The sentinels' URLs.
         sentinels: Vec<String>,
     },
+    /// One Postgres database (see [`RegistryBuilder::postgres`](crate::RegistryBuilder::postgres)):
+    /// `postgres://user:password@host:5432/database`.
+    Postgres(String),
 }
 
 const SENTINEL_MASTER_VAR: &str = "LOCK_REDIS_SENTINEL_MASTER";
@@ -44,11 +47,13 @@ const SENTINELS_VAR: &str = "LOCK_REDIS_SENTINEL";
 const CLUSTER_VAR: &str = "LOCK_REDIS_CLUSTER";
 const URL_VAR: &str = "LOCK_REDIS_URL";
 const FALLBACK_URL_VAR: &str = "REDIS_URL";
+const POSTGRES_VAR: &str = "LOCK_POSTGRES_URL";
 
 impl Deployment {
     /// The variables [`from_vars`](Self::from_vars) reads, in its order: each may hold URLs, and
     /// so passwords (`lockctl run` keeps those that do from its command).
-    pub const VARIABLES: [&'static str; 5] = [
+    pub const VARIABLES: [&'static str; 6] = [
+        POSTGRES_VAR,
         SENTINELS_VAR,
         SENTINEL_MASTER_VAR,
         CLUSTER_VAR,
@@ -64,6 +69,7 @@ impl Deployment {
     ///
     /// | variable | deployment |
     /// |---|---|
+    /// | `LOCK_POSTGRES_URL=postgres://locks@db:5432/app` | [`Postgres`](Self::Postgres) |
     /// | `LOCK_REDIS_SENTINEL=redis://s1:26379,redis://s2:26379` with `LOCK_REDIS_SENTINEL_MASTER=mymaster` | [`Sentinel`](Self::Sentinel) |
     /// | `LOCK_REDIS_CLUSTER=redis://a:7000,redis://b:7001` | [`Cluster`](Self::Cluster) |
     /// | `LOCK_REDIS_URL=redis://a:6379,redis://b:6379,redis://c:6379` | [`Redlock`](Self::Redlock) |
@@ -74,11 +80,25 @@ impl Deployment {
     /// into a Redlock.
     ///
     /// # Errors
-    /// [`LockError::InvalidConfig`] for sentinels without a master name. `Ok(None)` when no
-    /// variable names a deployment.
+    /// [`LockError::InvalidConfig`] for sentinels without a master name, and for
+    /// `LOCK_POSTGRES_URL` beside a `LOCK_REDIS_*` variable (which store is meant?). `Ok(None)`
+    /// when no variable names a deployment. `REDIS_URL` alone does not conflict: an application
+    /// may use Redis for other things and lock on Postgres.
     pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<Option<Self>, LockError> {
         let var = |name| var(name).filter(|v: &String| !v.trim().is_empty());
         let list = |v: String| v.split(',').map(|s| s.trim().to_owned()).collect();
+        if let Some(url) = var(POSTGRES_VAR) {
+            if let Some(redis) = [SENTINELS_VAR, CLUSTER_VAR, URL_VAR]
+                .into_iter()
+                .find(|name| var(name).is_some())
+            {
+                return Err(LockError::config(format!(
+                    "both {POSTGRES_VAR} and {redis} are set, so the store to lock on is \
+                     ambiguous; unset the one this service should not use"
+                )));
+            }
+            return Ok(Some(Self::Postgres(url.trim().to_owned())));
+        }
         if let Some(sentinels) = var(SENTINELS_VAR) {
             let master = var(SENTINEL_MASTER_VAR).ok_or_else(|| {
                 LockError::config(format!(
@@ -107,7 +127,7 @@ impl Deployment {
     #[must_use]
     pub fn urls(&self) -> &[String] {
         match self {
-            Self::Server(url) => std::slice::from_ref(url),
+            Self::Server(url) | Self::Postgres(url) => std::slice::from_ref(url),
             Self::Cluster(urls) | Self::Redlock(urls) => urls,
             Self::Sentinel { sentinels, .. } => sentinels,
         }
@@ -121,6 +141,7 @@ impl std::fmt::Debug for Deployment {
         let all = |urls: &[String]| urls.iter().map(|u| masked(u)).collect::<Vec<_>>();
         match self {
             Self::Server(url) => f.debug_tuple("Server").field(&masked(url)).finish(),
+            Self::Postgres(url) => f.debug_tuple("Postgres").field(&masked(url)).finish(),
             Self::Cluster(urls) => f.debug_tuple("Cluster").field(&all(urls)).finish(),
             Self::Redlock(urls) => f.debug_tuple("Redlock").field(&all(urls)).finish(),
             Self::Sentinel { master, sentinels } => f

@@ -5,7 +5,7 @@
 //! identity (see `token::new_token`), so a look at the key tells an observer who leads, and
 //! the key's fencing counter numbers the terms. Candidates wait in the lock's queue, so a
 //! leader that resigns hands over at once to the oldest; one that crashes is followed within
-//! one ttl. An elected candidate announces itself on the key's channel (`backend::redis::notification::ELECTED`),
+//! one ttl. An elected candidate announces itself on the key's channel (`backend::notification::ELECTED`),
 //! where observers also hear every release: they look again only when something happened.
 
 use std::future::Future;

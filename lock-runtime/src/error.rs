@@ -313,8 +313,9 @@ fn for_key(key: Option<&str>) -> String {
 
 fn not_configured(registry: Option<&str>) -> String {
     match registry {
-        None => "no default lock registry: set LOCK_REDIS_URL (or REDIS_URL) to a redis:// URL, \
-                 or install one in code with `Registry::from_url(..)?.install_default()`"
+        None => "no default lock registry: set LOCK_REDIS_URL (or REDIS_URL) to a redis:// URL \
+                 (or LOCK_POSTGRES_URL to a postgres:// URL), or install one in code with \
+                 `Registry::from_url(..)?.install_default()`"
             .to_owned(),
         Some(name) => format!(
             "no lock registry named `{name}`: install one with `registry.install_as(\"{name}\")` \

@@ -19,6 +19,7 @@ pub mod cluster;
 pub mod direct;
 pub mod locks;
 pub mod poll;
+pub mod postgres;
 pub mod proxy;
 pub mod records;
 pub mod registry;

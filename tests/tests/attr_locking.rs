@@ -119,8 +119,13 @@ async fn busy_lock_returns_users_error() {
 async fn report_hold(
     held: oneshot::Sender<()>,
     release: oneshot::Receiver<()>,
+    done: Arc<AtomicUsize>,
 ) -> Result<(), JobError> {
-    hold_until(held, release).await
+    hold_until(held, release).await?;
+    // Inside the body: after it the release hands the lock over, and the waiter may run
+    // before this task is polled again.
+    done.store(1, Ordering::SeqCst);
+    Ok(())
 }
 
 #[distributed_lock(key = "report", wait = "30s", registry = "attr_wait")]
@@ -137,11 +142,7 @@ async fn wait_acquires_once_the_holder_releases() {
     let (release, release_rx) = oneshot::channel();
     let holder_done = Arc::new(AtomicUsize::new(0));
     let done = holder_done.clone();
-    let holder = tokio::spawn(async move {
-        report_hold(held_tx, release_rx).await?;
-        done.store(1, Ordering::SeqCst);
-        Ok::<_, JobError>(())
-    });
+    let holder = tokio::spawn(report_hold(held_tx, release_rx, done));
     held.await.expect("holder inside");
 
     let waiter = tokio::spawn(report_waiting(holder_done));

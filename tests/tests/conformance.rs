@@ -21,6 +21,7 @@ mod conformance {
                     sentinel: Sentinel,
                     cluster: Cluster,
                     redlock: Redlock,
+                    postgres: Postgres,
                 );
             }
         )*};

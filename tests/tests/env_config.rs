@@ -13,6 +13,7 @@ fn the_environment_selects_single_node_redlock_cluster_or_sentinel() {
             "LOCK_REDIS_SENTINEL",
             "LOCK_REDIS_SENTINEL_MASTER",
             "LOCK_REDIS_CONFIRM_REPLICAS",
+            "LOCK_POSTGRES_URL",
         ] {
             std::env::remove_var(var);
         }
@@ -99,6 +100,31 @@ fn the_environment_selects_single_node_redlock_cluster_or_sentinel() {
     let err = Registry::from_env().unwrap_err();
     assert!(!err.to_string().contains("pw"), "{err}");
     clear();
+
+    // Postgres: its own variable; beside a LOCK_REDIS_* one the store meant is unclear, beside
+    // REDIS_URL (Redis used for other things) it is not.
+    std::env::set_var("LOCK_POSTGRES_URL", "postgres://locks:pw@10.0.3.1:5433/app");
+    assert_eq!(Registry::from_env().unwrap().node(), "10.0.3.1:5433");
+    std::env::set_var("REDIS_URL", "redis://10.0.0.9:6379/");
+    assert_eq!(Registry::from_env().unwrap().node(), "10.0.3.1:5433");
+    std::env::set_var("LOCK_REDIS_URL", "redis://10.0.0.5:6379/");
+    let err = Registry::from_env().unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("LOCK_POSTGRES_URL and LOCK_REDIS_URL"),
+        "{err}"
+    );
+    std::env::remove_var("LOCK_REDIS_URL");
+    std::env::set_var("LOCK_POSTGRES_URL", "postgres://locks:pw@[bad");
+    let err = Registry::from_env().unwrap_err();
+    assert!(!err.to_string().contains("pw"), "{err}");
+    std::env::set_var(
+        "LOCK_POSTGRES_URL",
+        "postgres://locks:pw@10.0.3.1/app?sslmode=require",
+    );
+    let err = Registry::from_env().unwrap_err();
+    assert!(err.to_string().contains("sslmode=require"), "{err}");
+    clear();
 }
 
 /// Passwords never appear in `Debug` output (GUARANTEES.md): not of a `Deployment` (public
@@ -117,6 +143,7 @@ fn a_deployment_and_a_builder_never_show_their_passwords_in_debug_output() {
             master: format!("redis://:{SECRET}@mymaster/"),
             sentinels: vec![url.clone()],
         },
+        Deployment::Postgres(format!("postgres://locker:{SECRET}@127.0.0.1:6390/app")),
     ];
     for deployment in shapes {
         let shown = format!("{deployment:?}");

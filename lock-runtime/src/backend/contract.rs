@@ -266,7 +266,7 @@ pub(crate) trait Store: Send + Sync {
     fn inspect(&self, key: &LockKey) -> impl Future<Output = Result<LockInfo, LockError>> + Send;
 
     /// Tells whoever observes `key` that its lock was just taken (an elected candidate's news,
-    /// `backend::redis::notification::ELECTED`): a lock taken free is announced by no release.
+    /// `backend::notification::ELECTED`): a lock taken free is announced by no release.
     fn announce_taken(&self, key: &LockKey) -> impl Future<Output = Result<(), LockError>> + Send;
 
     /// Deletes whatever lock is under `key` (an operator's decision) and wakes its waiters.

@@ -13,6 +13,9 @@ use crate::waiting::WaitHub;
 
 mod contract;
 pub(crate) mod memory;
+pub(crate) mod notification;
+#[cfg(feature = "postgres")]
+pub(crate) mod postgres;
 pub(crate) mod redis;
 pub(crate) mod redlock;
 
@@ -24,17 +27,18 @@ use redis::config::{ClusterSeeds, Topology};
 
 /// Declares the stores, once: the [`Backend`] that dispatches to whichever one a registry
 /// was built on, and `each!`, which runs one call on it. A new store is one line here.
+/// A store behind a feature names it (`#[cfg(feature = "...")]`, after its doc).
 macro_rules! stores {
-    ($d:tt $($(#[$doc:meta])* $variant:ident($store:ty),)+) => {
+    ($d:tt $($(#[doc = $doc:literal])* $(#[cfg($cfg:meta)])? $variant:ident($store:ty),)+) => {
         pub(crate) enum Backend {
-            $($(#[$doc])* $variant($store),)+
+            $($(#[doc = $doc])* $(#[cfg($cfg)])? $variant($store),)+
         }
 
         /// Runs `$call` on whichever store `$backend` is.
         macro_rules! each {
             ($d backend:expr, $d s:ident => $d call:expr) => {
                 match $d backend {
-                    $(Backend::$variant($d s) => $d call,)+
+                    $($(#[cfg($cfg)])? Backend::$variant($d s) => $d call,)+
                 }
             };
         }
@@ -47,6 +51,9 @@ stores! { $
     /// Independent masters.
     Redlock(Box<redlock::Redlock>),
     Memory(MemoryStore),
+    /// One Postgres database.
+    #[cfg(feature = "postgres")]
+    Postgres(Box<postgres::PostgresStore>),
 }
 
 impl Backend {
@@ -65,6 +72,7 @@ impl Backend {
             Deployment::Sentinel { master, sentinels } => {
                 Self::sentinel(&master, sentinels, tls, timeouts, replicas)
             }
+            Deployment::Postgres(url) => Self::postgres(&url, timeouts),
         }
     }
 
@@ -116,6 +124,22 @@ impl Backend {
         Ok(Self::Redlock(Box::new(redlock::Redlock::new(
             clients, timeouts,
         ))))
+    }
+
+    /// One Postgres database.
+    #[cfg(feature = "postgres")]
+    fn postgres(url: &str, timeouts: Timeouts) -> Result<Self, LockError> {
+        Ok(Self::Postgres(Box::new(postgres::PostgresStore::new(
+            url, timeouts,
+        )?)))
+    }
+
+    #[cfg(not(feature = "postgres"))]
+    fn postgres(_: &str, _: Timeouts) -> Result<Self, LockError> {
+        Err(LockError::config(
+            "a Postgres deployment needs lock-runtime's `postgres` feature: turn it on in \
+             Cargo.toml (`lock-runtime = { version = \"0.1\", features = [\"postgres\"] }`)",
+        ))
     }
 
     fn redis(topology: Topology, timeouts: Timeouts, replicas: u32) -> Self {

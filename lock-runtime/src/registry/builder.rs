@@ -75,6 +75,18 @@ impl RegistryBuilder {
         self.deployment(Deployment::Server(url.into()))
     }
 
+    /// One Postgres database (`postgres://user:password@host:5432/database`, or libpq's
+    /// `key=value` form): locks are leases in the schema `distributed_lock`, created on first
+    /// use if missing (or beforehand by `lockctl schema`), with deadlines on the database's
+    /// clock; waiters are woken by `LISTEN/NOTIFY` on a connection of their own. Needs the
+    /// `postgres` feature (without it, [`build`](Self::build) says so).
+    ///
+    /// Statements go through PgBouncer in transaction mode; the listening connection needs a
+    /// session (Postgres itself, or a pooler in session mode).
+    pub fn postgres(self, url: impl Into<String>) -> Self {
+        self.deployment(Deployment::Postgres(url.into()))
+    }
+
     /// Any [`Deployment`], as [`Deployment::from_vars`] reads one (or as the methods that name
     /// one build it).
     pub fn deployment(mut self, deployment: Deployment) -> Self {
@@ -311,6 +323,10 @@ impl RegistryBuilder {
                      restarts without persistence must stay down for one max ttl instead",
                 ),
                 Mode::Memory(_) => Some("an in-memory store has no replicas"),
+                Mode::Deployment(Deployment::Postgres(_)) => Some(
+                    "Postgres confirms its own writes to replicas: set `synchronous_commit` and \
+                     `synchronous_standby_names` on the server",
+                ),
                 _ => None,
             };
             if let Some(why) = why {

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use lock_runtime::{MemoryStore, Registry};
 use lock_tests::cluster::RedisCluster;
+use lock_tests::postgres::PostgresServer;
 use lock_tests::sentinel::{RedisSentinels, SERVICE};
 use lock_tests::{command_calls, eventually, shard_subscribers, subscribers, RedisServer};
 
@@ -23,6 +24,8 @@ pub enum Kind {
     Cluster,
     /// Three independent masters.
     Redlock,
+    /// One Postgres database.
+    Postgres,
 }
 
 /// What a store does not do. A behaviour that needs it checks what the store promises instead,
@@ -45,6 +48,7 @@ enum Fixture {
     Sentinel(RedisSentinels),
     Cluster(RedisCluster),
     Redlock(Vec<RedisServer>),
+    Postgres(PostgresServer),
 }
 
 pub struct Store {
@@ -75,6 +79,7 @@ impl Store {
             Kind::Sentinel => Fixture::Sentinel(RedisSentinels::start()),
             Kind::Cluster => Fixture::Cluster(RedisCluster::start(3, 0)),
             Kind::Redlock => Fixture::Redlock((0..3).map(|_| RedisServer::start()).collect()),
+            Kind::Postgres => Fixture::Postgres(PostgresServer::start_logging()),
         };
         Self { kind, fixture }
     }
@@ -90,6 +95,7 @@ impl Store {
             Fixture::Sentinel(deployment) => builder.sentinel(SERVICE, deployment.urls()),
             Fixture::Cluster(cluster) => builder.cluster(cluster.seeds()),
             Fixture::Redlock(nodes) => builder.redlock(nodes.iter().map(RedisServer::url)),
+            Fixture::Postgres(server) => builder.postgres(server.url()),
         };
         builder.build().expect("a registry on the store")
     }
@@ -129,7 +135,7 @@ impl Store {
     /// waiters subscribe and its commands run. Empty for the memory store.
     fn servers_of(&self, redis_key: &str) -> Vec<&RedisServer> {
         match &self.fixture {
-            Fixture::Memory(_) => Vec::new(),
+            Fixture::Memory(_) | Fixture::Postgres(_) => Vec::new(),
             Fixture::SingleNode(server) | Fixture::Confirmed { master: server, .. } => {
                 vec![server]
             }
@@ -171,6 +177,11 @@ impl Store {
                         return false;
                     }
                 }
+                if let Fixture::Postgres(server) = &self.fixture {
+                    if server.listeners() != n {
+                        return false;
+                    }
+                }
                 for url in &servers {
                     let listening = if sharded {
                         shard_subscribers(url, &redis_key).await
@@ -191,6 +202,10 @@ impl Store {
     /// Lock commands the servers serving `key` have run (script calls and plain `SET`s, inside
     /// scripts too), summed; `None` for the memory store, which has no server.
     pub fn commands_for(&self, registry: &Registry, key: &str) -> Option<u64> {
+        if let Fixture::Postgres(server) = &self.fixture {
+            // Its statements as the server logged them (this store's keys are one test's).
+            return Some(server.lock_statements());
+        }
         let servers = self.servers_of(&registry.redis_key(key));
         if servers.is_empty() {
             return None;

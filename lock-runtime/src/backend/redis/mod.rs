@@ -32,7 +32,6 @@ mod connection;
 mod errors;
 mod manager;
 mod native;
-pub(crate) mod notification;
 mod renewal;
 pub(crate) mod scripts;
 mod sentinel;
@@ -553,7 +552,7 @@ impl Store for RedisBackend {
         let mut con = self.con("announce", Some(&key.name)).await?;
         redis::cmd(self.publish_command())
             .arg(key.channel())
-            .arg(notification::ELECTED)
+            .arg(crate::backend::notification::ELECTED)
             .query_async::<i64>(&mut con)
             .await
             .map_err(|e| self.error("announce", Some(&key.name), e))?;

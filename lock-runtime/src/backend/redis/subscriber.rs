@@ -203,7 +203,7 @@ impl Subscriber {
                     match text(0) {
                         Some(channel) => waiters.deliver(
                             &channel,
-                            &super::notification::read(&text(1).unwrap_or_default()),
+                            &crate::backend::notification::read(&text(1).unwrap_or_default()),
                         ),
                         None => true,
                     }

@@ -1,0 +1,235 @@
+//! The Postgres store's one connection: made on the I/O runtime (where its driver task lives,
+//! so no caller's runtime can take it down), made again after it broke, with the schema
+//! created or checked on the first one. Every caller's statement is pipelined on it, as one
+//! multiplexed Redis connection carries every command.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio_postgres::error::SqlState;
+use tokio_postgres::{Client, Config, NoTls};
+
+use crate::error::{LockError, StoreError};
+use crate::io;
+use crate::timeouts::Timeouts;
+
+/// The schema this library's statements need ([`SCHEMA`]'s version).
+pub(crate) const SCHEMA_VERSION: i32 = 1;
+
+/// The tables and functions, created on first use (or by `lockctl`), each statement idempotent.
+pub(crate) const SCHEMA: &str = include_str!("schema.sql");
+
+/// Serialises concurrent creators of the schema (`CREATE OR REPLACE FUNCTION` run by two
+/// sessions at once fails): an advisory lock's number, "dlock" in ASCII.
+const SCHEMA_LOCK: i64 = 0x0064_6c6f_636b;
+
+pub(crate) struct Link {
+    config: Config,
+    node: String,
+    timeouts: Timeouts,
+    current: Mutex<Option<Arc<Client>>>,
+    /// Held while a connection is being made, so callers meanwhile wait for that one.
+    connecting: tokio::sync::Mutex<()>,
+    schema_checked: AtomicBool,
+}
+
+/// What went wrong on the way to an answer.
+#[derive(Debug)]
+pub(crate) enum Failure {
+    /// No connection could be made: nothing was sent.
+    Connect(tokio_postgres::Error),
+    /// The statement failed, or its connection did.
+    Statement(tokio_postgres::Error),
+    /// No answer within the bound.
+    TimedOut(Duration),
+    /// The schema in the database is not one this library can use.
+    Schema(String),
+}
+
+impl Link {
+    pub(crate) fn new(config: Config, node: String, timeouts: Timeouts) -> Self {
+        Self {
+            config,
+            node,
+            timeouts,
+            current: Mutex::new(None),
+            connecting: tokio::sync::Mutex::new(()),
+            schema_checked: AtomicBool::new(false),
+        }
+    }
+
+    pub(crate) fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Runs `statement` on the connection within the command timeout (`budget` when given).
+    /// A statement that goes unanswered drops the connection: whatever holds it up (a stopped
+    /// server, a black hole) would hold up every statement pipelined behind it.
+    pub(crate) async fn run<T, F, Fut>(
+        &self,
+        budget: Option<Duration>,
+        statement: F,
+    ) -> Result<T, Failure>
+    where
+        F: FnOnce(Arc<Client>) -> Fut,
+        Fut: Future<Output = Result<T, tokio_postgres::Error>>,
+    {
+        let client = self.client().await?;
+        let bound = budget.unwrap_or(self.timeouts.command);
+        match tokio::time::timeout(bound, statement(client.clone())).await {
+            Ok(Ok(answer)) => Ok(answer),
+            Ok(Err(e)) => {
+                if e.is_closed() {
+                    self.forget(&client);
+                }
+                Err(Failure::Statement(e))
+            }
+            Err(_) => {
+                self.forget(&client);
+                Err(Failure::TimedOut(bound))
+            }
+        }
+    }
+
+    /// The connection, made (and the schema checked) if there is none that works.
+    pub(crate) async fn client(&self) -> Result<Arc<Client>, Failure> {
+        if let Some(client) = self.working() {
+            return Ok(client);
+        }
+        let _turn = self.connecting.lock().await;
+        if let Some(client) = self.working() {
+            return Ok(client);
+        }
+        let config = self.config.clone();
+        let bound = self.timeouts.connect;
+        // Made on the I/O runtime: the connection's driver is spawned where it is made.
+        let made = io::run(async move {
+            match tokio::time::timeout(bound, config.connect(NoTls)).await {
+                Ok(Ok((client, connection))) => {
+                    tokio::spawn(connection);
+                    Ok(client)
+                }
+                Ok(Err(e)) => Err(Failure::Connect(e)),
+                Err(_) => Err(Failure::TimedOut(bound)),
+            }
+        })
+        .await?;
+        let client = Arc::new(made);
+        if !self.schema_checked.load(Ordering::Acquire) {
+            self.ensure_schema(&client).await?;
+            self.schema_checked.store(true, Ordering::Release);
+        }
+        *self.current.lock().unwrap_or_else(PoisonError::into_inner) = Some(client.clone());
+        Ok(client)
+    }
+
+    fn working(&self) -> Option<Arc<Client>> {
+        let current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
+        current.as_ref().filter(|c| !c.is_closed()).cloned()
+    }
+
+    /// Drops `client` as the connection (unless another replaced it already): the next call
+    /// makes a new one, and the old one closes once its last statement is done with it.
+    fn forget(&self, client: &Arc<Client>) {
+        let mut current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
+        if current.as_ref().is_some_and(|c| Arc::ptr_eq(c, client)) {
+            *current = None;
+        }
+    }
+
+    /// Creates the schema if it is missing; refuses one newer than this library's.
+    async fn ensure_schema(&self, client: &Client) -> Result<(), Failure> {
+        let bound = self.timeouts.round();
+        let checked = tokio::time::timeout(bound, async {
+            let found = client
+                .query_typed(
+                    "SELECT max(version) FROM distributed_lock.schema_version",
+                    &[],
+                )
+                .await;
+            let version: Option<i32> = match found {
+                Ok(rows) => rows.first().and_then(|row| row.get(0)),
+                Err(e)
+                    if e.code() == Some(&SqlState::UNDEFINED_TABLE)
+                        || e.code() == Some(&SqlState::INVALID_SCHEMA_NAME) =>
+                {
+                    None
+                }
+                Err(e) => return Err(Failure::Statement(e)),
+            };
+            match version {
+                Some(v) if v == SCHEMA_VERSION => Ok(()),
+                Some(v) if v > SCHEMA_VERSION => Err(Failure::Schema(format!(
+                    "the schema `distributed_lock` is at version {v}, newer than this \
+                     library's ({SCHEMA_VERSION}): upgrade lock-runtime in this service"
+                ))),
+                _ => client
+                    .batch_execute(&format!(
+                        "BEGIN; SELECT pg_advisory_xact_lock({SCHEMA_LOCK}); {SCHEMA} COMMIT;"
+                    ))
+                    .await
+                    .map_err(Failure::Statement),
+            }
+        })
+        .await;
+        checked.unwrap_or(Err(Failure::TimedOut(bound)))
+    }
+
+    /// The error `command` ended with, for the caller.
+    pub(crate) fn error(&self, command: &'static str, key: Option<&str>, f: Failure) -> LockError {
+        let (message, source) = match f {
+            Failure::Connect(e) => {
+                let message = format!("could not connect: {}", described(&e));
+                (message, Some(StoreError::new(e, true, true)))
+            }
+            Failure::Statement(e) => {
+                let transient = transient(&e);
+                let mut message = described(&e);
+                if e.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) {
+                    message.push_str(
+                        " (the lock's role needs USAGE on the schema `distributed_lock`, and \
+                         EXECUTE on its functions; `lockctl schema` creates it as an owner)",
+                    );
+                }
+                (message, Some(StoreError::new(e, transient, false)))
+            }
+            Failure::TimedOut(bound) => {
+                let e = std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("no answer within {bound:?}"),
+                );
+                (e.to_string(), Some(StoreError::new(e, true, false)))
+            }
+            Failure::Schema(message) => (message, None),
+        };
+        LockError::Backend {
+            node: self.node.clone(),
+            command,
+            key: key.map(str::to_owned),
+            message,
+            source,
+        }
+    }
+}
+
+/// A server's error with its detail (tokio-postgres shows only "db error" otherwise).
+fn described(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{}: {} ({})", db.severity(), db.message(), db.code().code()),
+        None => e.to_string(),
+    }
+}
+
+/// Whether trying again may succeed: a connection that broke or was refused, a server shutting
+/// down or starting, a transaction that lost a race; not a refusal (privileges, a missing
+/// function, bad input), which no retry changes.
+fn transient(e: &tokio_postgres::Error) -> bool {
+    let Some(code) = e.code() else {
+        return true;
+    };
+    let class = &code.code()[..2];
+    // 08 connection, 40 transaction rollback, 53 resources, 57 operator intervention, 58 system.
+    matches!(class, "08" | "40" | "53" | "57" | "58") || code == &SqlState::LOCK_NOT_AVAILABLE
+}

@@ -1,0 +1,182 @@
+//! The Postgres feed of release notifications: one connection of its own that `LISTEN`s on the
+//! channel of each key someone here waits for (`distributed_lock.channel`), following that set
+//! as it changes, and hands each notification to the waiting hub.
+//!
+//! `LISTEN` belongs to a session: this connection must reach Postgres itself (or a pooler in
+//! session mode), not PgBouncer's transaction mode. After a reconnection every waiter is woken
+//! once, for the notifications it may have missed; a waiter's wait is bounded by the holder's
+//! lease anyway.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{AsyncMessage, Client, NoTls};
+
+use super::link::Link;
+use crate::backend::notification;
+use crate::backoff::Backoff;
+use crate::timeouts::Timeouts;
+use crate::waiting::{WaitHub, Waiters};
+
+/// A hub fed by one listening connection to `link`'s database; a waiter whose channel is not
+/// followed within a command timeout backs off instead.
+pub(super) fn hub(link: Arc<Link>, timeouts: Timeouts) -> WaitHub {
+    let feed = move |waiters| {
+        Listener {
+            link,
+            timeouts,
+            waiters,
+        }
+        .run()
+    };
+    WaitHub::fed_by([feed], timeouts.command)
+}
+
+struct Listener {
+    link: Arc<Link>,
+    timeouts: Timeouts,
+    waiters: Waiters,
+}
+
+/// A listening connection: the client to send `LISTEN` on, and its notifications.
+struct Session {
+    client: Client,
+    notifications: mpsc::UnboundedReceiver<tokio_postgres::Notification>,
+    /// The hub's channel (a key's stored name) of each Postgres channel listened on.
+    keys: HashMap<String, String>,
+}
+
+impl Listener {
+    async fn run(self) {
+        let mut session: Option<Session> = None;
+        let mut backoff = Backoff::new();
+        loop {
+            let Some(wanted) = self.waiters.channels() else {
+                return;
+            };
+            if session.is_none() && !wanted.is_empty() {
+                match self.connect().await {
+                    Some(made) => {
+                        backoff = Backoff::new();
+                        session = Some(made);
+                        // What was missed while no connection listened.
+                        if !self.waiters.wake_every_key() {
+                            return;
+                        }
+                    }
+                    None => {
+                        tokio::time::sleep(backoff.next_pause()).await;
+                        continue;
+                    }
+                }
+            }
+            if let Some(s) = &mut session {
+                if self.follow(s, &wanted).await.is_err() {
+                    session = None;
+                    continue;
+                }
+            }
+            let next = async {
+                match &mut session {
+                    Some(s) => s.notifications.recv().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = self.waiters.changed() => {}
+                received = next => match received {
+                    Some(n) => {
+                        let s = session.as_ref().expect("a notification came on a session");
+                        if let Some(key) = s.keys.get(n.channel()) {
+                            if !self.waiters.deliver(key, &notification::read(n.payload())) {
+                                return;
+                            }
+                        }
+                    }
+                    // The connection closed: made again at the next turn.
+                    None => session = None,
+                },
+            }
+        }
+    }
+
+    /// Listens on the channels of `wanted` not listened on yet, and stops listening on the
+    /// others; each new one is reported followed.
+    async fn follow(&self, s: &mut Session, wanted: &[String]) -> Result<(), ()> {
+        let bound = self.timeouts.command;
+        let gone: Vec<String> = s
+            .keys
+            .iter()
+            .filter(|(_, key)| !wanted.contains(key))
+            .map(|(channel, _)| channel.clone())
+            .collect();
+        for channel in gone {
+            let Some(key) = s.keys.remove(&channel) else {
+                continue;
+            };
+            let params: [(&(dyn ToSql + Sync), Type); 1] = [(&key, Type::TEXT)];
+            let unlisten = s
+                .client
+                .query_typed("SELECT distributed_lock.unlisten($1)", &params);
+            if !matches!(tokio::time::timeout(bound, unlisten).await, Ok(Ok(_))) {
+                return Err(());
+            }
+        }
+        for key in wanted {
+            if s.keys.values().any(|k| k == key) {
+                continue;
+            }
+            let params: [(&(dyn ToSql + Sync), Type); 1] = [(key, Type::TEXT)];
+            let listen = s
+                .client
+                .query_typed("SELECT distributed_lock.listen($1)", &params);
+            match tokio::time::timeout(bound, listen).await {
+                Ok(Ok(rows)) => {
+                    let channel: String = rows.first().map(|r| r.get(0)).unwrap_or_default();
+                    s.keys.insert(channel, key.clone());
+                    self.waiters.followed(key);
+                }
+                _ => return Err(()),
+            }
+        }
+        Ok(())
+    }
+
+    /// A connection of its own (the schema made first, through the store's link), whose
+    /// notifications come out of the returned receiver until it closes.
+    async fn connect(&self) -> Option<Session> {
+        if let Err(failure) = self.link.client().await {
+            tracing::debug!(error = ?failure, "lock-runtime: the Postgres listener cannot connect");
+            return None;
+        }
+        let connecting = self.link.config().connect(NoTls);
+        let (client, mut connection) = match tokio::time::timeout(self.timeouts.connect, connecting)
+            .await
+        {
+            Ok(Ok(made)) => made,
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "lock-runtime: the Postgres listener cannot connect");
+                return None;
+            }
+            Err(_) => return None,
+        };
+        let (tx, notifications) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            let mut messages = futures_util::stream::poll_fn(|cx| connection.poll_message(cx));
+            while let Some(Ok(message)) = futures_util::StreamExt::next(&mut messages).await {
+                if let AsyncMessage::Notification(n) = message {
+                    if tx.send(n).is_err() {
+                        return;
+                    }
+                }
+            }
+        });
+        Some(Session {
+            client,
+            notifications,
+            keys: HashMap::new(),
+        })
+    }
+}

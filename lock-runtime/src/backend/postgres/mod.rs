@@ -1,0 +1,343 @@
+//! Locks in a Postgres database: leases in a table, with deadlines on the database's clock,
+//! changed only by the functions of `schema.sql` (each one statement, in a transaction of its
+//! own), and waiters woken by `LISTEN/NOTIFY` (`listener`). The data mirrors the Redis
+//! scripts' (a lock's holder, readers or permit holders, the waiters' queue, the last fencing
+//! token), and so does each function's behaviour: the conformance suite runs the same
+//! behaviours on both.
+//!
+//! Not session advisory locks: a session's lock has no lease the client can know, is gone on a
+//! failover, cannot pass through PgBouncer's transaction mode, and stays taken on a pooled
+//! connection after a cancelled acquire. Advisory locks here are transaction-scoped: they only
+//! serialise the functions on one key for the length of one statement.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_postgres::types::Type;
+
+use crate::backend::contract::{
+    ttl_ms, Acquire, Attempt, LockInfo, Permits, Place, Renewal, Renewed, Share, Store,
+};
+use crate::error::LockError;
+use crate::key::LockKey;
+use crate::timeouts::Timeouts;
+use crate::waiting::{tenure_name, WaitHub};
+
+mod link;
+mod listener;
+
+use link::Link;
+
+use crate::backend::notification::ELECTED;
+
+const ACQUIRE: &str = "SELECT acquired, fence, retry_after_ms, holder, mismatch \
+     FROM distributed_lock.acquire($1, $2, $3, $4, $5, $6, $7, $8, $9)";
+const ACQUIRE_ALL: &str = "SELECT acquired, fence, retry_after_ms, holder, at \
+     FROM distributed_lock.acquire_all($1, $2, $3, $4, $5)";
+const RELEASE: &str = "SELECT distributed_lock.release($1, $2, $3)";
+const RENEW: &str = "SELECT distributed_lock.renew($1, $2, $3, $4)";
+const INSPECT: &str =
+    "SELECT kind, token, share, remaining_ms, fence FROM distributed_lock.inspect($1)";
+const FORCE_UNLOCK: &str = "SELECT distributed_lock.force_unlock($1)";
+const ANNOUNCE: &str = "SELECT pg_notify(distributed_lock.channel($1), $2)";
+
+/// Locks in one Postgres database.
+pub(crate) struct PostgresStore {
+    link: Arc<Link>,
+    node: String,
+    hub: WaitHub,
+}
+
+impl PostgresStore {
+    /// A store on the database `url` names (`postgres://user:password@host:port/db`, or
+    /// `key=value` pairs): connected on first use, its schema created then if missing.
+    pub(crate) fn new(url: &str, timeouts: Timeouts) -> Result<Self, LockError> {
+        let config: tokio_postgres::Config = url.parse().map_err(|e| {
+            LockError::config(format!(
+                "the Postgres connection string is not valid ({e}); write it as \
+                 postgres://user:password@host:5432/database"
+            ))
+        })?;
+        if config.get_ssl_mode() == tokio_postgres::config::SslMode::Require {
+            return Err(LockError::config(
+                "the Postgres connection string asks for TLS (sslmode=require), which this \
+                 store does not speak yet: connect over a private network or a local socket, \
+                 or leave sslmode at its default (prefer)",
+            ));
+        }
+        let node = node_name(&config);
+        let link = Arc::new(Link::new(config, node.clone(), timeouts));
+        let hub = listener::hub(link.clone(), timeouts);
+        Ok(Self { link, node, hub })
+    }
+
+    async fn call<T, F, Fut>(
+        &self,
+        command: &'static str,
+        key: Option<&LockKey>,
+        statement: F,
+    ) -> Result<T, LockError>
+    where
+        F: FnOnce(Arc<tokio_postgres::Client>) -> Fut,
+        Fut: std::future::Future<Output = Result<T, tokio_postgres::Error>>,
+    {
+        self.link
+            .run(None, statement)
+            .await
+            .map_err(|f| self.link.error(command, key.map(|k| k.name.as_str()), f))
+    }
+
+    async fn acquire_one(&self, attempt: &Acquire<'_>) -> Result<Attempt, LockError> {
+        let key = attempt.key;
+        let tenure = tenure_name(attempt.token);
+        let ttl = i64::try_from(ttl_ms(attempt.ttl)).unwrap_or(i64::MAX);
+        let place = i32::try_from(attempt.attempt).unwrap_or(i32::MAX);
+        let share = attempt.share.tag();
+        let limit = match attempt.share {
+            Share::Permits(n) => i32::try_from(n).unwrap_or(i32::MAX),
+            Share::Read | Share::Exclusive => i32::MAX,
+        };
+        let row = self
+            .call("acquire", Some(key), |c| async move {
+                c.query_typed_one(
+                    ACQUIRE,
+                    &[
+                        (&key.stored, Type::TEXT),
+                        (&attempt.token, Type::TEXT),
+                        (&tenure, Type::TEXT),
+                        (&ttl, Type::INT8),
+                        (&attempt.fencing, Type::BOOL),
+                        (&attempt.queue, Type::BOOL),
+                        (&place, Type::INT4),
+                        (&share, Type::TEXT),
+                        (&limit, Type::INT4),
+                    ],
+                )
+                .await
+            })
+            .await?;
+        if let Some(found) = row.get::<_, Option<String>>(4) {
+            let found = Share::from_tag(&found).unwrap_or(Share::Read);
+            return Err(attempt.share.mismatch(&key.name, &self.node, found));
+        }
+        Ok(outcome(&row, 0))
+    }
+
+    async fn acquire_all(&self, attempt: &Acquire<'_>) -> Result<Attempt, LockError> {
+        let keys: Vec<&str> = attempt
+            .key
+            .keys()
+            .iter()
+            .map(|k| k.stored.as_str())
+            .collect();
+        let tenure = tenure_name(attempt.token);
+        let ttl = i64::try_from(ttl_ms(attempt.ttl)).unwrap_or(i64::MAX);
+        let row = self
+            .call("acquire", Some(attempt.key), |c| async move {
+                c.query_typed_one(
+                    ACQUIRE_ALL,
+                    &[
+                        (&keys, Type::TEXT_ARRAY),
+                        (&attempt.token, Type::TEXT),
+                        (&tenure, Type::TEXT),
+                        (&ttl, Type::INT8),
+                        (&attempt.fencing, Type::BOOL),
+                    ],
+                )
+                .await
+            })
+            .await?;
+        let at = row
+            .get::<_, Option<i32>>(4)
+            .and_then(|at| usize::try_from(at).ok())
+            .unwrap_or(0);
+        Ok(outcome(&row, at))
+    }
+}
+
+/// An attempt's row: `acquired, fence, retry_after_ms, holder`.
+fn outcome(row: &tokio_postgres::Row, at: usize) -> Attempt {
+    if row.get::<_, bool>(0) {
+        let fence = row.get::<_, Option<i64>>(1);
+        return Attempt::Acquired {
+            fence: fence.and_then(|f| u64::try_from(f).ok()),
+        };
+    }
+    Attempt::Busy {
+        retry_after: row
+            .get::<_, Option<i64>>(2)
+            .map(|ms| Duration::from_millis(u64::try_from(ms).unwrap_or(0))),
+        holder: row.get(3),
+        at,
+    }
+}
+
+/// `host:port` of the first host (never credentials), or the socket directory.
+fn node_name(config: &tokio_postgres::Config) -> String {
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    match config.get_hosts().first() {
+        Some(tokio_postgres::config::Host::Tcp(host)) => format!("{host}:{port}"),
+        #[cfg(unix)]
+        Some(tokio_postgres::config::Host::Unix(dir)) => format!("{}:{port}", dir.display()),
+        None => format!("localhost:{port}"),
+    }
+}
+
+impl Store for PostgresStore {
+    fn node(&self) -> &str {
+        &self.node
+    }
+
+    fn hub(&self) -> &WaitHub {
+        &self.hub
+    }
+
+    /// One sequence serves every key.
+    fn offers_fencing(&self) -> bool {
+        true
+    }
+
+    fn hands_over(&self) -> bool {
+        true
+    }
+
+    async fn acquire(&self, attempt: &Acquire<'_>) -> Result<Attempt, LockError> {
+        if attempt.key.is_multi() {
+            self.acquire_all(attempt).await
+        } else {
+            self.acquire_one(attempt).await
+        }
+    }
+
+    async fn release(&self, key: &LockKey, token: &str, _: Share) -> Result<bool, LockError> {
+        let keys: Vec<&str> = key.keys().iter().map(|k| k.stored.as_str()).collect();
+        let tenure = tenure_name(token);
+        let row = self
+            .call("release", Some(key), |c| async move {
+                c.query_typed_one(
+                    RELEASE,
+                    &[
+                        (&keys, Type::TEXT_ARRAY),
+                        (&token, Type::TEXT),
+                        (&tenure, Type::TEXT),
+                    ],
+                )
+                .await
+            })
+            .await?;
+        Ok(row.get(0))
+    }
+
+    async fn renew(
+        &self,
+        batch: &[Renewal<'_>],
+        budget: Duration,
+    ) -> Result<Vec<Option<Renewed>>, LockError> {
+        let keys: Vec<&str> = batch.iter().map(|r| r.key.stored.as_str()).collect();
+        let tokens: Vec<&str> = batch.iter().map(|r| r.token).collect();
+        let ttls: Vec<i64> = batch
+            .iter()
+            .map(|r| i64::try_from(r.ttl_ms).unwrap_or(i64::MAX))
+            .collect();
+        let fences: Vec<Option<i64>> = batch
+            .iter()
+            .map(|r| r.fence.and_then(|f| i64::try_from(f).ok()))
+            .collect();
+        let found = self
+            .link
+            .run(Some(budget), |c| async move {
+                c.query_typed_one(
+                    RENEW,
+                    &[
+                        (&keys, Type::TEXT_ARRAY),
+                        (&tokens, Type::TEXT_ARRAY),
+                        (&ttls, Type::INT8_ARRAY),
+                        (&fences, Type::INT8_ARRAY),
+                    ],
+                )
+                .await
+            })
+            .await
+            .map_err(|f| self.link.error("renew", None, f))?;
+        let found: Vec<String> = found.get(0);
+        Ok(found
+            .iter()
+            .map(|f| match f.as_str() {
+                "yes" => Some(Renewed::Yes),
+                "taken" => Some(Renewed::Taken),
+                "gone" => Some(Renewed::Gone),
+                _ => None,
+            })
+            .collect())
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<LockInfo, LockError> {
+        let rows = self
+            .call("inspect", Some(key), |c| async move {
+                c.query_typed(INSPECT, &[(&key.stored, Type::TEXT)]).await
+            })
+            .await?;
+        let mut info = LockInfo::default();
+        let mut shared = None;
+        for row in &rows {
+            let kind: &str = row.get(0);
+            let token: Option<String> = row.get(1);
+            let share: Option<String> = row.get(2);
+            let remaining = row
+                .get::<_, Option<i64>>(3)
+                .map(|ms| Duration::from_millis(u64::try_from(ms).unwrap_or(0)));
+            let fence = row
+                .get::<_, Option<i64>>(4)
+                .and_then(|f| u64::try_from(f).ok());
+            info.fence = info.fence.max(fence);
+            match (kind, token, share.as_deref(), remaining) {
+                ("holder", Some(token), Some(""), remaining) => {
+                    info.owner = Some(token);
+                    info.remaining = remaining;
+                }
+                ("holder", Some(token), Some(tag), Some(remaining)) => {
+                    shared = Share::from_tag(tag);
+                    info.holders.push(Place::new(token, remaining));
+                }
+                ("waiter", Some(token), _, Some(remaining)) => {
+                    info.queue.push(Place::new(token, remaining));
+                }
+                _ => {}
+            }
+        }
+        info.waiters = u32::try_from(info.queue.len()).unwrap_or(u32::MAX);
+        if let Some(share) = shared {
+            let held = u32::try_from(info.holders.len()).unwrap_or(u32::MAX);
+            info.holders.sort_by_key(|p| std::cmp::Reverse(p.remaining));
+            info.remaining = info.holders.first().map(|p| p.remaining);
+            info.permits = match share {
+                Share::Permits(total) => Some(Permits { held, total }),
+                Share::Read | Share::Exclusive => None,
+            };
+            info.readers = (share == Share::Read).then_some(held);
+        }
+        Ok(info)
+    }
+
+    async fn announce_taken(&self, key: &LockKey) -> Result<(), LockError> {
+        self.call("announce", Some(key), |c| async move {
+            c.query_typed(
+                ANNOUNCE,
+                &[(&key.stored, Type::TEXT), (&ELECTED, Type::TEXT)],
+            )
+            .await
+        })
+        .await
+        .map(drop)
+    }
+
+    async fn force_unlock(&self, key: &LockKey) -> Result<bool, LockError> {
+        let row = self
+            .call("force_unlock", Some(key), |c| async move {
+                c.query_typed_one(FORCE_UNLOCK, &[(&key.stored, Type::TEXT)])
+                    .await
+            })
+            .await?;
+        Ok(row.get(0))
+    }
+}

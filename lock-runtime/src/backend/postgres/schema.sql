@@ -1,0 +1,369 @@
+-- The Postgres store's schema, version 1: the leases, the waiters' queue and the last fencing
+-- token of each key, and the functions that change them. Every function serialises on its
+-- keys with transaction-scoped advisory locks (taken in one global order, so two calls never
+-- deadlock) and reads the database's clock after taking them: a lease's deadline is the
+-- server's, never a client's. Each call is one statement in its own transaction, which is what
+-- PgBouncer's transaction mode allows. Notifications go out at commit, on one channel per key
+-- (`channel`), in the Redis scripts' format (see `backend/notification.rs`).
+CREATE SCHEMA IF NOT EXISTS distributed_lock;
+
+CREATE TABLE IF NOT EXISTS distributed_lock.schema_version (
+    version integer PRIMARY KEY
+);
+
+-- Fencing tokens: one sequence for every key, so a key's tokens only rise.
+CREATE SEQUENCE IF NOT EXISTS distributed_lock.fence;
+
+-- One row per holder: a lock's one owner (`share` = ''), or each reader ('#read') or permit
+-- holder ('#permits=N'). A row whose `expires_at` passed holds nothing.
+CREATE TABLE IF NOT EXISTS distributed_lock.holders (
+    key text NOT NULL,
+    token text NOT NULL,
+    -- The SHA-1 of the token, which notifications name (the token is a credential).
+    tenure text NOT NULL,
+    share text NOT NULL,
+    expires_at timestamptz NOT NULL,
+    fence bigint,
+    PRIMARY KEY (key, token)
+);
+
+-- Callers queued for an exclusive lock, served oldest first; a place lapses at `expires_at`
+-- unless its waiter's next attempt renews it.
+CREATE TABLE IF NOT EXISTS distributed_lock.waiters (
+    key text NOT NULL,
+    token text NOT NULL,
+    tenure text NOT NULL,
+    arrived bigint GENERATED ALWAYS AS IDENTITY,
+    fencing boolean NOT NULL,
+    -- The attempt that took or last kept the place, named back by a hand-over.
+    place integer NOT NULL,
+    expires_at timestamptz NOT NULL,
+    PRIMARY KEY (key, token)
+);
+CREATE INDEX IF NOT EXISTS waiters_in_order ON distributed_lock.waiters (key, arrived);
+
+-- The last fencing token handed out for a key, for `inspect`, kept a day beyond its lease.
+CREATE TABLE IF NOT EXISTS distributed_lock.fences (
+    key text PRIMARY KEY,
+    last bigint NOT NULL,
+    expires_at timestamptz NOT NULL
+);
+CREATE INDEX IF NOT EXISTS fences_by_expiry ON distributed_lock.fences (expires_at);
+
+-- The notification channel of a key: an identifier of at most 63 bytes, whatever the key.
+CREATE OR REPLACE FUNCTION distributed_lock.channel(k text) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$ SELECT 'lock_' || md5(k) $$;
+
+CREATE OR REPLACE FUNCTION distributed_lock.listen(k text) RETURNS text
+LANGUAGE plpgsql AS $$
+BEGIN
+    EXECUTE format('LISTEN %I', distributed_lock.channel(k));
+    RETURN distributed_lock.channel(k);
+END $$;
+
+CREATE OR REPLACE FUNCTION distributed_lock.unlisten(k text) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    EXECUTE format('UNLISTEN %I', distributed_lock.channel(k));
+END $$;
+
+-- Serialises this transaction with every other one on these keys, and returns the time.
+CREATE OR REPLACE FUNCTION distributed_lock.enter(keys text[]) RETURNS timestamptz
+LANGUAGE plpgsql AS $$
+DECLARE
+    h bigint;
+BEGIN
+    FOR h IN SELECT DISTINCT hashtextextended(k, 0) FROM unnest(keys) AS k ORDER BY 1 LOOP
+        PERFORM pg_advisory_xact_lock(h);
+    END LOOP;
+    RETURN clock_timestamp();
+END $$;
+
+CREATE OR REPLACE FUNCTION distributed_lock.ms(d interval) RETURNS bigint
+LANGUAGE sql IMMUTABLE AS $$ SELECT greatest(ceil(extract(epoch FROM d) * 1000), 0)::bigint $$;
+
+-- The next fencing token, for a lease held until `until`.
+CREATE OR REPLACE FUNCTION distributed_lock.next_fence(k text, until timestamptz) RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    f bigint := nextval('distributed_lock.fence');
+BEGIN
+    INSERT INTO distributed_lock.fences AS c VALUES (k, f, until + interval '1 day')
+    ON CONFLICT (key) DO UPDATE SET last = greatest(c.last, excluded.last),
+        expires_at = greatest(c.expires_at, excluded.expires_at);
+    -- A few lapsed counters go with each new token: the table stays bounded.
+    DELETE FROM distributed_lock.fences WHERE key IN (
+        SELECT key FROM distributed_lock.fences WHERE expires_at < until - interval '1 day'
+        LIMIT 4 FOR UPDATE SKIP LOCKED);
+    RETURN f;
+END $$;
+
+-- Gives the free lock `k` to its oldest live waiter and tells it (`released`: the tenure whose
+-- release freed it, or ''); the new holder's token and lease, or NULLs with no waiter.
+CREATE OR REPLACE FUNCTION distributed_lock.hand_over(k text, t timestamptz, released text,
+    OUT token text, OUT expires_at timestamptz)
+LANGUAGE plpgsql AS $$
+DECLARE
+    w distributed_lock.waiters;
+    f bigint := 0;
+BEGIN
+    DELETE FROM distributed_lock.waiters AS q WHERE q.key = k AND q.expires_at <= t;
+    SELECT * INTO w FROM distributed_lock.waiters AS q WHERE q.key = k ORDER BY q.arrived LIMIT 1;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    DELETE FROM distributed_lock.waiters AS q WHERE q.key = k AND q.token = w.token;
+    IF w.fencing THEN
+        f := distributed_lock.next_fence(k, w.expires_at);
+    END IF;
+    INSERT INTO distributed_lock.holders
+    VALUES (k, w.token, w.tenure, '', w.expires_at, CASE WHEN w.fencing THEN f END);
+    PERFORM pg_notify(distributed_lock.channel(k), released || ':' || w.tenure || ':' || f || ':' || w.place);
+    token := w.token;
+    expires_at := w.expires_at;
+END $$;
+
+-- Takes or keeps a caller's place in `k`'s queue for one ttl.
+CREATE OR REPLACE FUNCTION distributed_lock.queue_up(k text, tok text, ten text, fencing boolean,
+    place integer, until timestamptz) RETURNS void
+LANGUAGE sql AS $$
+    INSERT INTO distributed_lock.waiters AS q (key, token, tenure, fencing, place, expires_at)
+    VALUES (k, tok, ten, fencing, place, until)
+    ON CONFLICT (key, token) DO UPDATE SET expires_at = excluded.expires_at, place = excluded.place
+$$;
+
+-- One attempt on one key. `share`: '' for the lock itself, '#read', or '#permits=N' (`lim`
+-- permits). Acquired: `fence` (with `fencing`). Busy: the holder (a token, or a shared key's
+-- tag) and the lease to wait for; the caller queues up when `queue` (exclusive only).
+-- `mismatch`: the key is held shared in another way (nothing changed).
+CREATE OR REPLACE FUNCTION distributed_lock.acquire(k text, tok text, ten text, ttl_ms bigint,
+    fencing boolean, queue boolean, place integer, share text, lim integer,
+    OUT acquired boolean, OUT fence bigint, OUT retry_after_ms bigint, OUT holder text,
+    OUT mismatch text)
+LANGUAGE plpgsql AS $$
+DECLARE
+    t timestamptz := distributed_lock.enter(ARRAY[k]);
+    until timestamptz := t + ttl_ms * interval '1 millisecond';
+    owner distributed_lock.holders;
+    pool record;
+    head record;
+    handed record;
+BEGIN
+    acquired := false;
+    DELETE FROM distributed_lock.holders AS h WHERE h.key = k AND h.expires_at <= t;
+    SELECT * INTO owner FROM distributed_lock.holders AS h WHERE h.key = k AND h.share = '';
+    SELECT min(h.share) AS share, count(*) AS n, min(h.expires_at) AS soonest,
+           bool_or(h.token = tok) AS mine
+    INTO pool FROM distributed_lock.holders AS h WHERE h.key = k AND h.share <> '';
+
+    IF owner.token IS NOT NULL AND owner.token <> tok THEN
+        holder := owner.token;
+        retry_after_ms := distributed_lock.ms(owner.expires_at - t);
+        IF queue AND share = '' THEN
+            PERFORM distributed_lock.queue_up(k, tok, ten, fencing, place, until);
+        END IF;
+        RETURN;
+    END IF;
+
+    IF share = '' THEN
+        IF pool.n > 0 THEN
+            holder := pool.share;
+            retry_after_ms := distributed_lock.ms(pool.soonest - t);
+            IF queue THEN
+                PERFORM distributed_lock.queue_up(k, tok, ten, fencing, place, until);
+            END IF;
+            RETURN;
+        END IF;
+        IF owner.token IS NULL THEN
+            -- A free lock goes to the oldest live waiter, if that is not the caller.
+            DELETE FROM distributed_lock.waiters AS q WHERE q.key = k AND q.expires_at <= t;
+            SELECT q.token INTO head FROM distributed_lock.waiters AS q WHERE q.key = k
+            ORDER BY q.arrived LIMIT 1;
+            IF head.token IS NOT NULL AND head.token <> tok THEN
+                SELECT * INTO handed FROM distributed_lock.hand_over(k, t, '');
+                holder := handed.token;
+                retry_after_ms := distributed_lock.ms(handed.expires_at - t);
+                IF queue THEN
+                    PERFORM distributed_lock.queue_up(k, tok, ten, fencing, place, until);
+                END IF;
+                RETURN;
+            END IF;
+        END IF;
+        DELETE FROM distributed_lock.waiters AS q WHERE q.key = k AND q.token = tok;
+        IF fencing THEN
+            -- A holder asking again keeps its fence.
+            fence := coalesce(owner.fence, distributed_lock.next_fence(k, until));
+        END IF;
+        INSERT INTO distributed_lock.holders AS h VALUES (k, tok, ten, '', until, fence)
+        ON CONFLICT (key, token) DO UPDATE SET expires_at = excluded.expires_at,
+            fence = excluded.fence;
+        acquired := true;
+        RETURN;
+    END IF;
+
+    -- A reader or a permit taker.
+    IF pool.n > 0 AND pool.share <> share THEN
+        mismatch := pool.share;
+        RETURN;
+    END IF;
+    IF pool.n > 0 AND NOT pool.mine THEN
+        DELETE FROM distributed_lock.waiters AS q WHERE q.key = k AND q.expires_at <= t;
+        SELECT min(q.expires_at) AS soonest INTO head FROM distributed_lock.waiters AS q
+        WHERE q.key = k;
+        IF pool.n >= lim OR head.soonest IS NOT NULL THEN
+            holder := share;
+            retry_after_ms := distributed_lock.ms(least(pool.soonest, head.soonest) - t);
+            RETURN;
+        END IF;
+    ELSIF pool.n = 0 THEN
+        SELECT * INTO handed FROM distributed_lock.hand_over(k, t, '');
+        IF handed.token IS NOT NULL THEN
+            holder := handed.token;
+            retry_after_ms := distributed_lock.ms(handed.expires_at - t);
+            RETURN;
+        END IF;
+    END IF;
+    INSERT INTO distributed_lock.holders AS h VALUES (k, tok, ten, share, until, NULL)
+    ON CONFLICT (key, token) DO UPDATE SET expires_at = excluded.expires_at;
+    acquired := true;
+END $$;
+
+-- A multi-key lock's attempt: every key or none, with one fencing token above every key's
+-- earlier ones. Busy: `at` is the first key held by someone else.
+CREATE OR REPLACE FUNCTION distributed_lock.acquire_all(ks text[], tok text, ten text,
+    ttl_ms bigint, fencing boolean,
+    OUT acquired boolean, OUT fence bigint, OUT retry_after_ms bigint, OUT holder text,
+    OUT at integer)
+LANGUAGE plpgsql AS $$
+DECLARE
+    t timestamptz := distributed_lock.enter(ks);
+    until timestamptz := t + ttl_ms * interval '1 millisecond';
+    h distributed_lock.holders;
+BEGIN
+    acquired := false;
+    DELETE FROM distributed_lock.holders AS x WHERE x.key = ANY (ks) AND x.expires_at <= t;
+    FOR i IN 1 .. cardinality(ks) LOOP
+        SELECT * INTO h FROM distributed_lock.holders AS x
+        WHERE x.key = ks[i] AND (x.token <> tok OR x.share <> '')
+        ORDER BY x.expires_at LIMIT 1;
+        IF FOUND THEN
+            at := i - 1;
+            holder := CASE WHEN h.share = '' THEN h.token ELSE h.share END;
+            retry_after_ms := distributed_lock.ms(h.expires_at - t);
+            RETURN;
+        END IF;
+    END LOOP;
+    IF fencing THEN
+        fence := nextval('distributed_lock.fence');
+        INSERT INTO distributed_lock.fences AS c
+        SELECT k, fence, until + interval '1 day' FROM unnest(ks) AS k
+        ON CONFLICT (key) DO UPDATE SET last = greatest(c.last, excluded.last),
+            expires_at = greatest(c.expires_at, excluded.expires_at);
+    END IF;
+    INSERT INTO distributed_lock.holders AS x
+    SELECT k, tok, ten, '', until, fence FROM unnest(ks) AS k
+    ON CONFLICT (key, token) DO UPDATE SET expires_at = excluded.expires_at, fence = excluded.fence;
+    acquired := true;
+END $$;
+
+-- Lets go of `tok`'s hold on each key (and its place in the queue), handing a freed lock to
+-- the oldest live waiter; whether every key was held by `tok`.
+CREATE OR REPLACE FUNCTION distributed_lock.release(ks text[], tok text, ten text) RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    t timestamptz := distributed_lock.enter(ks);
+    k text;
+    mine boolean := true;
+    left_queue boolean;
+    was distributed_lock.holders;
+    handed record;
+BEGIN
+    FOREACH k IN ARRAY ks LOOP
+        DELETE FROM distributed_lock.waiters AS q WHERE q.key = k AND q.token = tok;
+        left_queue := FOUND;
+        DELETE FROM distributed_lock.holders AS h WHERE h.key = k AND h.token = tok
+        RETURNING * INTO was;
+        IF was.token IS NULL OR was.expires_at <= t THEN
+            mine := false;
+            -- A waiter for the whole lock left: whoever it held off may enter.
+            IF left_queue AND NOT EXISTS (SELECT FROM distributed_lock.holders AS h
+                    WHERE h.key = k AND h.share = '' AND h.expires_at > t) THEN
+                PERFORM pg_notify(distributed_lock.channel(k), 'left');
+            END IF;
+            CONTINUE;
+        END IF;
+        IF NOT EXISTS (SELECT FROM distributed_lock.holders AS h
+                WHERE h.key = k AND h.expires_at > t) THEN
+            SELECT * INTO handed FROM distributed_lock.hand_over(k, t, ten);
+            IF handed.token IS NOT NULL THEN
+                CONTINUE;
+            END IF;
+        END IF;
+        PERFORM pg_notify(distributed_lock.channel(k), ten);
+    END LOOP;
+    RETURN mine;
+END $$;
+
+-- Sets the lease of each (key, token) still held to its ttl: 'yes', 'gone' (no live lock, or
+-- a shared key without this holder) or 'taken' (someone else holds it alone), in order.
+CREATE OR REPLACE FUNCTION distributed_lock.renew(ks text[], toks text[], ttls bigint[],
+    fences bigint[]) RETURNS text[]
+LANGUAGE plpgsql AS $$
+DECLARE
+    t timestamptz := distributed_lock.enter(ks);
+    until timestamptz;
+    found_ text[] := '{}';
+BEGIN
+    FOR i IN 1 .. cardinality(ks) LOOP
+        until := t + ttls[i] * interval '1 millisecond';
+        UPDATE distributed_lock.holders AS h SET expires_at = until
+        WHERE h.key = ks[i] AND h.token = toks[i] AND h.expires_at > t;
+        IF FOUND THEN
+            found_ := found_ || 'yes'::text;
+            IF fences[i] IS NOT NULL THEN
+                INSERT INTO distributed_lock.fences AS c VALUES (ks[i], fences[i], until + interval '1 day')
+                ON CONFLICT (key) DO UPDATE SET last = greatest(c.last, excluded.last),
+                    expires_at = greatest(c.expires_at, excluded.expires_at);
+            END IF;
+        ELSIF EXISTS (SELECT FROM distributed_lock.holders AS h
+                WHERE h.key = ks[i] AND h.share = '' AND h.expires_at > t) THEN
+            found_ := found_ || 'taken'::text;
+        ELSE
+            found_ := found_ || 'gone'::text;
+        END IF;
+    END LOOP;
+    RETURN found_;
+END $$;
+
+-- Who holds `k` and who waits for it, with the time each has left, and its last fence:
+-- rows of ('holder' | 'waiter' | 'fence', token, share, remaining_ms, fence).
+CREATE OR REPLACE FUNCTION distributed_lock.inspect(k text)
+RETURNS TABLE (kind text, token text, share text, remaining_ms bigint, fence bigint)
+LANGUAGE sql STABLE AS $$
+    SELECT 'holder', h.token, h.share, distributed_lock.ms(h.expires_at - clock_timestamp()), h.fence
+    FROM distributed_lock.holders AS h WHERE h.key = k AND h.expires_at > clock_timestamp()
+    UNION ALL
+    (SELECT 'waiter', q.token, '', distributed_lock.ms(q.expires_at - clock_timestamp()), NULL
+     FROM distributed_lock.waiters AS q WHERE q.key = k AND q.expires_at > clock_timestamp()
+     ORDER BY q.arrived)
+    UNION ALL
+    SELECT 'fence', NULL, NULL, NULL, c.last
+    FROM distributed_lock.fences AS c WHERE c.key = k AND c.expires_at > clock_timestamp()
+$$;
+
+-- An operator's decision: whatever holds `k` lets go, and its waiters are woken.
+CREATE OR REPLACE FUNCTION distributed_lock.force_unlock(k text) RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    t timestamptz := distributed_lock.enter(ARRAY[k]);
+BEGIN
+    DELETE FROM distributed_lock.holders AS h WHERE h.key = k AND h.expires_at <= t;
+    DELETE FROM distributed_lock.holders AS h WHERE h.key = k;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM pg_notify(distributed_lock.channel(k), 'unlocked');
+    RETURN true;
+END $$;
+
+INSERT INTO distributed_lock.schema_version VALUES (1) ON CONFLICT DO NOTHING;

@@ -1,0 +1,275 @@
+//! Throwaway Postgres servers for the tests: each a cluster of its own on a free loopback port,
+//! copied from one `initdb` per test process, run by Debian's `pg_ctl` as the `postgres` user
+//! when the tests run as root (`initdb` refuses root). The machine's own server (5432) is
+//! never used. `scripts/ensure-postgres` installs Debian's `postgresql` when it is missing.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use crate::server::free_port;
+
+const INSTALL_HINT: &str = "Postgres server binaries (initdb, pg_ctl) were not found under \
+     /usr/lib/postgresql/*/bin: run scripts/ensure-postgres (apt-get install -y postgresql), \
+     or point LOCK_TEST_PG_BIN at a directory that has them";
+
+/// The directory of `initdb`, `pg_ctl` and `postgres`: `LOCK_TEST_PG_BIN`, else Debian's
+/// newest `/usr/lib/postgresql/<version>/bin`.
+fn bin_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        if let Ok(dir) = std::env::var("LOCK_TEST_PG_BIN") {
+            if !dir.is_empty() {
+                return PathBuf::from(dir);
+            }
+        }
+        let mut found: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+            .into_iter()
+            .flatten()
+            .filter_map(Result::ok)
+            .filter_map(|e| {
+                let version = e.file_name().to_str()?.parse().ok()?;
+                let bin = e.path().join("bin");
+                bin.join("pg_ctl").exists().then_some((version, bin))
+            })
+            .collect();
+        found.sort();
+        found.pop().map(|(_, bin)| bin).expect(INSTALL_HINT)
+    })
+}
+
+/// Whether the tests run as root, so that Postgres's tools run as `postgres` instead.
+fn as_root() -> bool {
+    static ROOT: OnceLock<bool> = OnceLock::new();
+    *ROOT.get_or_init(|| {
+        Command::new("id")
+            .arg("-u")
+            .output()
+            .is_ok_and(|o| o.stdout.trim_ascii() == b"0")
+    })
+}
+
+/// `tool` of the Postgres binaries, run as `postgres` when the tests run as root.
+fn tool(tool: &str) -> Command {
+    let path = bin_dir().join(tool);
+    if as_root() {
+        let mut command = Command::new("runuser");
+        command.args(["-u", "postgres", "--"]).arg(path);
+        command
+    } else {
+        Command::new(path)
+    }
+}
+
+fn run(mut command: Command, what: &str) {
+    let out = command
+        .output()
+        .unwrap_or_else(|e| panic!("{what}: {e}. {INSTALL_HINT}"));
+    assert!(
+        out.status.success(),
+        "{what} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A directory the `postgres` user owns, for the test clusters of every test process.
+fn root_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = std::env::temp_dir().join("lock-tests-pg");
+        std::fs::create_dir_all(&dir).expect("a directory for the test clusters");
+        if as_root() {
+            let mut chown = Command::new("chown");
+            chown.arg("postgres").arg(&dir);
+            run(chown, "chown the test clusters' directory to postgres");
+        }
+        dir
+    })
+}
+
+/// One `initdb`, kept for every later test process and copied for each server (a copy is
+/// much faster). Made aside and renamed into place: a process racing this one, or killed
+/// halfway, leaves either no template or a whole one.
+fn template() -> &'static Path {
+    static TEMPLATE: OnceLock<PathBuf> = OnceLock::new();
+    TEMPLATE.get_or_init(|| {
+        let version = bin_dir()
+            .parent()
+            .and_then(Path::file_name)
+            .map_or_else(String::new, |v| v.to_string_lossy().into_owned());
+        let data = root_dir().join(format!("template-{version}"));
+        if data.join("PG_VERSION").exists() {
+            return data;
+        }
+        let staging = root_dir().join(format!("staging-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&staging);
+        let mut initdb = tool("initdb");
+        initdb
+            .arg("-D")
+            .arg(&staging)
+            .args(["-A", "trust", "-U", "postgres", "-E", "UTF8", "--locale=C"])
+            .arg("--no-sync");
+        run(initdb, "initdb");
+        if std::fs::rename(&staging, &data).is_err() {
+            // Another process put its template there first.
+            let _ = std::fs::remove_dir_all(&staging);
+        }
+        data
+    })
+}
+
+/// A Postgres server of its own, stopped and deleted on drop.
+pub struct PostgresServer {
+    port: u16,
+    dir: PathBuf,
+    extra: String,
+}
+
+impl PostgresServer {
+    /// Starts a fresh server on a free loopback port.
+    ///
+    /// # Panics
+    /// When Postgres is not installed (with how to install it) or does not start.
+    #[must_use]
+    pub fn start() -> Self {
+        Self::start_with("")
+    }
+
+    /// Starts a server that logs every statement, for [`lock_statements`](Self::lock_statements).
+    #[must_use]
+    pub fn start_logging() -> Self {
+        Self::start_with("-c log_statement=all")
+    }
+
+    /// Starts a fresh server with these `postgres` options (`-c name=value ...`).
+    ///
+    /// # Panics
+    /// As [`start`](Self::start).
+    #[must_use]
+    pub fn start_with(extra: &str) -> Self {
+        let template = template();
+        let mut last = String::new();
+        // A port found free can be taken before the server binds it: retry.
+        for _ in 0..5 {
+            let port = free_port();
+            let dir = root_dir().join(format!("data-{}-{port}", std::process::id()));
+            let mut copy = if as_root() {
+                let mut c = Command::new("runuser");
+                c.args(["-u", "postgres", "--", "cp"]);
+                c
+            } else {
+                Command::new("cp")
+            };
+            copy.arg("-a").arg(template).arg(&dir);
+            run(copy, "copy the template cluster");
+            let server = Self {
+                port,
+                dir,
+                extra: extra.to_owned(),
+            };
+            match server.pg_ctl_start() {
+                Ok(()) => return server,
+                Err(e) => last = e,
+            }
+        }
+        panic!("postgres did not start: {last}");
+    }
+
+    fn pg_ctl_start(&self) -> Result<(), String> {
+        let options = format!(
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off \
+             -c full_page_writes=off -c max_connections=200 {}",
+            self.port,
+            self.dir.display(),
+            self.extra
+        );
+        let out = tool("pg_ctl")
+            .arg("-D")
+            .arg(&self.dir)
+            .args(["-o", &options, "-l"])
+            .arg(self.dir.join("log"))
+            .args(["-w", "-t", "60", "start"])
+            .output()
+            .map_err(|e| format!("pg_ctl: {e}. {INSTALL_HINT}"))?;
+        if out.status.success() {
+            return Ok(());
+        }
+        let log = std::fs::read_to_string(self.dir.join("log")).unwrap_or_default();
+        Err(format!(
+            "pg_ctl start on port {}: {}\n{log}",
+            self.port,
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+
+    /// `postgres://postgres@127.0.0.1:<port>/postgres`.
+    #[must_use]
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    #[must_use]
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Runs `sql` with `psql` and returns what it printed (unaligned, tuples only).
+    ///
+    /// # Panics
+    /// When `psql` fails.
+    #[must_use]
+    pub fn psql(&self, sql: &str) -> String {
+        let out = Command::new(bin_dir().join("psql"))
+            .args(["-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-d"])
+            .arg(self.url())
+            .arg("-c")
+            .arg(sql)
+            .output()
+            .expect("psql");
+        assert!(
+            out.status.success(),
+            "psql {sql}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+
+    /// How many sessions listen for a key's release: those whose last statement, finished,
+    /// was the store's `LISTEN` (Postgres shows no session's channels but its own).
+    #[must_use]
+    pub fn listeners(&self) -> usize {
+        self.psql(
+            "SELECT count(*) FROM pg_stat_activity WHERE state = 'idle' \
+             AND query LIKE 'SELECT distributed_lock.listen(%'",
+        )
+        .parse()
+        .expect("a count")
+    }
+}
+
+impl PostgresServer {
+    /// How many calls of the store's lock functions (all but `LISTEN`'s) the server logged so
+    /// far (a server started with [`start_logging`](Self::start_logging)).
+    #[must_use]
+    pub fn lock_statements(&self) -> u64 {
+        let log = std::fs::read_to_string(self.dir.join("log")).unwrap_or_default();
+        let n = log
+            .lines()
+            .filter(|l| l.contains("statement:") || l.contains("execute <unnamed>:"))
+            .filter(|l| l.contains("distributed_lock.") && !l.contains("listen("))
+            .count();
+        u64::try_from(n).unwrap_or(u64::MAX)
+    }
+}
+
+impl Drop for PostgresServer {
+    fn drop(&mut self) {
+        let _ = tool("pg_ctl")
+            .arg("-D")
+            .arg(&self.dir)
+            .args(["-m", "immediate", "-w", "stop"])
+            .output();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
