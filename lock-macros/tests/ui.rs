@@ -1,5 +1,5 @@
 //! Compile errors of `#[distributed_lock]`, one `.stderr` snapshot per case, grouped by
-//! category under `tests/ui/`. Regenerate with `TRYBUILD=overwrite` and review every diff.
+//! category under `ui/`. Regenerate with `TRYBUILD=overwrite` and review every diff.
 
 #[test]
 fn ui() {
