@@ -1,4 +1,4 @@
-//! What the examples share: where their Redis comes from.
+//! What the examples share: where their Redis (or Postgres) comes from.
 
 /// `LOCK_REDIS_URL` (else `REDIS_URL`) when set; otherwise a throwaway redis-server that lives
 /// as long as the returned handle.
@@ -10,6 +10,21 @@ pub fn redis_url() -> (Option<lock_tests::RedisServer>, String) {
             let server = lock_tests::RedisServer::start();
             let url = server.url();
             println!("started a throwaway redis-server at {url}");
+            (Some(server), url)
+        }
+    }
+}
+
+/// `LOCK_POSTGRES_URL` when set; otherwise a throwaway Postgres cluster (Debian's `initdb` and
+/// `pg_ctl`; `scripts/ensure-postgres` installs them) that lives as long as the returned handle.
+#[must_use]
+pub fn postgres_url() -> (Option<lock_tests::postgres::PostgresServer>, String) {
+    match std::env::var("LOCK_POSTGRES_URL") {
+        Ok(url) => (None, url),
+        Err(_) => {
+            let server = lock_tests::postgres::PostgresServer::start();
+            let url = server.url();
+            println!("started a throwaway Postgres at {url}");
             (Some(server), url)
         }
     }

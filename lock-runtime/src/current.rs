@@ -6,6 +6,7 @@
 //! in the thread, so a task that moves between worker threads keeps them, and a task spawned
 //! from inside a body does not inherit them: it is another holder and must acquire.
 
+use crate::backend::Store;
 use std::sync::Arc;
 
 use crate::error::LockError;
@@ -91,6 +92,17 @@ impl CurrentLock {
     #[must_use]
     pub fn token(&self) -> &str {
         &self.frame.lease.token
+    }
+
+    /// On a Postgres registry: what makes the application's own transaction commit only while
+    /// this lock is held ([`TransactionCheck`](crate::TransactionCheck)); `None` on the others.
+    #[must_use]
+    pub fn transaction_check(&self) -> Option<crate::transaction::TransactionCheck> {
+        self.frame
+            .registry
+            .backend
+            .checks_transactions()
+            .then(|| crate::transaction::TransactionCheck::of(&self.frame.lease))
     }
 
     /// Whether the lease is over: lost, past its deadline without a confirmed renewal, or

@@ -78,6 +78,16 @@ impl LockGuard {
         &self.lease.token
     }
 
+    /// On a Postgres registry: what makes the application's own transaction commit only while
+    /// this lock is held ([`TransactionCheck`](crate::TransactionCheck)); `None` on the others.
+    #[must_use]
+    pub fn transaction_check(&self) -> Option<crate::transaction::TransactionCheck> {
+        self.inner
+            .backend
+            .checks_transactions()
+            .then(|| crate::transaction::TransactionCheck::of(&self.lease))
+    }
+
     /// Whether this guard re-entered a lock the task already held.
     #[must_use]
     pub fn is_reentrant(&self) -> bool {

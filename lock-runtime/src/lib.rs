@@ -187,6 +187,7 @@ mod report;
 mod state;
 mod timeouts;
 mod token;
+mod transaction;
 mod waiting;
 
 #[doc(hidden)]
@@ -204,3 +205,4 @@ pub use lock::LockRequest;
 pub use lock_macros::distributed_lock;
 pub use options::{LockOptions, Mode, OnLost};
 pub use registry::{named, registry, HeldLock, Registry, RegistryBuilder};
+pub use transaction::TransactionCheck;

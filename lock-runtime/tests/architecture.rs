@@ -55,6 +55,7 @@ const LAYERS: &[&str] = &[
     "backend::postgres",
     "backend",
     "lease",
+    "transaction",
     "keeper::leases",
     "keeper",
     "state",

@@ -218,7 +218,6 @@ impl PostgresServer {
     ///
     /// # Panics
     /// When `psql` fails.
-    #[must_use]
     pub fn psql(&self, sql: &str) -> String {
         let out = Command::new(bin_dir().join("psql"))
             .args(["-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-d"])

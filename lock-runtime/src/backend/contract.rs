@@ -221,6 +221,12 @@ pub(crate) trait Store: Send + Sync {
         false
     }
 
+    /// Whether a holder can make its own transaction in the store commit only while the lock
+    /// is held (`TransactionCheck`): Postgres.
+    fn checks_transactions(&self) -> bool {
+        false
+    }
+
     /// How many replicas must acknowledge each acquisition and renewal (0: none).
     fn confirm_replicas(&self) -> u32 {
         0

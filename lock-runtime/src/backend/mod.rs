@@ -182,6 +182,10 @@ impl Store for Backend {
         each!(self, s => s.confirm_replicas())
     }
 
+    fn checks_transactions(&self) -> bool {
+        each!(self, s => s.checks_transactions())
+    }
+
     async fn release_everywhere(
         &self,
         key: &LockKey,

@@ -201,6 +201,10 @@ impl Store for PostgresStore {
         true
     }
 
+    fn checks_transactions(&self) -> bool {
+        true
+    }
+
     async fn acquire(&self, attempt: &Acquire<'_>) -> Result<Attempt, LockError> {
         if attempt.key.is_multi() {
             self.acquire_all(attempt).await

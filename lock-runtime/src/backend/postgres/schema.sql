@@ -73,6 +73,9 @@ LANGUAGE plpgsql AS $$
 DECLARE
     h bigint;
 BEGIN
+    -- A holder row kept by an application's transaction (`hold`) is waited for at most this
+    -- long; the call then fails (55P03, which the caller retries) instead of hanging.
+    PERFORM set_config('lock_timeout', '500ms', true);
     FOR h IN SELECT DISTINCT hashtextextended(k, 0) FROM unnest(keys) AS k ORDER BY 1 LOOP
         PERFORM pg_advisory_xact_lock(h);
     END LOOP;
@@ -364,6 +367,25 @@ BEGIN
     END IF;
     PERFORM pg_notify(distributed_lock.channel(k), 'unlocked');
     RETURN true;
+END $$;
+
+-- Run inside the application's own transaction: fails (SQLSTATE 55000) unless `tok` holds each
+-- of `ks` now, and keeps each holder row from being deleted (released, or taken over once its
+-- lease ran out) until that transaction ends, so that the transaction commits only while the
+-- lock is held. Renewals still pass (they change no key column: FOR KEY SHARE lets them).
+CREATE OR REPLACE FUNCTION distributed_lock.hold(ks text[], tok text) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    held integer;
+BEGIN
+    SELECT count(*) INTO held FROM (
+        SELECT FROM distributed_lock.holders AS h
+        WHERE h.key = ANY (ks) AND h.token = tok AND h.expires_at > clock_timestamp()
+        FOR KEY SHARE) AS rows;
+    IF held < cardinality(ks) THEN
+        RAISE EXCEPTION 'lock % is no longer held by this holder: its lease ran out or was taken over, so this transaction must not commit', array_to_string(ks, ' + ')
+            USING ERRCODE = '55000', HINT = 'roll back, and take the lock again before redoing the work';
+    END IF;
 END $$;
 
 INSERT INTO distributed_lock.schema_version VALUES (1) ON CONFLICT DO NOTHING;
