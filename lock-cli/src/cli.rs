@@ -40,9 +40,18 @@ pub struct TargetArgs {
         long,
         global = true,
         value_name = "URL",
-        conflicts_with_all = ["cluster", "redlock", "sentinel", "master_name"]
+        conflicts_with_all = ["cluster", "redlock", "sentinel", "master_name", "postgres"]
     )]
     pub url: Option<String>,
+
+    /// One Postgres database: postgres://user@host:5432/database (else LOCK_POSTGRES_URL).
+    #[arg(
+        long,
+        global = true,
+        value_name = "URL",
+        conflicts_with_all = ["cluster", "redlock", "sentinel", "master_name"]
+    )]
+    pub postgres: Option<String>,
 
     /// A Redis Cluster, through these seed nodes.
     #[arg(
@@ -89,6 +98,10 @@ pub enum Command {
         #[arg(value_name = "KEY_PREFIX", default_value = "")]
         key_prefix: String,
     },
+    /// Print the Postgres store's schema (the tables and functions of `distributed_lock`), for
+    /// a database owner to apply where the services' role may not create it on first use:
+    /// `lockctl schema | psql "$DATABASE_URL"`.
+    Schema,
     /// Show one lock: owner, remaining lease, last fencing token.
     Show {
         /// The lock's key as the code names it, without the prefix (`deploy:42`).

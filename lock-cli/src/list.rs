@@ -16,7 +16,7 @@ const INSPECT_AT_ONCE: usize = 32;
 /// When no node could be scanned.
 pub async fn list(target: &Target, registry: &Registry, key_prefix: &str) -> Result<(), Failure> {
     let under = registry.redis_key(key_prefix);
-    let scan = scan::scan(target, &scan::pattern(&under)).await?;
+    let scan = scan::scan(target, &under).await?;
     for failed in &scan.failed {
         eprintln!("warning: could not scan {failed}");
     }

@@ -52,6 +52,10 @@ fn main() -> ExitCode {
     match &cli.command {
         // Before any runtime: this process becomes CMD.
         Command::ExecJob(args) => return job::exec(args),
+        Command::Schema => {
+            print!("{}", lock_runtime::protocol::POSTGRES_SCHEMA);
+            return ExitCode::SUCCESS;
+        }
         // Before any thread starts, so that every thread has them blocked.
         Command::Run(_) => {
             if let Err(e) = job::block_terminal_signals() {
@@ -120,7 +124,9 @@ async fn execute(cli: Cli) -> Result<ExitCode, Failure> {
         } => leader::show(&registry, &key).await?,
         Command::Leader { key, duration, .. } => leader::watch(&registry, &key, duration).await?,
         Command::Unlock { key, yes } => unlock(&registry, &key, yes).await?,
-        Command::ExecJob(_) => unreachable!("exec-job runs before any registry"),
+        Command::ExecJob(_) | Command::Schema => {
+            unreachable!("exec-job and schema run before any registry")
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -61,7 +61,8 @@ pub fn pattern(prefix: &str) -> String {
 /// # Errors
 /// When no node could be scanned (a single server or a cluster failing is an error; a Redlock
 /// minority failing is reported in [`Scan::failed`]).
-pub async fn scan(target: &Target, pattern: &str) -> Result<Scan, Failure> {
+pub async fn scan(target: &Target, under: &str) -> Result<Scan, Failure> {
+    let pattern = &pattern(under);
     let mut counts: BTreeMap<Vec<u8>, usize> = BTreeMap::new();
     let mut scan = Scan::default();
     match target {
@@ -105,6 +106,12 @@ pub async fn scan(target: &Target, pattern: &str) -> Result<Scan, Failure> {
             }
             scan.scanned = masters;
         }
+        Target::Postgres(url) => {
+            for key in scan_postgres(url, under).await? {
+                *counts.entry(key.into_bytes()).or_default() += 1;
+            }
+            scan.scanned = 1;
+        }
         _ => {
             return Err(Failure(
                 "lockctl cannot list the keys of this deployment yet; name a key (`show`, \
@@ -123,6 +130,35 @@ pub async fn scan(target: &Target, pattern: &str) -> Result<Scan, Failure> {
         })
         .collect();
     Ok(scan)
+}
+
+/// The keys held now in a Postgres store's table that start with `under` (none before the
+/// schema exists).
+async fn scan_postgres(url: &str, under: &str) -> Result<Vec<String>, Failure> {
+    let failed = |e: tokio_postgres::Error| {
+        let detail = e
+            .as_db_error()
+            .map_or_else(|| e.to_string(), |d| d.message().to_owned());
+        Failure(format!("Postgres: {detail}"))
+    };
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .map_err(failed)?;
+    tokio::spawn(connection);
+    let rows = client
+        .query_typed(
+            "SELECT DISTINCT key FROM distributed_lock.holders \
+             WHERE starts_with(key, $1) AND expires_at > clock_timestamp() ORDER BY 1",
+            &[(&under, tokio_postgres::types::Type::TEXT)],
+        )
+        .await;
+    match rows {
+        Ok(rows) => Ok(rows.iter().map(|r| r.get(0)).collect()),
+        Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) => {
+            Ok(Vec::new())
+        }
+        Err(e) => Err(failed(e)),
+    }
 }
 
 /// A client for `url` (`rediss://` trusts the system's roots, as the library does).

@@ -52,6 +52,9 @@ pub fn resolve(args: &TargetArgs, env: impl Fn(&str) -> Option<String>) -> Resul
     if let Some(url) = &args.url {
         return Ok(Target::Server(url.clone()));
     }
+    if let Some(url) = &args.postgres {
+        return Ok(Target::Postgres(url.clone()));
+    }
     if !args.cluster.is_empty() {
         return Ok(Target::Cluster(args.cluster.clone()));
     }
@@ -104,8 +107,9 @@ pub fn resolve(args: &TargetArgs, env: impl Fn(&str) -> Option<String>) -> Resul
     Target::from_vars(env)
         .map_err(|e| e.to_string())?
         .ok_or_else(|| {
-            "no Redis to inspect: pass --url, --cluster, --redlock or --sentinel, or set \
-             LOCK_REDIS_URL / LOCK_REDIS_CLUSTER / LOCK_REDIS_SENTINEL as for the services"
+            "no Redis or Postgres to inspect: pass --url, --cluster, --redlock, --sentinel or \
+             --postgres, or set LOCK_REDIS_URL / LOCK_REDIS_CLUSTER / LOCK_REDIS_SENTINEL / \
+             LOCK_POSTGRES_URL as for the services"
                 .to_owned()
         })
 }
@@ -180,6 +184,7 @@ mod tests {
     fn no_flags() -> TargetArgs {
         TargetArgs {
             url: None,
+            postgres: None,
             cluster: Vec::new(),
             redlock: Vec::new(),
             sentinel: Vec::new(),

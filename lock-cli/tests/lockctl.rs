@@ -1,5 +1,5 @@
-//! `lockctl` against real servers: a single node, a Redis Cluster, Redlock nodes and Sentinel
-//! deployments that each test starts itself. The binary runs as an operator would run it; locks are taken through
+//! `lockctl` against real servers: a single node, a Redis Cluster, Redlock nodes, Sentinel
+//! deployments and Postgres that each test starts itself. The binary runs as an operator would run it; locks are taken through
 //! the library, as the services would.
 
 use std::process::{Output, Stdio};
@@ -28,6 +28,7 @@ fn lockctl(args: &[&str]) -> Command {
         .env_remove("LOCK_REDIS_SENTINEL")
         .env_remove("LOCK_REDIS_SENTINEL_MASTER")
         .env_remove("LOCK_REDIS_PASSWORD")
+        .env_remove("LOCK_POSTGRES_URL")
         .stdin(Stdio::null())
         .kill_on_drop(true);
     command
@@ -212,6 +213,66 @@ async fn show_prints_owner_host_pid_lease_and_fence() {
     assert!(
         out.contains(&format!("fence:  {fence}")),
         "the counter outlives the lock: {out}"
+    );
+}
+
+/// On Postgres: `list` reads the store's table, `show` and `unlock` go through the library, and
+/// the deployment comes from `--postgres` or `LOCK_POSTGRES_URL`; `schema` prints the SQL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_show_and_unlock_work_on_postgres() {
+    let server = lock_tests::postgres::PostgresServer::start();
+    let url = server.url();
+    let out = succeeded(&run(&mut lockctl(&["--postgres", &url, "list"])).await);
+    assert!(
+        out.contains("no locks under lock:"),
+        "before the schema exists: {out}"
+    );
+    let registry = Registry::builder().postgres(&url).build().unwrap();
+    let fenced = hold(&registry, "deploy:1", true).await;
+    let guard = registry
+        .lock("deploy:2")
+        .ttl(Duration::from_secs(3))
+        .acquire()
+        .await
+        .unwrap();
+    let _other = hold(&registry, "report:daily", false).await;
+
+    let mut from_env = lockctl(&["list", "deploy:"]);
+    from_env.env("LOCK_POSTGRES_URL", &url);
+    let out = succeeded(&run(&mut from_env).await);
+    let first_row = row(&out, "deploy:1");
+    assert!(first_row.contains(&shown(fenced.token())), "{out}");
+    assert!(
+        first_row.contains(&fenced.fence().unwrap().to_string()),
+        "{out}"
+    );
+    assert!(
+        row(&out, "deploy:2").contains(&shown(guard.token())),
+        "{out}"
+    );
+    assert!(!out.contains("report:daily"), "{out}");
+    assert!(out.contains("2 locks under lock:deploy:"), "{out}");
+
+    let out = succeeded(&run(&mut lockctl(&["--postgres", &url, "show", "deploy:2"])).await);
+    assert!(out.contains(&shown(guard.token())), "{out}");
+    let out = succeeded(
+        &run(&mut lockctl(&[
+            "--postgres",
+            &url,
+            "unlock",
+            "deploy:2",
+            "--yes",
+        ]))
+        .await,
+    );
+    assert!(out.contains("force-unlocked lock:deploy:2"), "{out}");
+    assert_eq!(registry.inspect("deploy:2").await.unwrap().owner, None);
+    notices_it_is_gone(guard).await;
+
+    let out = succeeded(&run(&mut lockctl(&["schema"])).await);
+    assert!(
+        out.contains("CREATE OR REPLACE FUNCTION distributed_lock.acquire("),
+        "{out}"
     );
 }
 

@@ -118,7 +118,7 @@ pub enum LostReason {
     /// Another owner's token (or another kind of value) is under the key: it was overwritten,
     /// or it expired or was deleted and someone else has taken it since.
     Stolen,
-    /// The key was gone from Redis: it expired on the server before a renewal reached it (a
+    /// The lock was gone from the store: it expired on the server before a renewal reached it (a
     /// process or network pause, a server clock jump), or it was deleted (a force-unlock, a
     /// restart without persistence, a failover to a replica that never received it).
     Gone,
@@ -159,7 +159,7 @@ impl fmt::Display for LostReason {
                 "no renewal was confirmed before the lease's local deadline (Redis unreachable or too slow)"
             }
             Self::Stolen => "another owner's token is under the key (it was overwritten, or taken after it expired or was deleted)",
-            Self::Gone => "the key was gone from Redis (it expired on the server, or was deleted or force-unlocked)",
+            Self::Gone => "the lock was gone from the store (it expired on the server, or was deleted or force-unlocked)",
             Self::MaxHold => "`max_hold` elapsed, so renewal stopped and the lease ran out",
             Self::NotRenewed => "`renew` is off and the lease's `ttl` ran out",
             Self::Shutdown => "the registry was shut down",

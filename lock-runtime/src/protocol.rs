@@ -78,3 +78,8 @@ pub use crate::backend::redis::scripts::{
     ACQUIRE_ALL_LUA, ACQUIRE_LUA, FORCE_UNLOCK_LUA, INSPECT_LUA, RELEASE_BARE_LUA, RELEASE_LUA,
     RENEW_LUA, UNDO_LUA,
 };
+
+/// The Postgres store's schema (`distributed_lock`, version 1): its tables and the functions
+/// that are its protocol, as the store creates it on first use (`lockctl schema` prints it).
+#[cfg(feature = "postgres")]
+pub const POSTGRES_SCHEMA: &str = crate::backend::postgres::SCHEMA;

@@ -190,7 +190,7 @@ impl Link {
                 if e.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) {
                     message.push_str(
                         " (the lock's role needs USAGE on the schema `distributed_lock`, and \
-                         EXECUTE on its functions; `lockctl schema` creates it as an owner)",
+                         EXECUTE on its functions: an owner can create it with `lockctl schema | psql`)",
                     );
                 }
                 (message, Some(StoreError::new(e, transient, false)))

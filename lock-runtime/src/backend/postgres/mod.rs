@@ -27,6 +27,7 @@ mod link;
 mod listener;
 
 use link::Link;
+pub(crate) use link::SCHEMA;
 
 use crate::backend::notification::ELECTED;
 
