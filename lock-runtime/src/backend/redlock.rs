@@ -299,10 +299,10 @@ impl Redlock {
 }
 
 impl Redlock {
-    /// Releases on the nodes, and returns once `wait_for` of them answered (or every node did
-    /// what it could): `Ok` when at least a quorum answered (whether any of them still held our
-    /// token); an error when fewer did, so the caller retries: the lock may still stand on a
-    /// majority.
+    /// Releases on the nodes, and returns once `wait_for` of them answered and the answers
+    /// settle it (or every node did what it could): `Ok(true)` when a quorum held our token,
+    /// `Ok(false)` when too many did not for that; an error otherwise, so the caller retries:
+    /// the lock may still stand on a majority.
     async fn release_on(
         &self,
         key: &LockKey,
@@ -318,21 +318,42 @@ impl Redlock {
                 node.release(&key, &token, share).await
             }
         });
-        let (mut answered, mut released, mut errors) = (0, false, Vec::new());
-        while answered < wait_for {
+        // Ours only if a quorum deleted our key: a leftover on a minority (its expiry came
+        // after our deadline) is not the lock, which the next holder may have on the majority.
+        let (total, quorum) = (self.nodes.len(), self.quorum);
+        let (mut deleted, mut kept, mut errors) = (0, 0, Vec::new());
+        loop {
+            let settled = deleted >= quorum || kept > total - quorum;
+            if deleted + kept >= wait_for && settled {
+                break;
+            }
             match replies.next().await {
-                Some(Ok(deleted)) => {
-                    answered += 1;
-                    released |= deleted;
-                }
+                Some(Ok(true)) => deleted += 1,
+                Some(Ok(false)) => kept += 1,
                 Some(Err(e)) => errors.push(e.to_string()),
                 None => break,
             }
         }
-        if answered < self.quorum {
-            return Err(self.majority_down("release", key, &errors));
+        if deleted >= quorum {
+            Ok(true)
+        } else if kept > total - quorum {
+            Ok(false)
+        } else if deleted + kept >= quorum {
+            // Enough answers, split: the silent nodes decide whether the lock was ours.
+            Err(LockError::Backend {
+                node: self.name.clone(),
+                command: "release",
+                key: Some(key.name.clone()),
+                message: format!(
+                    "{deleted} of {total} nodes held our token and {kept} did not, so whether \
+                     the lock was still ours depends on the nodes that did not answer: {}",
+                    errors.join("; ")
+                ),
+                source: None,
+            })
+        } else {
+            Err(self.majority_down("release", key, &errors))
         }
-        Ok(released)
     }
 }
 
