@@ -262,6 +262,97 @@ impl PostgresServer {
     }
 }
 
+/// Faults, for the tests that inject them.
+impl PostgresServer {
+    /// The postmaster's pid (the data directory's `postmaster.pid`).
+    ///
+    /// # Panics
+    /// When the server is not running.
+    #[must_use]
+    pub fn pid(&self) -> u32 {
+        let pid = std::fs::read_to_string(self.dir.join("postmaster.pid")).expect("postmaster.pid");
+        pid.lines()
+            .next()
+            .and_then(|l| l.trim().parse().ok())
+            .expect("a pid")
+    }
+
+    /// The postmaster and every process it started (its backends and workers).
+    fn processes(&self) -> Vec<u32> {
+        let postmaster = self.pid();
+        let children = Command::new("pgrep")
+            .arg("-P")
+            .arg(postmaster.to_string())
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        std::iter::once(postmaster)
+            .chain(children.lines().filter_map(|l| l.trim().parse().ok()))
+            .collect()
+    }
+
+    /// Stops every process of the server (`SIGSTOP`): connections stay open, nothing answers.
+    pub fn pause(&self) {
+        for pid in self.processes() {
+            let _ = signal_quietly(pid, "STOP");
+        }
+    }
+
+    /// Continues what [`pause`](Self::pause) stopped.
+    pub fn resume(&self) {
+        for pid in self.processes() {
+            let _ = signal_quietly(pid, "CONT");
+        }
+    }
+
+    /// Kills the postmaster with `SIGKILL` (its backends end with it) and starts the server
+    /// again on the same port and data: what was committed survives, as after a crash.
+    ///
+    /// # Panics
+    /// When the server does not start again.
+    pub fn kill_and_restart(&self) {
+        let postmaster = self.pid();
+        let _ = signal_quietly(postmaster, "KILL");
+        // The backends notice the postmaster's death and exit; the new one waits for them.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while std::path::Path::new(&format!("/proc/{postmaster}")).exists() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the killed postmaster lingers"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let _ = std::fs::remove_file(self.dir.join("postmaster.pid"));
+        let mut last = String::new();
+        for _ in 0..50 {
+            match self.pg_ctl_start() {
+                Ok(()) => return,
+                // Backends of the killed server may still hold its shared memory a moment.
+                Err(e) => last = e,
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        panic!("postgres did not start again: {last}");
+    }
+
+    /// Ends every client session (`pg_terminate_backend`) but the one that asks.
+    pub fn terminate_clients(&self) {
+        let _ = self.psql(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+             WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()",
+        );
+    }
+}
+
+/// `kill -<sig> <pid>`, saying nothing of a process that has just exited.
+fn signal_quietly(pid: u32, sig: &str) -> std::io::Result<std::process::ExitStatus> {
+    Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(pid.to_string())
+        .stderr(std::process::Stdio::null())
+        .status()
+}
+
 impl Drop for PostgresServer {
     fn drop(&mut self) {
         let _ = tool("pg_ctl")

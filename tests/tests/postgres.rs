@@ -173,3 +173,172 @@ async fn only_a_postgres_lock_checks_transactions_and_its_check_hides_the_token(
     assert!(!shown.contains(held.token()), "{shown}");
     held.release().await.expect("release");
 }
+
+/// What the workers saw: sections whose bodies overlapped here, commits and refusals.
+#[derive(Default)]
+struct Board {
+    inside: std::sync::atomic::AtomicUsize,
+    most_inside: std::sync::atomic::AtomicUsize,
+    committed: std::sync::atomic::AtomicUsize,
+    refused: std::sync::atomic::AtomicUsize,
+}
+
+/// One body inside, for as long as it lives (a cancelled body leaves when it is dropped).
+struct Inside<'a>(&'a Board);
+
+impl<'a> Inside<'a> {
+    fn enter(board: &'a Board) -> Self {
+        let now = board.inside.fetch_add(1, Ordering::SeqCst) + 1;
+        board.most_inside.fetch_max(now, Ordering::SeqCst);
+        Self(board)
+    }
+}
+
+impl Drop for Inside<'_> {
+    fn drop(&mut self) {
+        self.0.inside.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// One fenced section: reads the register's last fence, writes the next row, checks the lock
+/// inside the transaction and commits. Every step may fail while a fault is on.
+async fn section(registry: &Registry, url: &str, board: &Board, who: &str) {
+    let request = registry
+        .lock("register")
+        .ttl(Duration::from_millis(1000))
+        .fencing(true)
+        .wait(Duration::from_secs(3));
+    let outcome = request
+        .run(async {
+            let _inside = Inside::enter(board);
+            let held = lock_runtime::current().expect("inside the body");
+            let (fence, check) = (held.fence().expect("fenced"), held.transaction_check());
+            let check = check.expect("a Postgres lock");
+            let Ok((mut app, connection)) =
+                tokio_postgres::connect(url, tokio_postgres::NoTls).await
+            else {
+                return Ok::<_, lock_runtime::LockError>(());
+            };
+            tokio::spawn(connection);
+            let Ok(tx) = app.transaction().await else {
+                return Ok(());
+            };
+            let fence = i64::try_from(fence).expect("a fence fits");
+            let written = async {
+                tx.execute(
+                    "INSERT INTO register (fence, holder) VALUES ($1, $2)",
+                    &[&fence, &who],
+                )
+                .await?;
+                tx.execute(
+                    TransactionCheck::STATEMENT,
+                    &[&check.keys(), &check.token()],
+                )
+                .await?;
+                tx.commit().await
+            };
+            match tokio::time::timeout(Duration::from_secs(2), written).await {
+                Ok(Ok(())) => board.committed.fetch_add(1, Ordering::SeqCst),
+                Ok(Err(e)) if e.code().is_some_and(|c| c.code() == "55000") => {
+                    board.refused.fetch_add(1, Ordering::SeqCst)
+                }
+                _ => 0,
+            };
+            Ok(())
+        })
+        .await;
+    drop(outcome);
+}
+
+/// The fault workload's promise on Postgres: one body at a time, and the register's committed
+/// rows in rising fence order, through the server killed with -9 and restarted, paused
+/// (`SIGSTOP`), every client connection cut, and a statement hung on the leases' table, each
+/// twice; after each fault the lock is taken again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_holder_at_a_time_through_kills_pauses_cut_connections_and_a_hung_statement() {
+    let server = Arc::new(PostgresServer::start());
+    server.psql("CREATE TABLE register (n serial PRIMARY KEY, fence bigint NOT NULL, holder text)");
+    let url = server.url();
+    let board = Arc::new(Board::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut workers = Vec::new();
+    for w in 0..4 {
+        // A registry each: four processes, as far as the database can tell.
+        let (registry, url, board, stop) =
+            (registry(&server), url.clone(), board.clone(), stop.clone());
+        workers.push(tokio::spawn(async move {
+            let who = format!("w{w}");
+            while !stop.load(Ordering::SeqCst) {
+                section(&registry, &url, &board, &who).await;
+            }
+        }));
+    }
+    let progress = |after: usize, what: &'static str| {
+        let board = board.clone();
+        async move {
+            eventually(Duration::from_secs(60), what, || async {
+                board.committed.load(Ordering::SeqCst) >= after + 5
+            })
+            .await;
+        }
+    };
+    progress(0, "sections commit before any fault").await;
+    type Fault = Arc<dyn Fn(&PostgresServer) + Send + Sync>;
+    let faults: [(&str, Fault); 4] = [
+        (
+            "kill -9 and restart",
+            Arc::new(PostgresServer::kill_and_restart),
+        ),
+        (
+            "paused 3 s",
+            Arc::new(|s: &PostgresServer| {
+                s.pause();
+                std::thread::sleep(Duration::from_secs(3));
+                s.resume();
+            }),
+        ),
+        (
+            "every client connection cut",
+            Arc::new(PostgresServer::terminate_clients),
+        ),
+        (
+            "the leases' table locked 3 s",
+            Arc::new(|s: &PostgresServer| {
+                s.psql(
+                    "BEGIN; LOCK TABLE distributed_lock.holders IN ACCESS EXCLUSIVE MODE; \
+                     SELECT pg_sleep(3); COMMIT;",
+                );
+            }),
+        ),
+    ];
+    // Each fault twice, the second time on a database that has been through all of them.
+    for (what, fault) in faults.iter().chain(faults.iter()) {
+        let before = board.committed.load(Ordering::SeqCst);
+        let (s, fault) = (server.clone(), fault.clone());
+        tokio::task::spawn_blocking(move || fault(&s))
+            .await
+            .expect("the fault");
+        eprintln!("fault: {what}; {} sections committed before it", before);
+        progress(before, "sections commit after the fault").await;
+    }
+    stop.store(true, Ordering::SeqCst);
+    for worker in workers {
+        worker.await.expect("worker");
+    }
+    let most = board.most_inside.load(Ordering::SeqCst);
+    assert_eq!(most, 1, "{most} bodies inside at once");
+    let fences = server.psql("SELECT string_agg(fence::text, ',' ORDER BY n) FROM register");
+    let fences: Vec<u64> = fences
+        .split(',')
+        .map(|f| f.parse().expect("a fence"))
+        .collect();
+    assert!(
+        fences.windows(2).all(|w| w[0] < w[1]),
+        "committed fences rise with every holder: {fences:?}"
+    );
+    eprintln!(
+        "{} sections committed, {} refused by the transaction check",
+        board.committed.load(Ordering::SeqCst),
+        board.refused.load(Ordering::SeqCst)
+    );
+}
