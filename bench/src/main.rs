@@ -6,6 +6,7 @@
 //! cargo run --release -p lock-bench -- --quick # shorter windows, fewer samples; files go to a temp dir
 //! cargo run --release -p lock-bench -- --only 1,2,3
 //! LOCK_TEST_SERVER=$(scripts/ensure-redis --valkey) cargo run --release -p lock-bench -- --renew-ifeq
+//! cargo run --release -p lock-bench -- --postgres [--quick]   # the Postgres store against advisory locks
 //! ```
 //!
 //! `--renew-ifeq` prints, on its own, a renewal's cost as the script against `SET .. IFEQ` on
@@ -20,6 +21,7 @@ mod handoff;
 mod ifeq;
 mod libs;
 mod memory;
+mod postgres;
 mod procfs;
 mod redis_stats;
 mod renewal;
@@ -111,7 +113,8 @@ impl Plan {
 
 fn usage() -> ! {
     eprintln!(
-        "usage: lock-bench [--quick] [--only 1,2,...] [--out DIR] | --renew-ifeq | --profile WHO TASKS SECS\n\
+        "usage: lock-bench [--quick] [--only 1,2,...] [--out DIR] | --renew-ifeq | --postgres [--quick]\n\
+         | --profile WHO TASKS SECS\n\
          | --profile wakeups SAMPLES\n\
          \n  --quick   shorter windows and fewer samples (under a minute)\
          \n  --only    run only these items (1-9; 1 and 2 run together, so do 7 and 9)\
@@ -132,6 +135,10 @@ fn parse_args() -> Plan {
     }
     if args.first().map(String::as_str) == Some("--profile") {
         profile(&args[1..]);
+        std::process::exit(0);
+    }
+    if args.first().map(String::as_str) == Some("--postgres") {
+        postgres::run(args.get(1).map(String::as_str) == Some("--quick"));
         std::process::exit(0);
     }
     if args.first().map(String::as_str) == Some("--renew-ifeq") {

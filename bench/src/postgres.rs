@@ -1,0 +1,241 @@
+//! `--postgres`: lock-runtime's Postgres store beside Postgres's own advisory locks by hand
+//! (`pg_try_advisory_lock` / `pg_advisory_unlock`, and the blocking `pg_advisory_lock` for a
+//! hand-over) on the same kind of connection (one tokio-postgres client, statements pipelined
+//! by concurrent tasks), against one throwaway cluster, side by side in one run.
+//!
+//! What the two buy is not the same: an advisory lock is a session's, with no lease, no
+//! fencing, no queue, gone on a failover, and not usable through PgBouncer's transaction mode;
+//! the store's lock is a leased row. The ratios say what those promises cost.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lock_runtime::Registry;
+
+use crate::stats::{dur, num, Samples};
+
+async fn client(url: &str) -> Arc<tokio_postgres::Client> {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .expect("connect to Postgres");
+    tokio::spawn(connection);
+    Arc::new(client)
+}
+
+fn registry(url: &str) -> Registry {
+    Registry::builder()
+        .postgres(url)
+        .build()
+        .expect("a Postgres registry")
+}
+
+async fn try_advisory(c: &tokio_postgres::Client, id: i64) -> bool {
+    c.query_one("SELECT pg_try_advisory_lock($1)", &[&id])
+        .await
+        .expect("pg_try_advisory_lock")
+        .get(0)
+}
+
+async fn advisory_unlock(c: &tokio_postgres::Client, id: i64) {
+    let _: bool = c
+        .query_one("SELECT pg_advisory_unlock($1)", &[&id])
+        .await
+        .expect("pg_advisory_unlock")
+        .get(0);
+}
+
+/// Lock and unlock one free key, `n` times in a row: ours, then by hand.
+async fn cycles(url: &str, n: usize) -> (Samples, Samples) {
+    let ours = registry(url);
+    let by_hand = client(url).await;
+    // Connections made, schema created, statements warm.
+    for _ in 0..50 {
+        ours.lock("cycle")
+            .acquire()
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+        assert!(try_advisory(&by_hand, 1).await);
+        advisory_unlock(&by_hand, 1).await;
+    }
+    let (mut a, mut b) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for _ in 0..n {
+        let t = Instant::now();
+        ours.lock("cycle")
+            .acquire()
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+        a.push(t.elapsed());
+        let t = Instant::now();
+        assert!(try_advisory(&by_hand, 1).await);
+        advisory_unlock(&by_hand, 1).await;
+        b.push(t.elapsed());
+    }
+    (Samples::new(a), Samples::new(b))
+}
+
+/// From the holder's release to the waiter holding the lock, `n` times: ours (a queued waiter
+/// woken by `NOTIFY`, the lock handed over in the release), then a blocked `pg_advisory_lock`.
+async fn handoffs(url: &str, n: usize) -> (Samples, Samples) {
+    let (holder, waiter) = (registry(url), registry(url));
+    let mut ours = Vec::with_capacity(n);
+    for _ in 0..n {
+        let held = holder.lock("handoff").acquire().await.unwrap();
+        let waiting = tokio::spawn({
+            let waiter = waiter.clone();
+            async move {
+                let guard = waiter
+                    .lock("handoff")
+                    .wait(Duration::from_secs(10))
+                    .acquire()
+                    .await;
+                (guard.unwrap(), Instant::now())
+            }
+        });
+        // Until the waiter is queued (and so listening: it queues on its first busy attempt,
+        // then listens before the next).
+        while holder.inspect("handoff").await.unwrap().waiters == 0 {
+            tokio::task::yield_now().await;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        let released = Instant::now();
+        held.release().await.unwrap();
+        let (guard, got) = waiting.await.unwrap();
+        ours.push(got - released);
+        guard.release().await.unwrap();
+    }
+    let (holder, waiter) = (client(url).await, client(url).await);
+    let mut by_hand = Vec::with_capacity(n);
+    for _ in 0..n {
+        assert!(try_advisory(&holder, 2).await);
+        let waiting = tokio::spawn({
+            let waiter = waiter.clone();
+            async move {
+                waiter
+                    .execute("SELECT pg_advisory_lock(2)", &[])
+                    .await
+                    .unwrap();
+                Instant::now()
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let released = Instant::now();
+        advisory_unlock(&holder, 2).await;
+        let got = waiting.await.unwrap();
+        by_hand.push(got - released);
+        advisory_unlock(&waiter, 2).await;
+    }
+    (Samples::new(ours), Samples::new(by_hand))
+}
+
+/// Lock cycles a second with `tasks` tasks, each on keys of its own (one of 64 per task group),
+/// for `window`: ours, then by hand on one pipelined client.
+async fn throughput(url: &str, tasks: usize, window: Duration) -> (f64, f64) {
+    let ours = registry(url);
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let mut handles = Vec::new();
+    for t in 0..tasks {
+        let (ours, stop, done) = (ours.clone(), stop.clone(), done.clone());
+        handles.push(tokio::spawn(async move {
+            let key = format!("tp:{t}");
+            while !stop.load(Ordering::Relaxed) {
+                if let Ok(guard) = ours.lock(&key).acquire().await {
+                    let _ = guard.release().await;
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }));
+    }
+    tokio::time::sleep(window / 4).await;
+    let start = done.load(Ordering::Relaxed);
+    tokio::time::sleep(window).await;
+    let ours_rate = (done.load(Ordering::Relaxed) - start) as f64 / window.as_secs_f64();
+    stop.store(true, Ordering::Relaxed);
+    for h in handles {
+        h.await.unwrap();
+    }
+
+    let by_hand = client(url).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let mut handles = Vec::new();
+    for t in 0..tasks {
+        let (c, stop, done) = (by_hand.clone(), stop.clone(), done.clone());
+        handles.push(tokio::spawn(async move {
+            let id = 1000 + t as i64;
+            while !stop.load(Ordering::Relaxed) {
+                if try_advisory(&c, id).await {
+                    advisory_unlock(&c, id).await;
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }));
+    }
+    tokio::time::sleep(window / 4).await;
+    let start = done.load(Ordering::Relaxed);
+    tokio::time::sleep(window).await;
+    let hand_rate = (done.load(Ordering::Relaxed) - start) as f64 / window.as_secs_f64();
+    stop.store(true, Ordering::Relaxed);
+    for h in handles {
+        h.await.unwrap();
+    }
+    (ours_rate, hand_rate)
+}
+
+pub fn run(quick: bool) {
+    let server = lock_tests::postgres::PostgresServer::start();
+    let url = server.url();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let (n, handoffs_n, window) = if quick {
+        (300, 30, Duration::from_millis(500))
+    } else {
+        (2000, 200, Duration::from_secs(2))
+    };
+    runtime.block_on(async {
+        println!(
+            "Postgres {} (throwaway cluster, fsync off), one run:\n",
+            server.psql("SHOW server_version")
+        );
+        println!("| | lock-runtime on Postgres | advisory lock by hand | ratio |");
+        println!("|---|---|---|---|");
+        let (ours, hand) = cycles(&url, n).await;
+        println!(
+            "| lock cycle, median ({n} cycles) | {} | {} | {:.2} |",
+            dur(ours.median()),
+            dur(hand.median()),
+            ours.median().as_secs_f64() / hand.median().as_secs_f64()
+        );
+        println!(
+            "| lock cycle, p99 | {} | {} | {:.2} |",
+            dur(ours.quantile(0.99)),
+            dur(hand.quantile(0.99)),
+            ours.quantile(0.99).as_secs_f64() / hand.quantile(0.99).as_secs_f64()
+        );
+        let (ours, hand) = handoffs(&url, handoffs_n).await;
+        println!(
+            "| hand-over, release to next holder, median ({handoffs_n}) | {} | {} | {:.2} |",
+            dur(ours.median()),
+            dur(hand.median()),
+            ours.median().as_secs_f64() / hand.median().as_secs_f64()
+        );
+        for tasks in [64, 1024] {
+            let (ours, hand) = throughput(&url, tasks, window).await;
+            println!(
+                "| throughput, {tasks} tasks on keys of their own (cycles/s) | {} | {} | {:.2} |",
+                num(ours),
+                num(hand),
+                ours / hand
+            );
+        }
+    });
+}
