@@ -795,11 +795,12 @@ async fn a_taken_back_attempt_leaves_the_holders_lock_on_a_node_that_did_not_ans
 }
 
 /// A stale holder (its lease ran out) that finds its key left on one node only: a minority of
-/// nodes kept it, as a node whose expiry lagged behind the holder's deadline does.
+/// nodes kept it, as a node whose expiry lagged behind the holder's deadline does. Returns the
+/// stale guard, the next holder's, and the node with the leftover.
 async fn stale_with_a_leftover(
     nodes: &[RedisServer],
     key: &str,
-) -> (lock_runtime::LockGuard, lock_runtime::LockGuard) {
+) -> (lock_runtime::LockGuard, lock_runtime::LockGuard, usize) {
     let (a, b) = (registry(nodes), registry(nodes));
     let expired = a
         .lock(key)
@@ -819,16 +820,27 @@ async fn stale_with_a_leftover(
         ),
         "{lost}"
     );
-    let next = b.lock(key).wait(Duration::from_secs(10)).acquire().await;
-    let next = next.expect("free once the lease ran out");
+    // A lease long enough that the next holder renews nothing while the test runs (its
+    // renewal would find the leftover on one node, and a paused node silent).
+    let next = b
+        .lock(key)
+        .ttl(Duration::from_secs(60))
+        .wait(Duration::from_secs(10));
+    let next = next.acquire().await.expect("free once the lease ran out");
+    // The leftover goes where the next holder is not (a node whose old key outlived the
+    // attempt), else on the last node: the next holder keeps a majority either way.
+    let leftover = (0..nodes.len())
+        .find(|&i| holders(&nodes[i..=i], key, Some(next.token())) == 0)
+        .unwrap_or(nodes.len() - 1);
     let () = redis::cmd("SET")
         .arg(format!("lock:{key}"))
         .arg(expired.token())
         .arg("PX")
         .arg(30_000)
-        .query(&mut nodes[2].connection())
+        .query(&mut nodes[leftover].connection())
         .unwrap();
-    (expired, next)
+    assert_eq!(holders(nodes, key, Some(next.token())), nodes.len() - 1);
+    (expired, next, leftover)
 }
 
 /// Its release is never taken as the lock's: refused as not ours once every node answered,
@@ -838,18 +850,19 @@ async fn stale_with_a_leftover(
 #[tokio::test]
 async fn a_release_that_finds_its_key_on_a_minority_only_is_not_the_locks() {
     let nodes = nodes(3);
-    let (expired, next) = stale_with_a_leftover(&nodes, "job").await;
+    let (expired, next, _) = stale_with_a_leftover(&nodes, "job").await;
     let err = expired.release().await.unwrap_err();
     assert!(matches!(err, LockError::NotOwner { .. }), "{err:?}");
     assert!(holders(&nodes, "job", Some(next.token())) >= 2);
     next.release().await.unwrap();
 
-    let (expired, next) = stale_with_a_leftover(&nodes, "report").await;
+    let (expired, next, leftover) = stale_with_a_leftover(&nodes, "report").await;
     // A node of the next holder's is slow: the answers in time are the other holder's node's
     // and the leftover's.
-    nodes[1].pause();
+    let slow = &nodes[(leftover + 1) % nodes.len()];
+    slow.pause();
     let unsettled = expired.release().await;
-    nodes[1].resume();
+    slow.resume();
     let err = unsettled.unwrap_err();
     assert!(
         matches!(&err, LockError::Backend { message, .. } if message.contains("1 of 3 nodes held our token")),
