@@ -134,59 +134,64 @@ async fn handoffs(url: &str, n: usize) -> (Samples, Samples) {
     (Samples::new(ours), Samples::new(by_hand))
 }
 
-/// Lock cycles a second with `tasks` tasks, each on keys of its own (one of 64 per task group),
-/// for `window`: ours, then by hand on one pipelined client.
+/// Lock cycles a second with `tasks` tasks, each on a key of its own, for `window` (after a
+/// quarter of it to settle): ours, then by hand on one pipelined client.
 async fn throughput(url: &str, tasks: usize, window: Duration) -> (f64, f64) {
     let ours = registry(url);
-    let stop = Arc::new(AtomicBool::new(false));
-    let done = Arc::new(AtomicU64::new(0));
-    let mut handles = Vec::new();
-    for t in 0..tasks {
-        let (ours, stop, done) = (ours.clone(), stop.clone(), done.clone());
-        handles.push(tokio::spawn(async move {
-            let key = format!("tp:{t}");
-            while !stop.load(Ordering::Relaxed) {
-                if let Ok(guard) = ours.lock(&key).acquire().await {
-                    let _ = guard.release().await;
-                    done.fetch_add(1, Ordering::Relaxed);
-                }
+    let ours_rate = rate(tasks, window, move |t| {
+        let (ours, key) = (ours.clone(), format!("tp:{t}"));
+        async move {
+            match ours.lock(&key).acquire().await {
+                Ok(guard) => guard.release().await.is_ok(),
+                Err(_) => false,
             }
-        }));
-    }
-    tokio::time::sleep(window / 4).await;
-    let start = done.load(Ordering::Relaxed);
-    tokio::time::sleep(window).await;
-    let ours_rate = (done.load(Ordering::Relaxed) - start) as f64 / window.as_secs_f64();
-    stop.store(true, Ordering::Relaxed);
-    for h in handles {
-        h.await.unwrap();
-    }
-
+        }
+    })
+    .await;
     let by_hand = client(url).await;
+    let hand_rate = rate(tasks, window, move |t| {
+        let (c, id) = (by_hand.clone(), 1000 + t as i64);
+        async move {
+            let taken = try_advisory(&c, id).await;
+            if taken {
+                advisory_unlock(&c, id).await;
+            }
+            taken
+        }
+    })
+    .await;
+    (ours_rate, hand_rate)
+}
+
+/// Cycles a second that `tasks` tasks complete, each calling `cycle(its number)` in a loop.
+async fn rate<F, Fut>(tasks: usize, window: Duration, cycle: F) -> f64
+where
+    F: Fn(usize) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = bool> + Send,
+{
     let stop = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicU64::new(0));
-    let mut handles = Vec::new();
-    for t in 0..tasks {
-        let (c, stop, done) = (by_hand.clone(), stop.clone(), done.clone());
-        handles.push(tokio::spawn(async move {
-            let id = 1000 + t as i64;
-            while !stop.load(Ordering::Relaxed) {
-                if try_advisory(&c, id).await {
-                    advisory_unlock(&c, id).await;
-                    done.fetch_add(1, Ordering::Relaxed);
+    let handles: Vec<_> = (0..tasks)
+        .map(|t| {
+            let (cycle, stop, done) = (cycle.clone(), stop.clone(), done.clone());
+            tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    if cycle(t).await {
+                        done.fetch_add(1, Ordering::Relaxed);
+                    }
                 }
-            }
-        }));
-    }
+            })
+        })
+        .collect();
     tokio::time::sleep(window / 4).await;
     let start = done.load(Ordering::Relaxed);
     tokio::time::sleep(window).await;
-    let hand_rate = (done.load(Ordering::Relaxed) - start) as f64 / window.as_secs_f64();
+    let rate = (done.load(Ordering::Relaxed) - start) as f64 / window.as_secs_f64();
     stop.store(true, Ordering::Relaxed);
     for h in handles {
-        h.await.unwrap();
+        h.await.expect("a task");
     }
-    (ours_rate, hand_rate)
+    rate
 }
 
 pub fn run(quick: bool) {

@@ -85,15 +85,24 @@ END $$;
 CREATE OR REPLACE FUNCTION distributed_lock.ms(d interval) RETURNS bigint
 LANGUAGE sql IMMUTABLE AS $$ SELECT greatest(ceil(extract(epoch FROM d) * 1000), 0)::bigint $$;
 
+-- Records `f` as the last token of each of `ks`, kept a day beyond a lease held until `until`
+-- (never lowered, never shortened).
+CREATE OR REPLACE FUNCTION distributed_lock.keep_fence(ks text[], f bigint, until timestamptz)
+RETURNS void
+LANGUAGE sql AS $$
+    INSERT INTO distributed_lock.fences AS c
+    SELECT k, f, until + interval '1 day' FROM unnest(ks) AS k
+    ON CONFLICT (key) DO UPDATE SET last = greatest(c.last, excluded.last),
+        expires_at = greatest(c.expires_at, excluded.expires_at)
+$$;
+
 -- The next fencing token, for a lease held until `until`.
 CREATE OR REPLACE FUNCTION distributed_lock.next_fence(k text, until timestamptz) RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
     f bigint := nextval('distributed_lock.fence');
 BEGIN
-    INSERT INTO distributed_lock.fences AS c VALUES (k, f, until + interval '1 day')
-    ON CONFLICT (key) DO UPDATE SET last = greatest(c.last, excluded.last),
-        expires_at = greatest(c.expires_at, excluded.expires_at);
+    PERFORM distributed_lock.keep_fence(ARRAY[k], f, until);
     -- A few lapsed counters go with each new token: the table stays bounded.
     DELETE FROM distributed_lock.fences WHERE key IN (
         SELECT key FROM distributed_lock.fences WHERE expires_at < until - interval '1 day'
@@ -258,10 +267,7 @@ BEGIN
     END LOOP;
     IF fencing THEN
         fence := nextval('distributed_lock.fence');
-        INSERT INTO distributed_lock.fences AS c
-        SELECT k, fence, until + interval '1 day' FROM unnest(ks) AS k
-        ON CONFLICT (key) DO UPDATE SET last = greatest(c.last, excluded.last),
-            expires_at = greatest(c.expires_at, excluded.expires_at);
+        PERFORM distributed_lock.keep_fence(ks, fence, until);
     END IF;
     INSERT INTO distributed_lock.holders AS x
     SELECT k, tok, ten, '', until, fence FROM unnest(ks) AS k
@@ -324,9 +330,7 @@ BEGIN
         IF FOUND THEN
             found_ := found_ || 'yes'::text;
             IF fences[i] IS NOT NULL THEN
-                INSERT INTO distributed_lock.fences AS c VALUES (ks[i], fences[i], until + interval '1 day')
-                ON CONFLICT (key) DO UPDATE SET last = greatest(c.last, excluded.last),
-                    expires_at = greatest(c.expires_at, excluded.expires_at);
+                PERFORM distributed_lock.keep_fence(ARRAY[ks[i]], fences[i], until);
             END IF;
         ELSIF EXISTS (SELECT FROM distributed_lock.holders AS h
                 WHERE h.key = ks[i] AND h.share = '' AND h.expires_at > t) THEN
