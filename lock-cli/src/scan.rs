@@ -106,7 +106,7 @@ pub async fn scan(target: &Target, under: &str) -> Result<Scan, Failure> {
             }
             scan.scanned = masters;
         }
-        Target::Postgres(url) => {
+        Target::Postgres { url, .. } => {
             for key in scan_postgres(url, under).await? {
                 *counts.entry(key.into_bytes()).or_default() += 1;
             }

@@ -53,7 +53,10 @@ pub fn resolve(args: &TargetArgs, env: impl Fn(&str) -> Option<String>) -> Resul
         return Ok(Target::Server(url.clone()));
     }
     if let Some(url) = &args.postgres {
-        return Ok(Target::Postgres(url.clone()));
+        return Ok(Target::Postgres {
+            url: url.clone(),
+            listen: None,
+        });
     }
     if !args.cluster.is_empty() {
         return Ok(Target::Cluster(args.cluster.clone()));

@@ -37,9 +37,15 @@ pub enum Deployment {
         /// The sentinels' URLs.
         sentinels: Vec<String>,
     },
-    /// One Postgres database (see [`RegistryBuilder::postgres`](crate::RegistryBuilder::postgres)):
-    /// `postgres://user:password@host:5432/database`.
-    Postgres(String),
+    /// One Postgres database (see [`RegistryBuilder::postgres`](crate::RegistryBuilder::postgres)).
+    Postgres {
+        /// Where statements go: `postgres://user:password@host:5432/database`, or a pooler
+        /// (PgBouncer in transaction mode) in front of it.
+        url: String,
+        /// Where waiters `LISTEN`, when `url` is a pooler that cannot keep a session (else
+        /// `url` itself): the database directly, or a pooler in session mode.
+        listen: Option<String>,
+    },
 }
 
 const SENTINEL_MASTER_VAR: &str = "LOCK_REDIS_SENTINEL_MASTER";
@@ -48,12 +54,14 @@ const CLUSTER_VAR: &str = "LOCK_REDIS_CLUSTER";
 const URL_VAR: &str = "LOCK_REDIS_URL";
 const FALLBACK_URL_VAR: &str = "REDIS_URL";
 const POSTGRES_VAR: &str = "LOCK_POSTGRES_URL";
+const POSTGRES_LISTEN_VAR: &str = "LOCK_POSTGRES_LISTEN_URL";
 
 impl Deployment {
     /// The variables [`from_vars`](Self::from_vars) reads, in its order: each may hold URLs, and
     /// so passwords (`lockctl run` keeps those that do from its command).
-    pub const VARIABLES: [&'static str; 6] = [
+    pub const VARIABLES: [&'static str; 7] = [
         POSTGRES_VAR,
+        POSTGRES_LISTEN_VAR,
         SENTINELS_VAR,
         SENTINEL_MASTER_VAR,
         CLUSTER_VAR,
@@ -69,7 +77,7 @@ impl Deployment {
     ///
     /// | variable | deployment |
     /// |---|---|
-    /// | `LOCK_POSTGRES_URL=postgres://locks@db:5432/app` | [`Postgres`](Self::Postgres) |
+    /// | `LOCK_POSTGRES_URL=postgres://locks@db:5432/app` (with `LOCK_POSTGRES_LISTEN_URL` when that is a pooler in transaction mode) | [`Postgres`](Self::Postgres) |
     /// | `LOCK_REDIS_SENTINEL=redis://s1:26379,redis://s2:26379` with `LOCK_REDIS_SENTINEL_MASTER=mymaster` | [`Sentinel`](Self::Sentinel) |
     /// | `LOCK_REDIS_CLUSTER=redis://a:7000,redis://b:7001` | [`Cluster`](Self::Cluster) |
     /// | `LOCK_REDIS_URL=redis://a:6379,redis://b:6379,redis://c:6379` | [`Redlock`](Self::Redlock) |
@@ -97,7 +105,10 @@ impl Deployment {
                      ambiguous; unset the one this service should not use"
                 )));
             }
-            return Ok(Some(Self::Postgres(url.trim().to_owned())));
+            return Ok(Some(Self::Postgres {
+                url: url.trim().to_owned(),
+                listen: var(POSTGRES_LISTEN_VAR).map(|v| v.trim().to_owned()),
+            }));
         }
         if let Some(sentinels) = var(SENTINELS_VAR) {
             let master = var(SENTINEL_MASTER_VAR).ok_or_else(|| {
@@ -123,11 +134,12 @@ impl Deployment {
         }))
     }
 
-    /// The URLs given: the server's, the cluster's seeds, every Redlock node, the sentinels.
+    /// The URLs given: the server's, the cluster's seeds, every Redlock node, the sentinels,
+    /// the Postgres statements' (not its listener's).
     #[must_use]
     pub fn urls(&self) -> &[String] {
         match self {
-            Self::Server(url) | Self::Postgres(url) => std::slice::from_ref(url),
+            Self::Server(url) | Self::Postgres { url, .. } => std::slice::from_ref(url),
             Self::Cluster(urls) | Self::Redlock(urls) => urls,
             Self::Sentinel { sentinels, .. } => sentinels,
         }
@@ -141,7 +153,11 @@ impl std::fmt::Debug for Deployment {
         let all = |urls: &[String]| urls.iter().map(|u| masked(u)).collect::<Vec<_>>();
         match self {
             Self::Server(url) => f.debug_tuple("Server").field(&masked(url)).finish(),
-            Self::Postgres(url) => f.debug_tuple("Postgres").field(&masked(url)).finish(),
+            Self::Postgres { url, listen } => f
+                .debug_struct("Postgres")
+                .field("url", &masked(url))
+                .field("listen", &listen.as_deref().map(masked))
+                .finish(),
             Self::Cluster(urls) => f.debug_tuple("Cluster").field(&all(urls)).finish(),
             Self::Redlock(urls) => f.debug_tuple("Redlock").field(&all(urls)).finish(),
             Self::Sentinel { master, sentinels } => f

@@ -363,3 +363,83 @@ impl Drop for PostgresServer {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+/// PgBouncer in transaction mode in front of a [`PostgresServer`], on a free loopback port,
+/// run as the `postgres` user when the tests run as root (it refuses root). Stopped on drop.
+pub struct PgBouncer {
+    port: u16,
+    dir: PathBuf,
+    child: std::process::Child,
+}
+
+impl PgBouncer {
+    /// Starts one for `server`'s database `postgres`, trusting every user.
+    ///
+    /// # Panics
+    /// When `pgbouncer` is not installed (`scripts/ensure-postgres` installs it) or does not
+    /// start.
+    #[must_use]
+    pub fn transaction_mode(server: &PostgresServer) -> Self {
+        let port = free_port();
+        let dir = root_dir().join(format!("pgbouncer-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a directory for pgbouncer");
+        std::fs::write(dir.join("users.txt"), "\"postgres\" \"\"\n").expect("users.txt");
+        let ini = format!(
+            "[databases]\npostgres = host=127.0.0.1 port={} dbname=postgres user=postgres\n\
+             [pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n\
+             auth_type = trust\nauth_file = {users}\npool_mode = transaction\n\
+             default_pool_size = 4\nmax_client_conn = 200\n\
+             ignore_startup_parameters = extra_float_digits,options\nlogfile = {log}\n",
+            server.port(),
+            users = dir.join("users.txt").display(),
+            log = dir.join("pgbouncer.log").display(),
+        );
+        std::fs::write(dir.join("pgbouncer.ini"), ini).expect("pgbouncer.ini");
+        if as_root() {
+            let mut chown = Command::new("chown");
+            chown.args(["-R", "postgres"]).arg(&dir);
+            run(chown, "chown pgbouncer's directory to postgres");
+        }
+        let mut command = if as_root() {
+            let mut c = Command::new("runuser");
+            c.args(["-u", "postgres", "--", "pgbouncer"]);
+            c
+        } else {
+            Command::new("pgbouncer")
+        };
+        let child = command
+            .arg(dir.join("pgbouncer.ini"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("pgbouncer: {e}. Install it with scripts/ensure-postgres (apt-get install -y pgbouncer)")
+            });
+        let bouncer = Self { port, dir, child };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "pgbouncer did not listen on {port}: {}",
+                std::fs::read_to_string(bouncer.dir.join("pgbouncer.log")).unwrap_or_default()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        bouncer
+    }
+
+    /// `postgres://postgres@127.0.0.1:<port>/postgres`, through the pooler.
+    #[must_use]
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+}
+
+impl Drop for PgBouncer {
+    fn drop(&mut self) {
+        // runuser passes the signal on to pgbouncer.
+        let _ = signal_quietly(self.child.id(), "TERM");
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

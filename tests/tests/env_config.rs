@@ -143,7 +143,10 @@ fn a_deployment_and_a_builder_never_show_their_passwords_in_debug_output() {
             master: format!("redis://:{SECRET}@mymaster/"),
             sentinels: vec![url.clone()],
         },
-        Deployment::Postgres(format!("postgres://locker:{SECRET}@127.0.0.1:6390/app")),
+        Deployment::Postgres {
+            url: format!("postgres://locker:{SECRET}@127.0.0.1:6390/app"),
+            listen: Some(format!("postgres://locker:{SECRET}@127.0.0.1:6391/app")),
+        },
     ];
     for deployment in shapes {
         let shown = format!("{deployment:?}");

@@ -342,3 +342,66 @@ async fn one_holder_at_a_time_through_kills_pauses_cut_connections_and_a_hung_st
         board.refused.load(Ordering::SeqCst)
     );
 }
+
+/// Through PgBouncer in transaction mode (statements) with waiters listening on the database
+/// itself: exclusion with rising fences from two registries, a waiter handed the lock by the
+/// release and woken at once, and the transaction check inside an application's transaction
+/// that also goes through the pooler.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registry_locks_through_pgbouncer_in_transaction_mode() {
+    let server = PostgresServer::start();
+    let bouncer = lock_tests::postgres::PgBouncer::transaction_mode(&server);
+    let pooled = || {
+        Registry::builder()
+            .postgres_pooled(bouncer.url(), server.url())
+            .build()
+            .expect("a registry behind the pooler")
+    };
+    let (a, b) = (pooled(), pooled());
+    let mut last = 0;
+    for registry in [&a, &b, &a, &b] {
+        let guard = registry.lock("invoice").fencing(true).acquire().await;
+        let guard = guard.expect("a free lock");
+        assert!(registry
+            .lock("invoice")
+            .acquire()
+            .await
+            .unwrap_err()
+            .is_busy());
+        let fence = guard.fence().expect("fenced");
+        assert!(fence > last, "{fence} after {last}");
+        last = fence;
+        guard.release().await.expect("release");
+    }
+
+    let held = a.lock("queue").ttl(Duration::from_secs(30)).acquire().await;
+    let held = held.expect("a free lock");
+    let waiter = tokio::spawn(b.lock("queue").wait(LIMIT).acquire());
+    eventually(LIMIT, "the waiter queued and listens", || async {
+        a.inspect("queue").await.expect("inspect").waiters == 1 && server.listeners() == 1
+    })
+    .await;
+    let released = std::time::Instant::now();
+    held.release().await.expect("release");
+    let next = waiter.await.expect("task").expect("handed over");
+    assert!(
+        released.elapsed() < LIMIT / 4,
+        "woken by the release, not by its lease's end"
+    );
+
+    let (app, connection) = tokio_postgres::connect(&bouncer.url(), tokio_postgres::NoTls)
+        .await
+        .expect("the application connects through the pooler");
+    tokio::spawn(connection);
+    let mut app = app;
+    let tx = app.transaction().await.expect("begin");
+    let check = next.transaction_check().expect("checks");
+    tx.execute(
+        TransactionCheck::STATEMENT,
+        &[&check.keys(), &check.token()],
+    )
+    .await
+    .expect("held: the check passes through the pooler");
+    tx.commit().await.expect("commit");
+    next.release().await.expect("release");
+}

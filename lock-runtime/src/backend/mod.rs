@@ -72,7 +72,9 @@ impl Backend {
             Deployment::Sentinel { master, sentinels } => {
                 Self::sentinel(&master, sentinels, tls, timeouts, replicas)
             }
-            Deployment::Postgres(url) => Self::postgres(&url, timeouts),
+            Deployment::Postgres { url, listen } => {
+                Self::postgres(&url, listen.as_deref(), timeouts)
+            }
         }
     }
 
@@ -128,14 +130,14 @@ impl Backend {
 
     /// One Postgres database.
     #[cfg(feature = "postgres")]
-    fn postgres(url: &str, timeouts: Timeouts) -> Result<Self, LockError> {
+    fn postgres(url: &str, listen: Option<&str>, timeouts: Timeouts) -> Result<Self, LockError> {
         Ok(Self::Postgres(Box::new(postgres::PostgresStore::new(
-            url, timeouts,
+            url, listen, timeouts,
         )?)))
     }
 
     #[cfg(not(feature = "postgres"))]
-    fn postgres(_: &str, _: Timeouts) -> Result<Self, LockError> {
+    fn postgres(_: &str, _: Option<&str>, _: Timeouts) -> Result<Self, LockError> {
         Err(LockError::config(
             "a Postgres deployment needs lock-runtime's `postgres` feature: turn it on in \
              Cargo.toml (`lock-runtime = { version = \"0.1\", features = [\"postgres\"] }`)",

@@ -81,10 +81,26 @@ impl RegistryBuilder {
     /// clock; waiters are woken by `LISTEN/NOTIFY` on a connection of their own. Needs the
     /// `postgres` feature (without it, [`build`](Self::build) says so).
     ///
-    /// Statements go through PgBouncer in transaction mode; the listening connection needs a
-    /// session (Postgres itself, or a pooler in session mode).
+    /// Waiters listen on the same database; behind PgBouncer in transaction mode, see
+    /// [`postgres_pooled`](Self::postgres_pooled).
     pub fn postgres(self, url: impl Into<String>) -> Self {
-        self.deployment(Deployment::Postgres(url.into()))
+        self.deployment(Deployment::Postgres {
+            url: url.into(),
+            listen: None,
+        })
+    }
+
+    /// One Postgres database behind a pooler in transaction mode (PgBouncer): statements go to
+    /// `url`, the pooler (each is one transaction, with unnamed statements, so any server
+    /// connection serves it); waiters `LISTEN` on `listen_url`, which must keep a session:
+    /// the database itself, or a pooler in session mode. (`LISTEN` through transaction mode
+    /// would be lost when its server connection returns to the pool; waiters would then only
+    /// back off and try again.)
+    pub fn postgres_pooled(self, url: impl Into<String>, listen_url: impl Into<String>) -> Self {
+        self.deployment(Deployment::Postgres {
+            url: url.into(),
+            listen: Some(listen_url.into()),
+        })
     }
 
     /// Any [`Deployment`], as [`Deployment::from_vars`] reads one (or as the methods that name
@@ -323,7 +339,7 @@ impl RegistryBuilder {
                      restarts without persistence must stay down for one max ttl instead",
                 ),
                 Mode::Memory(_) => Some("an in-memory store has no replicas"),
-                Mode::Deployment(Deployment::Postgres(_)) => Some(
+                Mode::Deployment(Deployment::Postgres { .. }) => Some(
                     "Postgres confirms its own writes to replicas: set `synchronous_commit` and \
                      `synchronous_standby_names` on the server",
                 ),

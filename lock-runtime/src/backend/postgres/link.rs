@@ -60,10 +60,6 @@ impl Link {
         }
     }
 
-    pub(crate) fn config(&self) -> &Config {
-        &self.config
-    }
-
     /// Runs `statement` on the connection within the command timeout (`budget` when given).
     /// A statement that goes unanswered drops the connection: whatever holds it up (a stopped
     /// server, a black hole) would hold up every statement pipelined behind it.

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use tokio::sync::mpsc;
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{AsyncMessage, Client, NoTls};
+use tokio_postgres::{AsyncMessage, Client, Config, NoTls};
 
 use super::link::Link;
 use crate::backend::notification;
@@ -22,10 +22,11 @@ use crate::waiting::{WaitHub, Waiters};
 
 /// A hub fed by one listening connection to `link`'s database; a waiter whose channel is not
 /// followed within a command timeout backs off instead.
-pub(super) fn hub(link: Arc<Link>, timeouts: Timeouts) -> WaitHub {
+pub(super) fn hub(link: Arc<Link>, config: Config, timeouts: Timeouts) -> WaitHub {
     let feed = move |waiters| {
         Listener {
             link,
+            config,
             timeouts,
             waiters,
         }
@@ -35,7 +36,10 @@ pub(super) fn hub(link: Arc<Link>, timeouts: Timeouts) -> WaitHub {
 }
 
 struct Listener {
+    /// The store's statements (the schema is made through it before anyone listens).
     link: Arc<Link>,
+    /// Where to listen: a session of its own.
+    config: Config,
     timeouts: Timeouts,
     waiters: Waiters,
 }
@@ -151,7 +155,7 @@ impl Listener {
             tracing::debug!(error = ?failure, "lock-runtime: the Postgres listener cannot connect");
             return None;
         }
-        let connecting = self.link.config().connect(NoTls);
+        let connecting = self.config.connect(NoTls);
         let (client, mut connection) = match tokio::time::timeout(self.timeouts.connect, connecting)
             .await
         {

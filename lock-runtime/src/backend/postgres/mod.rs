@@ -52,23 +52,20 @@ pub(crate) struct PostgresStore {
 impl PostgresStore {
     /// A store on the database `url` names (`postgres://user:password@host:port/db`, or
     /// `key=value` pairs): connected on first use, its schema created then if missing.
-    pub(crate) fn new(url: &str, timeouts: Timeouts) -> Result<Self, LockError> {
-        let config: tokio_postgres::Config = url.parse().map_err(|e| {
-            LockError::config(format!(
-                "the Postgres connection string is not valid ({e}); write it as \
-                 postgres://user:password@host:5432/database"
-            ))
-        })?;
-        if config.get_ssl_mode() == tokio_postgres::config::SslMode::Require {
-            return Err(LockError::config(
-                "the Postgres connection string asks for TLS (sslmode=require), which this \
-                 store does not speak yet: connect over a private network or a local socket, \
-                 or leave sslmode at its default (prefer)",
-            ));
-        }
+    /// `listen`: where waiters `LISTEN`, when `url` is a pooler in transaction mode.
+    pub(crate) fn new(
+        url: &str,
+        listen: Option<&str>,
+        timeouts: Timeouts,
+    ) -> Result<Self, LockError> {
+        let config = parse(url)?;
+        let listen = listen
+            .map(parse)
+            .transpose()?
+            .unwrap_or_else(|| config.clone());
         let node = node_name(&config);
         let link = Arc::new(Link::new(config, node.clone(), timeouts));
-        let hub = listener::hub(link.clone(), timeouts);
+        let hub = listener::hub(link.clone(), listen, timeouts);
         Ok(Self { link, node, hub })
     }
 
@@ -171,6 +168,25 @@ fn outcome(row: &tokio_postgres::Row, at: usize) -> Attempt {
         holder: row.get(3),
         at,
     }
+}
+
+/// A connection string, refused with what to write instead (never echoing it: it may carry a
+/// password).
+fn parse(url: &str) -> Result<tokio_postgres::Config, LockError> {
+    let config: tokio_postgres::Config = url.parse().map_err(|e| {
+        LockError::config(format!(
+            "the Postgres connection string is not valid ({e}); write it as \
+             postgres://user:password@host:5432/database"
+        ))
+    })?;
+    if config.get_ssl_mode() == tokio_postgres::config::SslMode::Require {
+        return Err(LockError::config(
+            "the Postgres connection string asks for TLS (sslmode=require), which this store \
+             does not speak yet: connect over a private network or a local socket, or leave \
+             sslmode at its default (prefer)",
+        ));
+    }
+    Ok(config)
 }
 
 /// `host:port` of the first host (never credentials), or the socket directory.
