@@ -252,11 +252,21 @@ impl PostgresServer {
     /// far (a server started with [`start_logging`](Self::start_logging)).
     #[must_use]
     pub fn lock_statements(&self) -> u64 {
+        self.logged(|l| l.contains("distributed_lock.") && !l.contains("listen("))
+    }
+
+    /// How many statements the server logged so far that contain `text`.
+    #[must_use]
+    pub fn statements_with(&self, text: &str) -> u64 {
+        self.logged(|l| l.contains(text))
+    }
+
+    fn logged(&self, counts: impl Fn(&str) -> bool) -> u64 {
         let log = std::fs::read_to_string(self.dir.join("log")).unwrap_or_default();
         let n = log
             .lines()
             .filter(|l| l.contains("statement:") || l.contains("execute <unnamed>:"))
-            .filter(|l| l.contains("distributed_lock.") && !l.contains("listen("))
+            .filter(|l| counts(l))
             .count();
         u64::try_from(n).unwrap_or(u64::MAX)
     }

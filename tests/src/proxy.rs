@@ -79,6 +79,14 @@ pub struct ProxyStats {
 }
 
 impl ProxyStats {
+    /// How many times the held requests hold `pattern` now.
+    pub fn held_count(&self, pattern: &[u8]) -> usize {
+        let held = self.held.lock().unwrap();
+        held.windows(pattern.len())
+            .filter(|w| *w == pattern)
+            .count()
+    }
+
     /// Connections accepted so far.
     pub fn accepted(&self) -> u64 {
         self.accepted.load(Ordering::SeqCst)

@@ -405,3 +405,143 @@ async fn a_registry_locks_through_pgbouncer_in_transaction_mode() {
     tx.commit().await.expect("commit");
     next.release().await.expect("release");
 }
+
+/// A lock survives a crash of a server that commits asynchronously (as the test servers do,
+/// `synchronous_commit=off`): the store's own transactions commit synchronously, so a granted
+/// lease (and the fencing sequence behind it) is never lost with the WAL buffers. Found by the
+/// attack on the store: with the server's setting, the next caller got the lock, with the same
+/// fencing token, while the first still held it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_granted_lock_survives_a_crash_of_a_server_that_commits_asynchronously() {
+    let server = PostgresServer::start();
+    assert_eq!(server.psql("SHOW synchronous_commit"), "off");
+    let (a, b) = (registry(&server), registry(&server));
+    let held = a
+        .lock("crash")
+        .ttl(Duration::from_secs(60))
+        .fencing(true)
+        .acquire()
+        .await
+        .expect("a free lock");
+    server.kill_and_restart();
+    let err = b.lock("crash").acquire().await.unwrap_err();
+    assert!(err.is_busy(), "the lease survived the crash: {err:?}");
+    let info = b.inspect("crash").await.expect("inspect");
+    assert_eq!(info.owner.as_deref(), Some(held.token()));
+    let before = held.fence();
+    held.release().await.expect("still the holder's");
+    let next = b.lock("crash").fencing(true).acquire().await.expect("free");
+    assert!(next.fence() > before, "{:?} after {before:?}", next.fence());
+    next.release().await.expect("release");
+}
+
+/// A schema that disappeared (dropped by an operator, lost in a restore) is made again at the
+/// next attempt, not refused for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_that_disappeared_is_made_again() {
+    let server = PostgresServer::start();
+    let a = registry(&server);
+    a.lock("k")
+        .acquire()
+        .await
+        .expect("free")
+        .release()
+        .await
+        .expect("release");
+    server.psql("DROP SCHEMA distributed_lock CASCADE");
+    let again = a.lock("k").wait(LIMIT).acquire().await;
+    again
+        .expect("the schema made again")
+        .release()
+        .await
+        .expect("release");
+    assert_eq!(
+        server.psql("SELECT max(version) FROM distributed_lock.schema_version"),
+        "1"
+    );
+}
+
+/// Keys Postgres cannot hold as text or index (a NUL byte; more than 2,000 bytes with the
+/// prefix) are refused before any statement, naming the key and what to do; Redis takes both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_postgres_cannot_hold_are_refused_with_a_reason() {
+    let server = PostgresServer::start();
+    let a = registry(&server);
+    let err = a.lock("a\0b").acquire().await.unwrap_err();
+    assert!(
+        matches!(&err, lock_runtime::LockError::InvalidKey { reason, .. } if reason.contains("NUL")),
+        "{err:?}"
+    );
+    let long = "k".repeat(3000);
+    let err = a.lock(&long).acquire().await.unwrap_err();
+    assert!(
+        matches!(&err, lock_runtime::LockError::InvalidKey { reason, .. } if reason.contains("2000 bytes")),
+        "{err:?}"
+    );
+    let fits = "k".repeat(1990);
+    a.lock(&fits)
+        .fencing(true)
+        .acquire()
+        .await
+        .expect("a key that fits")
+        .release()
+        .await
+        .unwrap();
+}
+
+/// An attempt held up on its way (here, by a proxy) and run by the server after its caller gave
+/// up is undone by the release the caller sends after it: the release goes behind the attempt on
+/// the same connection, so the lock is not left to a token nobody holds for its whole lease.
+/// Found by the attack on the store: the connection was dropped on the timeout and the release
+/// overtook the attempt on a new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_that_runs_after_its_caller_gave_up_is_undone() {
+    let server = PostgresServer::start_logging();
+    let proxy = lock_tests::proxy::Proxy::start(server.port());
+    let late = Registry::builder()
+        .postgres(format!(
+            "postgres://postgres@127.0.0.1:{}/postgres",
+            proxy.port()
+        ))
+        .command_timeout(Duration::from_millis(300))
+        .build()
+        .expect("a registry through the proxy");
+    let other = registry(&server);
+    late.lock("warm")
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let releases = server.statements_with("distributed_lock.release(");
+    proxy.hold_requests_from(b"distributed_lock.acquire(");
+    // Longer than the test waits below: a lock left to nobody would outlast it.
+    let gave_up = late
+        .lock("victim")
+        .ttl(Duration::from_secs(120))
+        .wait(Duration::from_millis(200))
+        .acquire()
+        .await;
+    assert!(gave_up.is_err(), "{gave_up:?}");
+    // The caller lets go of what its attempt may have taken: its release must reach the server
+    // after the attempt, on the same connection.
+    // Before the fix the release went on a new connection, ran first and found nothing.
+    eventually(
+        LIMIT,
+        "the caller's release waits behind its attempt",
+        || async { proxy.stats().held_count(b"distributed_lock.release(") > 0 },
+    )
+    .await;
+    assert_eq!(
+        server.statements_with("distributed_lock.release("),
+        releases,
+        "no release overtook the attempt"
+    );
+    proxy.release_requests();
+    let next = other.lock("victim").wait(LIMIT).acquire().await;
+    next.expect("free once the late attempt was undone")
+        .release()
+        .await
+        .unwrap();
+}

@@ -61,8 +61,10 @@ impl Link {
     }
 
     /// Runs `statement` on the connection within the command timeout (`budget` when given).
-    /// A statement that goes unanswered drops the connection: whatever holds it up (a stopped
-    /// server, a black hole) would hold up every statement pipelined behind it.
+    /// A statement that goes unanswered keeps the connection: what the caller sends next (the
+    /// release that undoes an attempt it gave up on) must run after it, as it does on one
+    /// connection. A dead peer closes it (`tcp_user_timeout`, keepalives); a statement waits
+    /// for a lock at most `lock_timeout` (the functions set it).
     pub(crate) async fn run<T, F, Fut>(
         &self,
         budget: Option<Duration>,
@@ -80,22 +82,28 @@ impl Link {
                 if e.is_closed() {
                     self.forget(&client);
                 }
+                if schema_missing(&e) {
+                    // Dropped by an operator, lost in a restore: made again at the next call.
+                    self.schema_checked.store(false, Ordering::Release);
+                }
                 Err(Failure::Statement(e))
             }
-            Err(_) => {
-                self.forget(&client);
-                Err(Failure::TimedOut(bound))
-            }
+            Err(_) => Err(Failure::TimedOut(bound)),
         }
     }
 
     /// The connection, made (and the schema checked) if there is none that works.
     pub(crate) async fn client(&self) -> Result<Arc<Client>, Failure> {
-        if let Some(client) = self.working() {
+        let checked = || self.schema_checked.load(Ordering::Acquire);
+        if let Some(client) = self.working().filter(|_| checked()) {
             return Ok(client);
         }
         let _turn = self.connecting.lock().await;
         if let Some(client) = self.working() {
+            if !checked() {
+                self.ensure_schema(&client).await?;
+                self.schema_checked.store(true, Ordering::Release);
+            }
             return Ok(client);
         }
         let config = self.config.clone();
@@ -163,7 +171,8 @@ impl Link {
                 ))),
                 _ => client
                     .batch_execute(&format!(
-                        "BEGIN; SELECT pg_advisory_xact_lock({SCHEMA_LOCK}); {SCHEMA} COMMIT;"
+                        "BEGIN; SET LOCAL synchronous_commit = on; \
+                         SELECT pg_advisory_xact_lock({SCHEMA_LOCK}); {SCHEMA} COMMIT;"
                     ))
                     .await
                     .map_err(Failure::Statement),
@@ -210,6 +219,17 @@ impl Link {
     }
 }
 
+/// Whether `e` says the schema (or a table or function of it) is not there.
+fn schema_missing(e: &tokio_postgres::Error) -> bool {
+    [
+        SqlState::INVALID_SCHEMA_NAME,
+        SqlState::UNDEFINED_TABLE,
+        SqlState::UNDEFINED_FUNCTION,
+    ]
+    .iter()
+    .any(|code| e.code() == Some(code))
+}
+
 /// A server's error with its detail (tokio-postgres shows only "db error" otherwise).
 fn described(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {
@@ -225,6 +245,10 @@ fn transient(e: &tokio_postgres::Error) -> bool {
     let Some(code) = e.code() else {
         return true;
     };
+    if schema_missing(e) {
+        // The next attempt makes it again.
+        return true;
+    }
     let class = &code.code()[..2];
     // 08 connection, 40 transaction rollback, 53 resources, 57 operator intervention, 58 system.
     matches!(class, "08" | "40" | "53" | "57" | "58") || code == &SqlState::LOCK_NOT_AVAILABLE

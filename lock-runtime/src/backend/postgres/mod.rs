@@ -31,6 +31,9 @@ pub(crate) use link::SCHEMA;
 
 use crate::backend::notification::ELECTED;
 
+/// The longest stored key (prefix included), in bytes: the primary keys' btree rows must fit.
+const MAX_STORED_KEY: usize = 2000;
+
 const ACQUIRE: &str = "SELECT acquired, fence, retry_after_ms, holder, mismatch \
      FROM distributed_lock.acquire($1, $2, $3, $4, $5, $6, $7, $8, $9)";
 const ACQUIRE_ALL: &str = "SELECT acquired, fence, retry_after_ms, holder, at \
@@ -58,7 +61,13 @@ impl PostgresStore {
         listen: Option<&str>,
         timeouts: Timeouts,
     ) -> Result<Self, LockError> {
-        let config = parse(url)?;
+        let mut config = parse(url)?;
+        // A peer that stopped acknowledging closes the connection (its statements fail, the
+        // next call reconnects) instead of holding every statement behind them.
+        config
+            .tcp_user_timeout(timeouts.round())
+            .keepalives(true)
+            .keepalives_idle(timeouts.round());
         let listen = listen
             .map(parse)
             .transpose()?
@@ -220,6 +229,25 @@ impl Store for PostgresStore {
 
     fn checks_transactions(&self) -> bool {
         true
+    }
+
+    /// Postgres text holds no NUL byte, and a btree index row at most about 2,700 bytes.
+    fn admit(&self, key: &LockKey) -> Result<(), LockError> {
+        for k in key.keys() {
+            let reason = if k.stored.contains('\0') {
+                "it contains a NUL byte, which Postgres text cannot hold; drop or replace it"
+            } else if k.stored.len() > MAX_STORED_KEY {
+                "with the registry's prefix it is longer than 2000 bytes, more than a Postgres \
+                 index row holds; hash the long part of the key (its SHA-256 in hex, say)"
+            } else {
+                continue;
+            };
+            return Err(LockError::InvalidKey {
+                key: key.name.clone(),
+                reason: reason.to_owned(),
+            });
+        }
+        Ok(())
     }
 
     async fn acquire(&self, attempt: &Acquire<'_>) -> Result<Attempt, LockError> {

@@ -76,6 +76,10 @@ BEGIN
     -- A holder row kept by an application's transaction (`hold`) is waited for at most this
     -- long; the call then fails (55P03, which the caller retries) instead of hanging.
     PERFORM set_config('lock_timeout', '500ms', true);
+    -- A lease granted is on disk (or at least in the kernel's hands) before anyone hears of it,
+    -- whatever the server's default: an asynchronous commit lost in a crash would hand the
+    -- lock, and the fencing sequence's last tokens, out a second time.
+    PERFORM set_config('synchronous_commit', 'on', true);
     FOR h IN SELECT DISTINCT hashtextextended(k, 0) FROM unnest(keys) AS k ORDER BY 1 LOOP
         PERFORM pg_advisory_xact_lock(h);
     END LOOP;
