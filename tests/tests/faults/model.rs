@@ -321,12 +321,14 @@ impl Builder<'_> {
     }
 
     /// The holder of lock `key` while it is clearly live at `at_us` (beyond the clock's slack,
-    /// which [`expire`](Self::expire) grants the other way), not lost with its server and not
-    /// in doubt.
+    /// which [`expire`](Self::expire) grants the other way), not lost with its server, not in
+    /// doubt, and with a known expiry: a restored key whose mark showed its owner
+    /// ([`Live::bounded`]) may have run out at any moment before its bound, so another's `SET`
+    /// is judged as at a lock's end (see [`refused_plain_sets`]).
     fn clearly_held(&self, key: &[u8], at_us: i64) -> Option<&str> {
         self.live
             .get(key)
-            .filter(|l| l.lost_at.is_none() && at_us / 1000 + SLACK_MS < l.expiry_ms)
+            .filter(|l| l.lost_at.is_none() && !l.bounded && at_us / 1000 + SLACK_MS < l.expiry_ms)
             .filter(|_| !self.in_doubt(key, at_us))
             .map(|l| self.history.tenures[l.index].token.as_str())
     }
@@ -1422,6 +1424,55 @@ mod tests {
         let by_token = history.by_token();
         assert_eq!(by_token["B"][0].ended_us, Some(10_600_005));
         assert_eq!(by_token["E"][0].since_us, 10_600_005);
+    }
+
+    /// The expiry a mark shows on a restored key is only a bound (a lease after the loss): B's
+    /// unseen `SET` came at most that long before, so the key may be gone sooner. A plain
+    /// `SET NX` before that bound is then judged as at a lock's end: taken unless its client
+    /// asked the acquire script next (a Redlock-3 run kept at bfa080e: D's plain `SET` at 11.05 s
+    /// taken for refused, so E's mark of D and D's release came out as (d) "while None held it").
+    #[test]
+    fn a_plain_set_before_the_bound_of_a_restored_owner_is_taken_unless_refused() {
+        let history = |followed: bool| {
+            let mut after = vec![
+                r#"10.500000 [0 127.0.0.1:3] "evalsha" "a" "1" "lock:k" "C" "1000" "0" "0" "PUBLISH" "0" "1" "1" "0""#,
+                r#"10.500005 [0 lua] "SET" "lock:k" "C" "NX" "PX" "1000""#,
+                r#"10.500010 [0 lua] "GET" "lock:k""#,
+                r#"10.500020 [0 lua] "SET" "lock:k" "B+w" "KEEPTTL""#,
+                r#"10.500030 [0 lua] "PTTL" "lock:k""#,
+                // B's key ran out before the bound (11.1 s); D's plain SET took it.
+                r#"11.050000 [0 127.0.0.1:4] "SET" "lock:k" "D" "NX" "PX" "1000""#,
+            ];
+            if followed {
+                after.extend([
+                    r#"11.060000 [0 127.0.0.1:4] "evalsha" "a" "1" "lock:k" "D" "1000" "0" "0" "PUBLISH" "0" "1" "1" "0""#,
+                    r#"11.060010 [0 lua] "SET" "lock:k" "D" "NX" "PX" "1000""#,
+                ]);
+            }
+            after.extend([
+                // E waits for D, and D lets go.
+                r#"11.120000 [0 127.0.0.1:5] "evalsha" "a" "1" "lock:k" "E" "1000" "0" "0" "PUBLISH" "0" "1" "1" "0""#,
+                r#"11.120005 [0 lua] "SET" "lock:k" "E" "NX" "PX" "1000""#,
+                r#"11.120010 [0 lua] "GET" "lock:k""#,
+                r#"11.120020 [0 lua] "SET" "lock:k" "D+w" "KEEPTTL""#,
+                r#"11.120030 [0 lua] "PTTL" "lock:k""#,
+                r#"11.130000 [0 127.0.0.1:4] "evalsha" "x" "1" "lock:k" "D" "PUBLISH" "0""#,
+                r#"11.130010 [0 lua] "GET" "lock:k""#,
+                r#"11.130020 [0 lua] "DEL" "lock:k""#,
+            ]);
+            rebuild(&[restored_after(&after)], "lock:", false)
+        };
+        let taken = history(false);
+        assert!(taken.violations.is_empty(), "{:?}", taken.violations);
+        let by_token = taken.by_token();
+        let b = by_token["B"][0];
+        assert_eq!((b.ended_us, b.ended_by), (Some(11_050_000), "server lost"));
+        let d = by_token["D"][0];
+        assert_eq!((d.since_us, d.ended_us), (11_050_000, Some(11_130_020)));
+        // Asked the script next: refused, then taken by the script.
+        let refused = history(true);
+        assert!(refused.violations.is_empty(), "{:?}", refused.violations);
+        assert_eq!(refused.by_token()["D"][0].since_us, 11_060_010);
     }
 
     #[test]
