@@ -6,7 +6,6 @@
 //! in the thread, so a task that moves between worker threads keeps them, and a task spawned
 //! from inside a body does not inherit them: it is another holder and must acquire.
 
-use crate::backend::Store;
 use std::sync::Arc;
 
 use crate::error::LockError;
@@ -98,11 +97,7 @@ impl CurrentLock {
     /// this lock is held ([`TransactionCheck`](crate::TransactionCheck)); `None` on the others.
     #[must_use]
     pub fn transaction_check(&self) -> Option<crate::transaction::TransactionCheck> {
-        self.frame
-            .registry
-            .backend
-            .checks_transactions()
-            .then(|| crate::transaction::TransactionCheck::of(&self.frame.lease))
+        crate::transaction::TransactionCheck::of(&self.frame.registry.backend, &self.frame.lease)
     }
 
     /// Whether the lease is over: lost, past its deadline without a confirmed renewal, or

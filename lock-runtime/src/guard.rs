@@ -82,10 +82,7 @@ impl LockGuard {
     /// this lock is held ([`TransactionCheck`](crate::TransactionCheck)); `None` on the others.
     #[must_use]
     pub fn transaction_check(&self) -> Option<crate::transaction::TransactionCheck> {
-        self.inner
-            .backend
-            .checks_transactions()
-            .then(|| crate::transaction::TransactionCheck::of(&self.lease))
+        crate::transaction::TransactionCheck::of(&self.inner.backend, &self.lease)
     }
 
     /// Whether this guard re-entered a lock the task already held.

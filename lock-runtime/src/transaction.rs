@@ -1,6 +1,7 @@
 //! A lock checked inside the application's own Postgres transaction: the statement that makes
 //! the transaction commit only while the lock is held.
 
+use crate::backend::{Backend, Store};
 use crate::lease::Lease;
 
 /// Makes a Postgres transaction of the application commit only while a lock is held: run
@@ -36,11 +37,12 @@ impl TransactionCheck {
     /// The statement, with `$1` the keys (`text[]`) and `$2` the token (`text`).
     pub const STATEMENT: &'static str = "SELECT distributed_lock.hold($1::text[], $2::text)";
 
-    pub(crate) fn of(lease: &Lease) -> Self {
-        Self {
+    /// The check of `lease`, where its store offers one.
+    pub(crate) fn of(backend: &Backend, lease: &Lease) -> Option<Self> {
+        backend.checks_transactions().then(|| Self {
             keys: lease.key.keys().iter().map(|k| k.stored.clone()).collect(),
             token: lease.token.clone(),
-        }
+        })
     }
 
     /// The lock's keys as the store names them (the registry's prefix included): `$1`.

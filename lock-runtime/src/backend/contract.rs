@@ -144,6 +144,22 @@ pub struct LockInfo {
     pub holders: Vec<Place>,
 }
 
+impl LockInfo {
+    /// A key held shared as `share` by `holders`: they are listed the longest lease first, the
+    /// longest is the key's remaining lease, and the permits or readers are counted.
+    pub(crate) fn held_shared(&mut self, share: Share, mut holders: Vec<Place>) {
+        let held = u32::try_from(holders.len()).unwrap_or(u32::MAX);
+        holders.sort_by_key(|p| std::cmp::Reverse(p.remaining));
+        self.remaining = holders.first().map(|p| p.remaining);
+        self.holders = holders;
+        self.permits = match share {
+            Share::Permits(total) => Some(Permits { held, total }),
+            Share::Read | Share::Exclusive => None,
+        };
+        self.readers = (share == Share::Read).then_some(held);
+    }
+}
+
 /// A queued caller's place, or a shared holder's lease, as [`LockInfo`] reports them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]

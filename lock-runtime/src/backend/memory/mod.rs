@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::contract::{
-    Acquire, Attempt, LockInfo, Permits, Place, Renewal, Renewed, Share, Store, FENCE_EXPIRY_MS,
+    Acquire, Attempt, LockInfo, Place, Renewal, Renewed, Share, Store, FENCE_EXPIRY_MS,
 };
 use crate::error::LockError;
 use crate::io::Home;
@@ -314,19 +314,12 @@ impl Store for MemoryStore {
             ..LockInfo::default()
         };
         if let Some(pool) = data.pool(&key.stored, now) {
-            let held = u32::try_from(pool.holders.len()).unwrap_or(u32::MAX);
-            info.remaining = pool.holders.values().max().map(|t| *t - now);
-            info.holders = pool
+            let holders = pool
                 .holders
                 .iter()
                 .map(|(token, deadline)| Place::new(token.clone(), *deadline - now))
                 .collect();
-            info.holders.sort_by_key(|p| std::cmp::Reverse(p.remaining));
-            info.permits = match pool.share {
-                Share::Permits(total) => Some(Permits { held, total }),
-                Share::Read | Share::Exclusive => None,
-            };
-            info.readers = (pool.share == Share::Read).then_some(held);
+            info.held_shared(pool.share, holders);
         } else if let Some(entry) = data.live(&key.stored, now) {
             info.owner = Some(entry.token.clone());
             info.remaining = entry.expires_at.map(|t| t - now);

@@ -99,17 +99,26 @@ impl Link {
             return Ok(client);
         }
         let _turn = self.connecting.lock().await;
-        if let Some(client) = self.working() {
-            if !checked() {
-                self.ensure_schema(&client).await?;
-                self.schema_checked.store(true, Ordering::Release);
+        let client = match self.working() {
+            Some(client) => client,
+            None => {
+                let client = Arc::new(self.connect().await?);
+                *self.current.lock().unwrap_or_else(PoisonError::into_inner) = Some(client.clone());
+                client
             }
-            return Ok(client);
+        };
+        if !checked() {
+            self.ensure_schema(&client).await?;
+            self.schema_checked.store(true, Ordering::Release);
         }
+        Ok(client)
+    }
+
+    /// A new connection, made on the I/O runtime: its driver is spawned where it is made.
+    async fn connect(&self) -> Result<Client, Failure> {
         let config = self.config.clone();
         let bound = self.timeouts.connect;
-        // Made on the I/O runtime: the connection's driver is spawned where it is made.
-        let made = io::run(async move {
+        io::run(async move {
             match tokio::time::timeout(bound, config.connect(NoTls)).await {
                 Ok(Ok((client, connection))) => {
                     tokio::spawn(connection);
@@ -119,14 +128,7 @@ impl Link {
                 Err(_) => Err(Failure::TimedOut(bound)),
             }
         })
-        .await?;
-        let client = Arc::new(made);
-        if !self.schema_checked.load(Ordering::Acquire) {
-            self.ensure_schema(&client).await?;
-            self.schema_checked.store(true, Ordering::Release);
-        }
-        *self.current.lock().unwrap_or_else(PoisonError::into_inner) = Some(client.clone());
-        Ok(client)
+        .await
     }
 
     fn working(&self) -> Option<Arc<Client>> {
@@ -155,12 +157,7 @@ impl Link {
                 .await;
             let version: Option<i32> = match found {
                 Ok(rows) => rows.first().and_then(|row| row.get(0)),
-                Err(e)
-                    if e.code() == Some(&SqlState::UNDEFINED_TABLE)
-                        || e.code() == Some(&SqlState::INVALID_SCHEMA_NAME) =>
-                {
-                    None
-                }
+                Err(e) if schema_missing(&e) => None,
                 Err(e) => return Err(Failure::Statement(e)),
             };
             match version {

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use tokio::sync::mpsc;
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{AsyncMessage, Client, Config, NoTls};
+use tokio_postgres::{AsyncMessage, Client, Config, NoTls, Row};
 
 use super::link::Link;
 use crate::backend::notification;
@@ -109,7 +109,6 @@ impl Listener {
     /// Listens on the channels of `wanted` not listened on yet, and stops listening on the
     /// others; each new one is reported followed.
     async fn follow(&self, s: &mut Session, wanted: &[String]) -> Result<(), ()> {
-        let bound = self.timeouts.command;
         let gone: Vec<String> = s
             .keys
             .iter()
@@ -117,35 +116,37 @@ impl Listener {
             .map(|(channel, _)| channel.clone())
             .collect();
         for channel in gone {
-            let Some(key) = s.keys.remove(&channel) else {
-                continue;
-            };
-            let params: [(&(dyn ToSql + Sync), Type); 1] = [(&key, Type::TEXT)];
-            let unlisten = s
-                .client
-                .query_typed("SELECT distributed_lock.unlisten($1)", &params);
-            if !matches!(tokio::time::timeout(bound, unlisten).await, Ok(Ok(_))) {
-                return Err(());
+            if let Some(key) = s.keys.remove(&channel) {
+                self.call(&s.client, "SELECT distributed_lock.unlisten($1)", &key)
+                    .await?;
             }
         }
         for key in wanted {
             if s.keys.values().any(|k| k == key) {
                 continue;
             }
-            let params: [(&(dyn ToSql + Sync), Type); 1] = [(key, Type::TEXT)];
-            let listen = s
-                .client
-                .query_typed("SELECT distributed_lock.listen($1)", &params);
-            match tokio::time::timeout(bound, listen).await {
-                Ok(Ok(rows)) => {
-                    let channel: String = rows.first().map(|r| r.get(0)).unwrap_or_default();
-                    s.keys.insert(channel, key.clone());
-                    self.waiters.followed(key);
-                }
-                _ => return Err(()),
-            }
+            let rows = self
+                .call(&s.client, "SELECT distributed_lock.listen($1)", key)
+                .await?;
+            let channel: String = rows.first().map(|r| r.get(0)).unwrap_or_default();
+            s.keys.insert(channel, key.clone());
+            self.waiters.followed(key);
         }
         Ok(())
+    }
+
+    /// `statement` with `key` for its one parameter, within the command timeout.
+    async fn call(&self, client: &Client, statement: &str, key: &str) -> Result<Vec<Row>, ()> {
+        let params: [(&(dyn ToSql + Sync), Type); 1] = [(&key, Type::TEXT)];
+        match tokio::time::timeout(
+            self.timeouts.command,
+            client.query_typed(statement, &params),
+        )
+        .await
+        {
+            Ok(Ok(rows)) => Ok(rows),
+            _ => Err(()),
+        }
     }
 
     /// A connection of its own (the schema made first, through the store's link), whose

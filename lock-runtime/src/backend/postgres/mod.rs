@@ -16,7 +16,7 @@ use std::time::Duration;
 use tokio_postgres::types::Type;
 
 use crate::backend::contract::{
-    ttl_ms, Acquire, Attempt, LockInfo, Permits, Place, Renewal, Renewed, Share, Store,
+    ttl_ms, Acquire, Attempt, LockInfo, Place, Renewal, Renewed, Share, Store,
 };
 use crate::error::LockError;
 use crate::key::LockKey;
@@ -97,7 +97,7 @@ impl PostgresStore {
     async fn acquire_one(&self, attempt: &Acquire<'_>) -> Result<Attempt, LockError> {
         let key = attempt.key;
         let tenure = tenure_name(attempt.token);
-        let ttl = i64::try_from(ttl_ms(attempt.ttl)).unwrap_or(i64::MAX);
+        let ttl = bigint(ttl_ms(attempt.ttl));
         let place = i32::try_from(attempt.attempt).unwrap_or(i32::MAX);
         let share = attempt.share.tag();
         let limit = match attempt.share {
@@ -131,14 +131,9 @@ impl PostgresStore {
     }
 
     async fn acquire_all(&self, attempt: &Acquire<'_>) -> Result<Attempt, LockError> {
-        let keys: Vec<&str> = attempt
-            .key
-            .keys()
-            .iter()
-            .map(|k| k.stored.as_str())
-            .collect();
+        let keys = stored(attempt.key);
         let tenure = tenure_name(attempt.token);
-        let ttl = i64::try_from(ttl_ms(attempt.ttl)).unwrap_or(i64::MAX);
+        let ttl = bigint(ttl_ms(attempt.ttl));
         let row = self
             .call("acquire", Some(attempt.key), |c| async move {
                 c.query_typed_one(
@@ -165,18 +160,36 @@ impl PostgresStore {
 /// An attempt's row: `acquired, fence, retry_after_ms, holder`.
 fn outcome(row: &tokio_postgres::Row, at: usize) -> Attempt {
     if row.get::<_, bool>(0) {
-        let fence = row.get::<_, Option<i64>>(1);
         return Attempt::Acquired {
-            fence: fence.and_then(|f| u64::try_from(f).ok()),
+            fence: fence(row, 1),
         };
     }
     Attempt::Busy {
-        retry_after: row
-            .get::<_, Option<i64>>(2)
-            .map(|ms| Duration::from_millis(u64::try_from(ms).unwrap_or(0))),
+        retry_after: millis(row, 2),
         holder: row.get(3),
         at,
     }
+}
+
+/// Column `i` of `row`, a `bigint` of milliseconds (never negative: see `distributed_lock.ms`).
+fn millis(row: &tokio_postgres::Row, i: usize) -> Option<Duration> {
+    let ms = row.get::<_, Option<i64>>(i)?;
+    Some(Duration::from_millis(u64::try_from(ms).unwrap_or(0)))
+}
+
+/// Column `i` of `row`, a fencing token from the sequence (`bigint`, positive).
+fn fence(row: &tokio_postgres::Row, i: usize) -> Option<u64> {
+    u64::try_from(row.get::<_, Option<i64>>(i)?).ok()
+}
+
+/// The stored names of a lock's keys (one, or a multi-key lock's members), as `text[]`.
+fn stored(key: &LockKey) -> Vec<&str> {
+    key.keys().iter().map(|k| k.stored.as_str()).collect()
+}
+
+/// A count of milliseconds as a `bigint`.
+fn bigint(ms: u64) -> i64 {
+    i64::try_from(ms).unwrap_or(i64::MAX)
 }
 
 /// A connection string, refused with what to write instead (never echoing it: it may carry a
@@ -259,7 +272,7 @@ impl Store for PostgresStore {
     }
 
     async fn release(&self, key: &LockKey, token: &str, _: Share) -> Result<bool, LockError> {
-        let keys: Vec<&str> = key.keys().iter().map(|k| k.stored.as_str()).collect();
+        let keys = stored(key);
         let tenure = tenure_name(token);
         let row = self
             .call("release", Some(key), |c| async move {
@@ -284,10 +297,7 @@ impl Store for PostgresStore {
     ) -> Result<Vec<Option<Renewed>>, LockError> {
         let keys: Vec<&str> = batch.iter().map(|r| r.key.stored.as_str()).collect();
         let tokens: Vec<&str> = batch.iter().map(|r| r.token).collect();
-        let ttls: Vec<i64> = batch
-            .iter()
-            .map(|r| i64::try_from(r.ttl_ms).unwrap_or(i64::MAX))
-            .collect();
+        let ttls: Vec<i64> = batch.iter().map(|r| bigint(r.ttl_ms)).collect();
         let fences: Vec<Option<i64>> = batch
             .iter()
             .map(|r| r.fence.and_then(|f| i64::try_from(f).ok()))
@@ -327,18 +337,13 @@ impl Store for PostgresStore {
             })
             .await?;
         let mut info = LockInfo::default();
-        let mut shared = None;
+        let (mut shared, mut holders) = (None, Vec::new());
         for row in &rows {
             let kind: &str = row.get(0);
             let token: Option<String> = row.get(1);
             let share: Option<String> = row.get(2);
-            let remaining = row
-                .get::<_, Option<i64>>(3)
-                .map(|ms| Duration::from_millis(u64::try_from(ms).unwrap_or(0)));
-            let fence = row
-                .get::<_, Option<i64>>(4)
-                .and_then(|f| u64::try_from(f).ok());
-            info.fence = info.fence.max(fence);
+            let remaining = millis(row, 3);
+            info.fence = info.fence.max(fence(row, 4));
             match (kind, token, share.as_deref(), remaining) {
                 ("holder", Some(token), Some(""), remaining) => {
                     info.owner = Some(token);
@@ -346,7 +351,7 @@ impl Store for PostgresStore {
                 }
                 ("holder", Some(token), Some(tag), Some(remaining)) => {
                     shared = Share::from_tag(tag);
-                    info.holders.push(Place::new(token, remaining));
+                    holders.push(Place::new(token, remaining));
                 }
                 ("waiter", Some(token), _, Some(remaining)) => {
                     info.queue.push(Place::new(token, remaining));
@@ -356,14 +361,7 @@ impl Store for PostgresStore {
         }
         info.waiters = u32::try_from(info.queue.len()).unwrap_or(u32::MAX);
         if let Some(share) = shared {
-            let held = u32::try_from(info.holders.len()).unwrap_or(u32::MAX);
-            info.holders.sort_by_key(|p| std::cmp::Reverse(p.remaining));
-            info.remaining = info.holders.first().map(|p| p.remaining);
-            info.permits = match share {
-                Share::Permits(total) => Some(Permits { held, total }),
-                Share::Read | Share::Exclusive => None,
-            };
-            info.readers = (share == Share::Read).then_some(held);
+            info.held_shared(share, holders);
         }
         Ok(info)
     }

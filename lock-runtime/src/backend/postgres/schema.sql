@@ -164,6 +164,7 @@ DECLARE
     pool record;
     head record;
     handed record;
+    busy_until timestamptz;
 BEGIN
     acquired := false;
     DELETE FROM distributed_lock.holders AS h WHERE h.key = k AND h.expires_at <= t;
@@ -172,9 +173,26 @@ BEGIN
            bool_or(h.token = tok) AS mine
     INTO pool FROM distributed_lock.holders AS h WHERE h.key = k AND h.share <> '';
 
+    -- Busy for the caller: `holder` and `busy_until` say whose lease to wait for.
     IF owner.token IS NOT NULL AND owner.token <> tok THEN
         holder := owner.token;
-        retry_after_ms := distributed_lock.ms(owner.expires_at - t);
+        busy_until := owner.expires_at;
+    ELSIF share = '' AND pool.n > 0 THEN
+        holder := pool.share;
+        busy_until := pool.soonest;
+    ELSIF share = '' AND owner.token IS NULL THEN
+        -- A free lock goes to the oldest live waiter, if that is not the caller.
+        DELETE FROM distributed_lock.waiters AS q WHERE q.key = k AND q.expires_at <= t;
+        SELECT q.token INTO head FROM distributed_lock.waiters AS q WHERE q.key = k
+        ORDER BY q.arrived LIMIT 1;
+        IF head.token IS NOT NULL AND head.token <> tok THEN
+            SELECT * INTO handed FROM distributed_lock.hand_over(k, t, '');
+            holder := handed.token;
+            busy_until := handed.expires_at;
+        END IF;
+    END IF;
+    IF holder IS NOT NULL THEN
+        retry_after_ms := distributed_lock.ms(busy_until - t);
         IF queue AND share = '' THEN
             PERFORM distributed_lock.queue_up(k, tok, ten, fencing, place, until);
         END IF;
@@ -182,29 +200,6 @@ BEGIN
     END IF;
 
     IF share = '' THEN
-        IF pool.n > 0 THEN
-            holder := pool.share;
-            retry_after_ms := distributed_lock.ms(pool.soonest - t);
-            IF queue THEN
-                PERFORM distributed_lock.queue_up(k, tok, ten, fencing, place, until);
-            END IF;
-            RETURN;
-        END IF;
-        IF owner.token IS NULL THEN
-            -- A free lock goes to the oldest live waiter, if that is not the caller.
-            DELETE FROM distributed_lock.waiters AS q WHERE q.key = k AND q.expires_at <= t;
-            SELECT q.token INTO head FROM distributed_lock.waiters AS q WHERE q.key = k
-            ORDER BY q.arrived LIMIT 1;
-            IF head.token IS NOT NULL AND head.token <> tok THEN
-                SELECT * INTO handed FROM distributed_lock.hand_over(k, t, '');
-                holder := handed.token;
-                retry_after_ms := distributed_lock.ms(handed.expires_at - t);
-                IF queue THEN
-                    PERFORM distributed_lock.queue_up(k, tok, ten, fencing, place, until);
-                END IF;
-                RETURN;
-            END IF;
-        END IF;
         DELETE FROM distributed_lock.waiters AS q WHERE q.key = k AND q.token = tok;
         IF fencing THEN
             -- A holder asking again keeps its fence.
