@@ -61,17 +61,11 @@ impl PostgresStore {
         listen: Option<&str>,
         timeouts: Timeouts,
     ) -> Result<Self, LockError> {
-        let mut config = parse(url)?;
-        // A peer that stopped acknowledging closes the connection (its statements fail, the
-        // next call reconnects) instead of holding every statement behind them.
-        config
-            .tcp_user_timeout(timeouts.round())
-            .keepalives(true)
-            .keepalives_idle(timeouts.round());
-        let listen = listen
-            .map(parse)
-            .transpose()?
-            .unwrap_or_else(|| config.clone());
+        let config = parse(url, timeouts)?;
+        let listen = match listen {
+            Some(listen) => parse(listen, timeouts)?,
+            None => config.clone(),
+        };
         let node = node_name(&config);
         let link = Arc::new(Link::new(config, node.clone(), timeouts));
         let hub = listener::hub(link.clone(), listen, timeouts);
@@ -193,9 +187,10 @@ fn bigint(ms: u64) -> i64 {
 }
 
 /// A connection string, refused with what to write instead (never echoing it: it may carry a
-/// password).
-fn parse(url: &str) -> Result<tokio_postgres::Config, LockError> {
-    let config: tokio_postgres::Config = url.parse().map_err(|e| {
+/// password). A peer that stops acknowledging closes the connection (its statements fail, the
+/// next call reconnects; the listener connects again) instead of holding it up for good.
+fn parse(url: &str, timeouts: Timeouts) -> Result<tokio_postgres::Config, LockError> {
+    let mut config: tokio_postgres::Config = url.parse().map_err(|e| {
         LockError::config(format!(
             "the Postgres connection string is not valid ({e}); write it as \
              postgres://user:password@host:5432/database"
@@ -208,6 +203,10 @@ fn parse(url: &str) -> Result<tokio_postgres::Config, LockError> {
              sslmode at its default (prefer)",
         ));
     }
+    config
+        .tcp_user_timeout(timeouts.round())
+        .keepalives(true)
+        .keepalives_idle(timeouts.round());
     Ok(config)
 }
 
