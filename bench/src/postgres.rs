@@ -16,11 +16,7 @@ use lock_runtime::Registry;
 use crate::stats::{dur, num, Samples};
 
 async fn client(url: &str) -> Arc<tokio_postgres::Client> {
-    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-        .await
-        .expect("connect to Postgres");
-    tokio::spawn(connection);
-    Arc::new(client)
+    Arc::new(lock_tests::postgres::connect(url).await)
 }
 
 fn registry(url: &str) -> Registry {
@@ -49,8 +45,7 @@ async fn advisory_unlock(c: &tokio_postgres::Client, id: i64) {
 async fn cycles(url: &str, n: usize) -> (Samples, Samples) {
     let ours = registry(url);
     let by_hand = client(url).await;
-    // Connections made, schema created, statements warm.
-    for _ in 0..50 {
+    let ours_cycle = || async {
         ours.lock("cycle")
             .acquire()
             .await
@@ -58,23 +53,23 @@ async fn cycles(url: &str, n: usize) -> (Samples, Samples) {
             .release()
             .await
             .unwrap();
+    };
+    let hand_cycle = || async {
         assert!(try_advisory(&by_hand, 1).await);
         advisory_unlock(&by_hand, 1).await;
+    };
+    // Connections made, schema created, statements warm.
+    for _ in 0..50 {
+        ours_cycle().await;
+        hand_cycle().await;
     }
     let (mut a, mut b) = (Vec::with_capacity(n), Vec::with_capacity(n));
     for _ in 0..n {
         let t = Instant::now();
-        ours.lock("cycle")
-            .acquire()
-            .await
-            .unwrap()
-            .release()
-            .await
-            .unwrap();
+        ours_cycle().await;
         a.push(t.elapsed());
         let t = Instant::now();
-        assert!(try_advisory(&by_hand, 1).await);
-        advisory_unlock(&by_hand, 1).await;
+        hand_cycle().await;
         b.push(t.elapsed());
     }
     (Samples::new(a), Samples::new(b))

@@ -51,13 +51,18 @@ fn as_root() -> bool {
 
 /// `tool` of the Postgres binaries, run as `postgres` when the tests run as root.
 fn tool(tool: &str) -> Command {
-    let path = bin_dir().join(tool);
+    as_postgres(bin_dir().join(tool))
+}
+
+/// `program`, run as the `postgres` user when the tests run as root (Postgres's tools and
+/// PgBouncer refuse root).
+fn as_postgres(program: impl AsRef<std::ffi::OsStr>) -> Command {
     if as_root() {
         let mut command = Command::new("runuser");
-        command.args(["-u", "postgres", "--"]).arg(path);
+        command.args(["-u", "postgres", "--"]).arg(program);
         command
     } else {
-        Command::new(path)
+        Command::new(program)
     }
 }
 
@@ -119,6 +124,19 @@ fn template() -> &'static Path {
     })
 }
 
+/// A client of the application's own on `url` (its connection driven by a task of the current
+/// runtime), for what a test or benchmark does beside the library.
+///
+/// # Panics
+/// When it cannot connect.
+pub async fn connect(url: &str) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap_or_else(|e| panic!("connect to Postgres: {e}"));
+    tokio::spawn(connection);
+    client
+}
+
 /// A Postgres server of its own, stopped and deleted on drop.
 pub struct PostgresServer {
     port: u16,
@@ -154,13 +172,7 @@ impl PostgresServer {
         for _ in 0..5 {
             let port = free_port();
             let dir = root_dir().join(format!("data-{}-{port}", std::process::id()));
-            let mut copy = if as_root() {
-                let mut c = Command::new("runuser");
-                c.args(["-u", "postgres", "--", "cp"]);
-                c
-            } else {
-                Command::new("cp")
-            };
+            let mut copy = as_postgres("cp");
             copy.arg("-a").arg(template).arg(&dir);
             run(copy, "copy the template cluster");
             let server = Self {
@@ -410,14 +422,7 @@ impl PgBouncer {
             chown.args(["-R", "postgres"]).arg(&dir);
             run(chown, "chown pgbouncer's directory to postgres");
         }
-        let mut command = if as_root() {
-            let mut c = Command::new("runuser");
-            c.args(["-u", "postgres", "--", "pgbouncer"]);
-            c
-        } else {
-            Command::new("pgbouncer")
-        };
-        let child = command
+        let child = as_postgres("pgbouncer")
             .arg(dir.join("pgbouncer.ini"))
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())

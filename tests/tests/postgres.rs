@@ -13,11 +13,7 @@ const LIMIT: Duration = Duration::from_secs(20);
 
 /// The application's own connection to the database.
 async fn app(server: &PostgresServer) -> tokio_postgres::Client {
-    let (client, connection) = tokio_postgres::connect(&server.url(), tokio_postgres::NoTls)
-        .await
-        .expect("the application connects");
-    tokio::spawn(connection);
-    client
+    lock_tests::postgres::connect(&server.url()).await
 }
 
 fn registry(server: &PostgresServer) -> Registry {
@@ -389,11 +385,8 @@ async fn a_registry_locks_through_pgbouncer_in_transaction_mode() {
         "woken by the release, not by its lease's end"
     );
 
-    let (app, connection) = tokio_postgres::connect(&bouncer.url(), tokio_postgres::NoTls)
-        .await
-        .expect("the application connects through the pooler");
-    tokio::spawn(connection);
-    let mut app = app;
+    // The application's own connection goes through the pooler too.
+    let mut app = lock_tests::postgres::connect(&bouncer.url()).await;
     let tx = app.transaction().await.expect("begin");
     let check = next.transaction_check().expect("checks");
     tx.execute(
