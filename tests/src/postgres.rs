@@ -231,19 +231,13 @@ impl PostgresServer {
     /// # Panics
     /// When `psql` fails.
     pub fn psql(&self, sql: &str) -> String {
-        let out = Command::new(bin_dir().join("psql"))
-            .args(["-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-d"])
-            .arg(self.url())
-            .arg("-c")
-            .arg(sql)
-            .output()
-            .expect("psql");
-        assert!(
-            out.status.success(),
-            "psql {sql}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+        self.client().psql(sql)
+    }
+
+    /// `psql` on this server, for use where the server itself is not at hand.
+    #[must_use]
+    pub fn client(&self) -> Psql {
+        Psql { url: self.url() }
     }
 
     /// How many sessions listen for a key's release: those whose last statement, finished,
@@ -333,9 +327,18 @@ impl PostgresServer {
     /// # Panics
     /// When the server does not start again.
     pub fn kill_and_restart(&self) {
+        self.kill();
+        self.start_again();
+    }
+
+    /// Kills the postmaster with `SIGKILL` and returns once it is gone; its backends exit as
+    /// they notice.
+    ///
+    /// # Panics
+    /// When the postmaster lingers for 30 s.
+    pub fn kill(&self) {
         let postmaster = self.pid();
         let _ = signal_quietly(postmaster, "KILL");
-        // The backends notice the postmaster's death and exit; the new one waits for them.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
         while std::path::Path::new(&format!("/proc/{postmaster}")).exists() {
             assert!(
@@ -344,6 +347,13 @@ impl PostgresServer {
             );
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
+    }
+
+    /// Starts a [`kill`](Self::kill)ed server again on the same port and data.
+    ///
+    /// # Panics
+    /// When it does not start.
+    pub fn start_again(&self) {
         let _ = std::fs::remove_file(self.dir.join("postmaster.pid"));
         let mut last = String::new();
         for _ in 0..50 {
@@ -363,6 +373,83 @@ impl PostgresServer {
             "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
              WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()",
         );
+    }
+}
+
+/// `psql` on one server, as the `postgres` superuser.
+#[derive(Clone, Debug)]
+pub struct Psql {
+    url: String,
+}
+
+impl Psql {
+    /// Runs `sql` and returns what it printed (unaligned, tuples only).
+    ///
+    /// # Panics
+    /// When `psql` fails.
+    pub fn psql(&self, sql: &str) -> String {
+        self.run(sql, &[], &[])
+            .unwrap_or_else(|e| panic!("psql {sql}: {e}"))
+    }
+
+    /// [`psql`](Self::psql) with its fields separated by `separator` (a field may hold `|`).
+    ///
+    /// # Panics
+    /// When `psql` fails.
+    pub fn psql_separated(&self, sql: &str, separator: char) -> String {
+        self.run(sql, &["-F", &separator.to_string()], &[])
+            .unwrap_or_else(|e| panic!("psql {sql}: {e}"))
+    }
+
+    /// [`psql`](Self::psql) that gives up within about a second, or `None` when it fails: a
+    /// question to a server that may be stopped or down.
+    #[must_use]
+    pub fn psql_quick(&self, sql: &str) -> Option<String> {
+        self.run(
+            sql,
+            &[],
+            &[
+                ("PGCONNECT_TIMEOUT", "1"),
+                ("PGOPTIONS", "-c statement_timeout=1000"),
+            ],
+        )
+        .ok()
+    }
+
+    /// Starts `psql` running `sql` as a session named `application`, and returns at once.
+    ///
+    /// # Panics
+    /// When `psql` cannot be started.
+    #[must_use]
+    pub fn spawn(&self, sql: &str, application: &str) -> std::process::Child {
+        self.command(sql)
+            .env("PGAPPNAME", application)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("psql: {e}. {INSTALL_HINT}"))
+    }
+
+    fn command(&self, sql: &str) -> Command {
+        let mut psql = Command::new(bin_dir().join("psql"));
+        psql.args(["-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-d"])
+            .arg(&self.url)
+            .arg("-c")
+            .arg(sql);
+        psql
+    }
+
+    fn run(&self, sql: &str, args: &[&str], env: &[(&str, &str)]) -> Result<String, String> {
+        let out = self
+            .command(sql)
+            .args(args)
+            .envs(env.iter().copied())
+            .output()
+            .map_err(|e| format!("psql: {e}. {INSTALL_HINT}"))?;
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
     }
 }
 

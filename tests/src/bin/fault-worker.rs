@@ -97,7 +97,7 @@ impl Args {
 
 /// The lock backend under test (`--backend`), one arm per mode of the suite's `LockSystem`;
 /// the workload and the checks are the same for all. `--lock-url` is a comma-separated list
-/// for Redlock's masters, a cluster's seeds and the sentinels; `--confirm-replicas N` is
+/// for Redlock's masters, a cluster's seeds and the sentinels (for Postgres, a connection string); `--confirm-replicas N` is
 /// `RegistryBuilder::confirm_replicas` (0, the default: none).
 fn registry(args: &Args) -> Registry {
     let confirm = u32::try_from(args.num("confirm-replicas", 0)).expect("a replica count");
@@ -113,8 +113,10 @@ fn registry(args: &Args) -> Registry {
         "redlock" => builder.redlock(list),
         "cluster" => builder.cluster(list),
         "sentinel" => builder.sentinel(args.str("master"), list),
+        "postgres" => builder.postgres(urls.clone()),
         other => panic!(
-            "unknown --backend {other}; this worker knows: single, redlock, cluster, sentinel"
+            "unknown --backend {other}; this worker knows: single, redlock, cluster, sentinel, \
+             postgres"
         ),
     };
     builder.build().expect("registry")

@@ -119,6 +119,11 @@ impl Monitor {
         }
     }
 
+    /// The port of the server it watches.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
     /// Everything captured so far.
     pub fn events(&self) -> Vec<Event> {
         lock(&self.events).clone()

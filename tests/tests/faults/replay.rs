@@ -1,6 +1,6 @@
 //! What a workload run keeps when its checks fail, so that they can be run again on exactly
-//! those inputs: the servers' histories (as `MONITOR` lines, one file per server), the workers'
-//! records, the faults with their times, the soak's seed, and what the fenced store held.
+//! those inputs: the servers' histories (as `MONITOR` lines, one file per server; Postgres's
+//! change log in `run.json`), the workers' records, the faults with their times, the soak's seed, and what the fenced store held.
 //!
 //! ```text
 //! LOCK_FAULT_REPLAY=target/tmp/fault-runs/<run> \
@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use super::changes::{self, Change};
 use super::checker::{self, FaultRecord, Inputs, Minimums, Report};
 use super::model::{self, History};
 use super::monitor::{parse_line, Entry, Event};
@@ -48,16 +49,22 @@ pub struct Kept {
     /// Per copy of the data, per server: what it ran for clients (replication left out).
     #[serde(skip)]
     pub events: Vec<Vec<Vec<Event>>>,
+    /// Postgres: the holders' table's change log, its one history.
+    #[serde(default)]
+    pub changes: Option<Vec<Change>>,
 }
 
 impl Kept {
     /// Runs the checks.
     pub fn check(&self) -> Report {
-        let histories: Vec<History> = self
-            .events
-            .iter()
-            .map(|streams| model::rebuild(streams, "lock:", self.ifeq))
-            .collect();
+        let histories: Vec<History> = match &self.changes {
+            Some(changes) => vec![changes::history(changes)],
+            None => self
+                .events
+                .iter()
+                .map(|streams| model::rebuild(streams, "lock:", self.ifeq))
+                .collect(),
+        };
         checker::check(&Inputs {
             name: &self.name,
             fencing: self.fencing,
@@ -258,6 +265,16 @@ fn a_kept_run_reads_back_the_workers_records_as_they_were() {
         ifeq: false,
         servers: Vec::new(),
         events: Vec::new(),
+        changes: Some(vec![Change {
+            op: 'U',
+            at_us: 10,
+            key: "lock:register".into(),
+            token: "h:1:a".into(),
+            share: String::new(),
+            old_until_us: Some(900),
+            new_until_us: Some(1_010),
+            new_token: Some("h:1:a".into()),
+        }]),
     };
     let dir = kept.save();
     let again = Kept::load(&dir);
@@ -266,6 +283,7 @@ fn a_kept_run_reads_back_the_workers_records_as_they_were() {
         lines.iter().map(|l| (l.worker, l.record.clone())).collect()
     };
     assert_eq!(records(&again.lines), records(&lines));
+    assert_eq!(again.changes, kept.changes);
 }
 
 /// Runs the checks again on a run a failed workload kept (see the module's documentation).

@@ -1,16 +1,23 @@
 //! The lock deployment under test, and the server-side and network faults it can suffer.
 //!
 //! The workload and its checks only talk to a [`LockSystem`]: which arguments make a worker use
-//! it, which servers to observe directly, how many of them must agree for a lock to be held,
-//! and how to hurt node `n`. What a node index means is the deployment's to say: the one server,
-//! the n-th Redlock master, the master (0) or replica (1) serving the workload's key.
+//! it, who holds a lock right now, how the servers' history is recorded for the checks, how
+//! many servers must agree for a lock to be held, and how to hurt node `n`. What a node index
+//! means is the deployment's to say: the one server, the n-th Redlock master, the master (0) or
+//! replica (1) serving the workload's key. The Redis deployments share the answers read off
+//! their servers directly (`GET`, `PTTL`, `MONITOR`); Postgres reads its tables.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use lock_tests::proxy::Proxy;
 use lock_tests::RedisServer;
 
+use super::changes::Change;
+use super::monitor::{Event, Monitor};
+
 pub mod cluster;
+pub mod postgres;
 pub mod redlock;
 pub mod sentinel;
 pub mod single;
@@ -37,6 +44,9 @@ pub enum NodeFault {
     /// answers `ASK` for them; healing moves what is left and gives the slot to the new
     /// master, which every node then names (`MOVED`).
     MigrateSlot,
+    /// Postgres: a session takes the holders' table in `ACCESS EXCLUSIVE` mode and keeps it
+    /// until healed, so every statement of the store hangs on it.
+    HungStatement,
 }
 
 /// What a killed server comes back with.
@@ -60,6 +70,7 @@ impl NodeFault {
             Self::Kill(Restart::Empty) => "server-kill-restart-empty",
             Self::Kill(Restart::FromDisk) => "server-kill-restart-from-disk",
             Self::MigrateSlot => "slot-migration",
+            Self::HungStatement => "statement-hung",
         }
     }
 }
@@ -103,6 +114,138 @@ pub trait LockSystem {
     /// cannot show (a sentinel's view of a failover).
     fn logs(&self) -> Vec<(String, Vec<String>)> {
         Vec::new()
+    }
+    /// The token a quorum of the servers holds lock `key` alone for, asked directly.
+    fn holder(&self, key: &str) -> Option<String> {
+        let mut tokens: HashMap<String, usize> = HashMap::new();
+        for group in self.observed() {
+            let token = group.iter().find_map(|port| {
+                redis::cmd("GET")
+                    .arg(format!("lock:{key}"))
+                    .query::<Option<String>>(&mut quick_connection(*port)?)
+                    .ok()
+                    .flatten()
+            });
+            if let Some(token) = token {
+                *tokens.entry(token).or_default() += 1;
+            }
+        }
+        let quorum = self.quorum();
+        tokens
+            .into_iter()
+            .find(|(_, n)| *n >= quorum)
+            .map(|(t, _)| t)
+    }
+    /// Lock `key`'s remaining lease in ms, as the first server that has it says (-3: none).
+    fn pttl(&self, key: &str) -> i64 {
+        self.observed()
+            .iter()
+            .flatten()
+            .find_map(|port| {
+                redis::cmd("PTTL")
+                    .arg(format!("lock:{key}"))
+                    .query::<i64>(&mut quick_connection(*port)?)
+                    .ok()
+                    .filter(|p| *p >= 0)
+            })
+            .unwrap_or(-3)
+    }
+    /// The tokens queued for lock `key`, oldest first, as the first server that answers says
+    /// (none where waiters do not queue).
+    fn queued(&self, key: &str) -> Vec<String> {
+        self.observed()
+            .iter()
+            .flatten()
+            .find_map(|port| {
+                redis::cmd("ZRANGE")
+                    .arg(format!("queue:{{lock:{key}}}"))
+                    .arg(0)
+                    .arg(-1)
+                    .query::<Vec<String>>(&mut quick_connection(*port)?)
+                    .ok()
+                    .filter(|queued| !queued.is_empty())
+            })
+            .unwrap_or_default()
+    }
+    /// Starts recording what the servers do, for the checks; returns once recording.
+    fn record(&self) -> Box<dyn Recorder> {
+        Box::new(Monitors::start(self.observed(), self.server_ports()))
+    }
+}
+
+/// What the servers did during a run, as the checks read it.
+pub struct Recorded {
+    /// Redis: per copy of the data, per server, what `MONITOR` showed it run for clients.
+    pub events: Vec<Vec<Vec<Event>>>,
+    /// Postgres: every change to the holders' table, in the order they were made.
+    pub changes: Option<Vec<Change>>,
+    /// Locks left with no expiry, or with more lease than a ttl can give, at the end.
+    pub leftover_without_ttl: Vec<String>,
+}
+
+/// Records a run (see [`LockSystem::record`]).
+pub trait Recorder {
+    /// Everything the servers did up to this call, once the workers have stopped.
+    fn finish(self: Box<Self>) -> Recorded;
+}
+
+/// `MONITOR` on every observed Redis server, by copy of the data, and at the end a scan for
+/// lock keys left without an expiry.
+struct Monitors {
+    monitors: Vec<Vec<Monitor>>,
+    /// Ports servers replicate from: their commands are no client's.
+    links: Vec<u16>,
+}
+
+impl Monitors {
+    fn start(groups: Vec<Vec<u16>>, links: Vec<u16>) -> Self {
+        let monitors = groups
+            .iter()
+            .map(|g| g.iter().map(|p| Monitor::start(*p)).collect())
+            .collect();
+        Self { monitors, links }
+    }
+}
+
+impl Recorder for Monitors {
+    fn finish(self: Box<Self>) -> Recorded {
+        for m in self.monitors.iter().flatten() {
+            m.sync();
+        }
+        // A replica's MONITOR also shows what its master replicates to it: the master's
+        // history already has it.
+        let from_clients = |events: Vec<Event>| -> Vec<Event> {
+            events
+                .into_iter()
+                .filter(|e| !matches!(e, Event::Command(c) if c.peer_port.is_some_and(|p| self.links.contains(&p))))
+                .collect()
+        };
+        let events = self
+            .monitors
+            .iter()
+            .map(|g| g.iter().map(|m| from_clients(m.events())).collect())
+            .collect();
+        let mut leftover_without_ttl = Vec::new();
+        for port in self.monitors.iter().flatten().map(Monitor::port) {
+            let mut con = lock_tests::connection(&format!("redis://127.0.0.1:{port}/"));
+            let keys: Vec<String> = redis::cmd("KEYS")
+                .arg("lock:*")
+                .query(&mut con)
+                .expect("KEYS");
+            for k in keys {
+                // A cluster replica lists its master's keys but redirects reads of them: the
+                // master's own scan judges those.
+                let pttl: i64 = redis::cmd("PTTL").arg(&k).query(&mut con).unwrap_or(-2);
+                if pttl < 0 && pttl != -2 {
+                    leftover_without_ttl.push(format!("{k} on port {port} (PTTL {pttl})"));
+                }
+            }
+        }
+        Recorded {
+            events,
+            changes: None,
+            leftover_without_ttl,
+        }
     }
 }
 
@@ -150,6 +293,7 @@ pub fn inject(server: &mut RedisServer, proxy: &Proxy, fault: NodeFault) {
         NodeFault::PauseServer => server.pause(),
         NodeFault::Kill(_) => server.kill(),
         NodeFault::MigrateSlot => panic!("a slot migration needs a cluster"),
+        NodeFault::HungStatement => panic!("a hung statement is Postgres's"),
     }
 }
 
@@ -169,6 +313,7 @@ pub fn heal(server: &mut RedisServer, proxy: &Proxy, fault: NodeFault) {
             proxy.heal();
         }
         NodeFault::MigrateSlot => panic!("a slot migration needs a cluster"),
+        NodeFault::HungStatement => panic!("a hung statement is Postgres's"),
     }
 }
 
