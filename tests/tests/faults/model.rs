@@ -249,9 +249,11 @@ impl Builder<'_> {
         if known {
             return None;
         }
-        // The renew script takes a (token, ttl) pair per key, the bare release a token per key;
-        // the release script one token.
-        let token = if argv.len() == 2 * numkeys {
+        // The renew script takes a (token, ttl, fence) triple per key (a (token, ttl) pair in
+        // older histories), the bare release a token per key; the release script one token.
+        let token = if argv.len() == 3 * numkeys {
+            argv.get(3 * at)?
+        } else if argv.len() == 2 * numkeys {
             argv.get(2 * at)?
         } else if argv.len() == numkeys {
             argv.get(at)?
@@ -1369,6 +1371,24 @@ mod tests {
                 .any(|v| v.starts_with("(d) PEXPIRE of lock:k")),
             "{violations:?}"
         );
+    }
+
+    #[test]
+    fn a_batched_renewal_shows_each_restored_keys_owner_by_its_own_token_and_fence() {
+        // As above, with the renewal as the library sends it: a (token, ttl, fence) triple per
+        // key. B's token is the second key's, not the batch's first.
+        let events = restored_after(&[
+            r#"10.500000 [0 127.0.0.1:2] "evalsha" "r" "2" "lock:j" "lock:k" "C" "1000" "0" "B" "1000" "0""#,
+            r#"10.500010 [0 lua] "GET" "lock:j""#,
+            r#"10.500015 [0 lua] "GET" "lock:k""#,
+            r#"10.500020 [0 lua] "PEXPIRE" "lock:k" "1000""#,
+            r#"10.800000 [0 127.0.0.1:2] "evalsha" "r" "1" "lock:k" "B" "1000" "0""#,
+            r#"10.800010 [0 lua] "GET" "lock:k""#,
+            r#"10.800020 [0 lua] "PEXPIRE" "lock:k" "1000""#,
+        ]);
+        let history = rebuild(std::slice::from_ref(&events), "lock:", false);
+        assert!(history.violations.is_empty(), "{:?}", history.violations);
+        assert_eq!(history.by_token()["B"][0].since_us, 10_500_020);
     }
 
     #[test]
