@@ -136,15 +136,42 @@ pub async fn scan(target: &Target, under: &str) -> Result<Scan, Failure> {
 /// schema exists).
 async fn scan_postgres(url: &str, under: &str) -> Result<Vec<String>, Failure> {
     let failed = |e: tokio_postgres::Error| {
-        let detail = e
-            .as_db_error()
-            .map_or_else(|| e.to_string(), |d| d.message().to_owned());
+        let detail = e.as_db_error().map_or_else(
+            // The client's own errors (a TLS handshake's) say what went wrong in their cause.
+            || match std::error::Error::source(&e) {
+                Some(cause) => format!("{e}: {cause}"),
+                None => e.to_string(),
+            },
+            |d| d.message().to_owned(),
+        );
         Failure(format!("Postgres: {detail}"))
     };
-    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-        .await
-        .map_err(failed)?;
-    tokio::spawn(connection);
+    // As the library reads it: libpq's modes that check the server are `require`, which
+    // checks it; any other mode is plain TCP.
+    let url = url
+        .replace("sslmode=verify-full", "sslmode=require")
+        .replace("sslmode=verify-ca", "sslmode=require");
+    let mut config: tokio_postgres::Config = url.parse().map_err(failed)?;
+    let client = if config.get_ssl_mode() == tokio_postgres::config::SslMode::Require {
+        let (tls, _) =
+            tokio_postgres_rustls::MakeRustlsConnect::with_native_certs().map_err(|e| {
+                Failure(format!(
+                    "Postgres over TLS: no system root could be read ({e:?}); point \
+                     SSL_CERT_FILE at the server's CA"
+                ))
+            })?;
+        let (client, connection) = config.connect(tls).await.map_err(failed)?;
+        tokio::spawn(connection);
+        client
+    } else {
+        config.ssl_mode(tokio_postgres::config::SslMode::Disable);
+        let (client, connection) = config
+            .connect(tokio_postgres::NoTls)
+            .await
+            .map_err(failed)?;
+        tokio::spawn(connection);
+        client
+    };
     let rows = client
         .query_typed(
             "SELECT DISTINCT key FROM distributed_lock.holders \

@@ -18,6 +18,43 @@ const TTL: Duration = Duration::from_secs(60);
 /// Bounds a wait for output that should come: a hang fails the test instead of stalling it.
 const PATIENCE: Duration = Duration::from_secs(30);
 
+/// A `lockctl` that keeps printing (`watch`, `leader --watch`), read line by line.
+struct Printing {
+    child: tokio::process::Child,
+    lines: tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+}
+
+impl Printing {
+    fn spawn(mut command: Command) -> Self {
+        let mut child = command.stdout(Stdio::piped()).spawn().unwrap();
+        let lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        Self { child, lines }
+    }
+
+    /// The next line, within [`PATIENCE`].
+    async fn next(&mut self) -> String {
+        tokio::time::timeout(PATIENCE, self.lines.next_line())
+            .await
+            .expect("a line from lockctl")
+            .unwrap()
+            .expect("lockctl goes on printing")
+    }
+
+    /// The next line that holds `needle`.
+    async fn next_with(&mut self, needle: &str) -> String {
+        loop {
+            let line = self.next().await;
+            if line.contains(needle) {
+                return line;
+            }
+        }
+    }
+
+    async fn stop(mut self) {
+        self.child.kill().await.unwrap();
+    }
+}
+
 /// `lockctl` with no deployment in its environment: each test says where to look.
 fn lockctl(args: &[&str]) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_lockctl"));
@@ -215,6 +252,43 @@ async fn show_prints_owner_host_pid_lease_and_fence() {
         out.contains(&format!("fence:  {fence}")),
         "the counter outlives the lock: {out}"
     );
+}
+
+/// On a Postgres server that takes only TLS: `list` (its own connection) and `show` (through
+/// the library) both speak it with `sslmode=verify-full`, trusting the CA that `SSL_CERT_FILE`
+/// names; without the CA, the refusal says what to do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_and_show_work_on_postgres_over_tls() {
+    let certs = lock_tests::server::Certificates::make();
+    let server = lock_tests::postgres::PostgresServer::start_tls(&certs, "trust");
+    let ca = tempdir().join("ca.pem");
+    std::fs::write(&ca, certs.ca_pem()).unwrap();
+    let url = format!("{}?sslmode=verify-full", server.url());
+    let registry = Registry::builder()
+        .postgres(&url)
+        .tls_root_cert(certs.ca_pem())
+        .build()
+        .unwrap();
+    let held = hold(&registry, "deploy:tls", true).await;
+    let with_ca = |args: &[&str]| {
+        let mut command = lockctl(args);
+        command.env("SSL_CERT_FILE", &ca);
+        command
+    };
+    let out = succeeded(&run(&mut with_ca(&["--postgres", &url, "list"])).await);
+    assert!(
+        row(&out, "deploy:tls").contains(&shown(held.token())),
+        "{out}"
+    );
+    let out = succeeded(&run(&mut with_ca(&["--postgres", &url, "show", "deploy:tls"])).await);
+    assert!(out.contains(&shown(held.token())), "{out}");
+    // Without the CA the server's certificate cannot be checked: refused, never downgraded.
+    let mut without = lockctl(&["--postgres", &url, "show", "deploy:tls"]);
+    without.env("SSL_CERT_FILE", "/nonexistent");
+    let out = run(&mut without).await;
+    assert!(!out.status.success(), "{}", stdout(&out));
+    assert!(stderr(&out).contains("tls_root_cert"), "{}", stderr(&out));
+    held.release().await.unwrap();
 }
 
 /// On Postgres: `list` reads the store's table, `show` and `unlock` go through the library, and
@@ -435,32 +509,25 @@ async fn unlock_of_a_free_lock_changes_nothing() {
 async fn watch_prints_each_holder_coming_and_going() {
     let server = RedisServer::start();
     let registry = Registry::from_url(&server.url()).unwrap();
-    let mut child = lockctl(&["--url", &server.url(), "watch", "deploy:5", "--every", "20"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let mut next_line_with = async |needle: &str| loop {
-        let line = tokio::time::timeout(PATIENCE, lines.next_line())
-            .await
-            .unwrap_or_else(|_| panic!("no line with `{needle}` from lockctl watch"))
-            .unwrap()
-            .unwrap_or_else(|| panic!("lockctl watch ended before printing `{needle}`"));
-        if line.contains(needle) {
-            return line;
-        }
-    };
+    let mut printing = Printing::spawn(lockctl(&[
+        "--url",
+        &server.url(),
+        "watch",
+        "deploy:5",
+        "--every",
+        "20",
+    ]));
 
-    next_line_with("free").await;
+    printing.next_with("free").await;
     let guard = hold(&registry, "deploy:5", true).await;
-    let taken = next_line_with("taken by").await;
+    let taken = printing.next_with("taken by").await;
     assert!(taken.contains(&shown(guard.token())), "{taken}");
     let fence = format!("fence {}", guard.fence().unwrap());
     assert!(taken.contains(&fence), "{taken}");
     guard.release_now().await.unwrap();
-    next_line_with("released").await;
+    printing.next_with("released").await;
 
-    child.kill().await.unwrap();
+    printing.stop().await;
 }
 
 /// On Postgres `watch` polls the store's row through the library: a holder coming (its owner
@@ -470,23 +537,20 @@ async fn watch_on_postgres_prints_a_holder_coming_renewing_and_going() {
     let server = PostgresServer::start();
     let url = server.url();
     let registry = Registry::builder().postgres(&url).build().unwrap();
-    let mut child = lockctl(&["--postgres", &url, "watch", "deploy:5", "--every", "20"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let mut next_line = async || {
-        tokio::time::timeout(PATIENCE, lines.next_line())
-            .await
-            .expect("a line from lockctl watch")
-            .unwrap()
-            .expect("lockctl watch goes on")
-    };
+    let mut printing = Printing::spawn(lockctl(&[
+        "--postgres",
+        &url,
+        "watch",
+        "deploy:5",
+        "--every",
+        "20",
+    ]));
 
-    assert!(next_line()
+    assert!(printing
+        .next()
         .await
         .starts_with("watching lock:deploy:5 every "));
-    let first = next_line().await;
+    let first = printing.next().await;
     assert!(first.ends_with(" free"), "nobody holds it yet: {first}");
     let guard = registry
         .lock("deploy:5")
@@ -496,23 +560,23 @@ async fn watch_on_postgres_prints_a_holder_coming_renewing_and_going() {
         .acquire()
         .await
         .unwrap();
-    let taken = next_line().await;
+    let taken = printing.next().await;
     assert!(taken.contains("taken by"), "{taken}");
     assert!(taken.contains(&shown(guard.token())), "{taken}");
     let fence = format!("fence {},", guard.fence().unwrap());
     assert!(taken.contains(&fence), "{taken}");
-    let renewed = next_line().await;
+    let renewed = printing.next().await;
     assert!(renewed.contains("renewed: "), "{renewed}");
     guard.release_now().await.unwrap();
     let gone = loop {
-        let line = next_line().await;
+        let line = printing.next().await;
         if !line.contains("renewed: ") {
             break line;
         }
     };
     assert!(gone.ends_with(" released"), "{gone}");
 
-    child.kill().await.unwrap();
+    printing.stop().await;
 }
 
 /// `watch` compares a lease with what the time between two reads left of it; a read the server
@@ -523,36 +587,32 @@ async fn watch_on_postgres_does_not_take_a_late_answer_for_a_lease_cut_short() {
     let server = PostgresServer::start();
     let url = server.url();
     let registry = Registry::builder().postgres(&url).build().unwrap();
-    let mut child = lockctl(&["--postgres", &url, "watch", "deploy:6", "--every", "20"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let mut next_line = async || {
-        tokio::time::timeout(PATIENCE, lines.next_line())
-            .await
-            .expect("a line from lockctl watch")
-            .unwrap()
-            .expect("lockctl watch goes on")
-    };
-    assert!(next_line().await.starts_with("watching lock:deploy:6"));
-    assert!(next_line().await.ends_with(" free"));
+    let mut printing = Printing::spawn(lockctl(&[
+        "--postgres",
+        &url,
+        "watch",
+        "deploy:6",
+        "--every",
+        "20",
+    ]));
+    assert!(printing.next().await.starts_with("watching lock:deploy:6"));
+    assert!(printing.next().await.ends_with(" free"));
     // Not renewed while the test runs: the lease only ticks down.
     let guard = hold(&registry, "deploy:6", false).await;
-    let taken = next_line().await;
+    let taken = printing.next().await;
     assert!(taken.contains("taken by"), "{taken}");
     // The fault, not a wait for anything: reads sent meanwhile are answered late.
     server.pause();
     tokio::time::sleep(Duration::from_millis(300)).await;
     server.resume();
     guard.release_now().await.unwrap();
-    let next = next_line().await;
+    let next = printing.next().await;
     assert!(
         next.ends_with(" released"),
         "only the release is a change: {next}"
     );
 
-    child.kill().await.unwrap();
+    printing.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -905,33 +965,23 @@ async fn leader_is_shown_and_followed(on: &[&str], registry: &Registry) {
         "{out}"
     );
 
-    let mut child = leader(&["leader", "scheduler", "--watch"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let mut next_line = async || {
-        tokio::time::timeout(PATIENCE, lines.next_line())
-            .await
-            .expect("a line from lockctl leader --watch")
-            .unwrap()
-            .expect("lockctl leader --watch goes on")
-    };
+    let mut printing = Printing::spawn(leader(&["leader", "scheduler", "--watch"]));
 
-    assert!(next_line()
+    assert!(printing
+        .next()
         .await
         .starts_with("following the election lock:scheduler"));
-    assert!(next_line().await.contains("leader web-1:8080"));
+    assert!(printing.next().await.contains("leader web-1:8080"));
     first.resign().await.unwrap();
-    assert!(next_line().await.ends_with("no leader"));
+    assert!(printing.next().await.ends_with("no leader"));
     let second = election.identity("web-2:8080").campaign().await.unwrap();
-    let line = next_line().await;
+    let line = printing.next().await;
     let term = second.term().unwrap();
     assert!(
         line.contains(&format!("leader web-2:8080, term {term}")),
         "{line}"
     );
-    child.kill().await.unwrap();
+    printing.stop().await;
     second.resign().await.unwrap();
 
     // A lock's key is not an election's: said so, and nothing is touched.

@@ -158,6 +158,8 @@
 //! # Cargo features
 //!
 //! - `tls`: `rediss://` URLs (single node, Cluster, Sentinel, Redlock), through rustls.
+//! - `postgres`: the Postgres store ([`RegistryBuilder::postgres`], `LOCK_POSTGRES_URL`),
+//!   through tokio-postgres; `postgres-tls` adds TLS to it (`sslmode=require`), through rustls.
 //! - `metrics`: acquisitions, waits, holds, handoffs, renewals and losses through the
 //!   [`metrics`](https://docs.rs/metrics) facade ([`guide::metrics`]).
 

@@ -166,6 +166,50 @@ impl PostgresServer {
     /// As [`start`](Self::start).
     #[must_use]
     pub fn start_with(extra: &str) -> Self {
+        Self::start_prepared(extra, |_| {})
+    }
+
+    /// Starts a server that speaks TLS with the certificate `certs` made, and takes connections
+    /// over TCP only with TLS, authenticated by `auth` (`hostssl ... <auth>`): `cert` for a
+    /// client certificate its CA signed for the user (`postgres`), `trust` for anyone. Its
+    /// local socket, which [`client`](Self::client) uses, trusts.
+    ///
+    /// # Panics
+    /// As [`start`](Self::start).
+    #[must_use]
+    pub fn start_tls(certs: &crate::server::Certificates, auth: &str) -> Self {
+        let hba = format!("local all all trust\nhostssl all all 127.0.0.1/32 {auth}\n");
+        let (cert, key) = certs.server_pems();
+        let ca = certs.ca_pem();
+        Self::start_prepared(
+            "-c ssl=on -c ssl_cert_file=server.crt -c ssl_key_file=server.key \
+             -c ssl_ca_file=ca.crt",
+            |dir| {
+                let files: [(&str, &[u8]); 4] = [
+                    ("server.crt", &cert),
+                    ("server.key", &key),
+                    ("ca.crt", &ca),
+                    ("pg_hba.conf", hba.as_bytes()),
+                ];
+                for (name, bytes) in files {
+                    let path = dir.join(name);
+                    std::fs::write(&path, bytes).unwrap_or_else(|e| panic!("{name}: {e}"));
+                    // Postgres reads its key only if nobody else can.
+                    let private = std::os::unix::fs::PermissionsExt::from_mode(0o600);
+                    std::fs::set_permissions(&path, private).expect("chmod 600");
+                    if as_root() {
+                        let mut chown = Command::new("chown");
+                        chown.arg("postgres").arg(&path);
+                        run(chown, "chown a TLS file to postgres");
+                    }
+                }
+            },
+        )
+    }
+
+    /// Starts a fresh server with these options, once `prepare` has written what it needs
+    /// into its data directory.
+    fn start_prepared(extra: &str, prepare: impl Fn(&Path)) -> Self {
         let template = template();
         let mut last = String::new();
         // A port found free can be taken before the server binds it: retry.
@@ -175,6 +219,7 @@ impl PostgresServer {
             let mut copy = as_postgres("cp");
             copy.arg("-a").arg(template).arg(&dir);
             run(copy, "copy the template cluster");
+            prepare(&dir);
             let server = Self {
                 port,
                 dir,
@@ -234,10 +279,17 @@ impl PostgresServer {
         self.client().psql(sql)
     }
 
-    /// `psql` on this server, for use where the server itself is not at hand.
+    /// `psql` on this server, through its local socket (which trusts whatever TCP asks),
+    /// for use where the server itself is not at hand.
     #[must_use]
     pub fn client(&self) -> Psql {
-        Psql { url: self.url() }
+        Psql {
+            url: format!(
+                "host={} port={} user=postgres dbname=postgres",
+                self.dir.display(),
+                self.port
+            ),
+        }
     }
 
     /// How many sessions listen for a key's release: those whose last statement, finished,
@@ -473,6 +525,21 @@ impl Drop for PostgresServer {
     }
 }
 
+const PGBOUNCER_HINT: &str =
+    "pgbouncer was not found: run scripts/ensure-postgres (apt-get install -y pgbouncer)";
+
+/// Where `pgbouncer` is: Debian puts it in `/usr/sbin`, which the `postgres` user's `PATH`
+/// may lack.
+fn pgbouncer() -> PathBuf {
+    std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|path| std::env::split_paths(&path).collect::<Vec<_>>())
+        .chain([PathBuf::from("/usr/sbin"), PathBuf::from("/usr/bin")])
+        .map(|dir| dir.join("pgbouncer"))
+        .find(|bin| bin.exists())
+        .unwrap_or_else(|| panic!("{PGBOUNCER_HINT}"))
+}
+
 /// PgBouncer in transaction mode in front of a [`PostgresServer`], on a free loopback port,
 /// run as the `postgres` user when the tests run as root (it refuses root). Stopped on drop.
 pub struct PgBouncer {
@@ -509,21 +576,28 @@ impl PgBouncer {
             chown.args(["-R", "postgres"]).arg(&dir);
             run(chown, "chown pgbouncer's directory to postgres");
         }
-        let child = as_postgres("pgbouncer")
+        let child = as_postgres(pgbouncer())
             .arg(dir.join("pgbouncer.ini"))
             .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
             .spawn()
-            .unwrap_or_else(|e| {
-                panic!("pgbouncer: {e}. Install it with scripts/ensure-postgres (apt-get install -y pgbouncer)")
-            });
-        let bouncer = Self { port, dir, child };
+            .unwrap_or_else(|e| panic!("pgbouncer: {e}. {PGBOUNCER_HINT}"));
+        let mut bouncer = Self { port, dir, child };
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            let log =
+                || std::fs::read_to_string(bouncer.dir.join("pgbouncer.log")).unwrap_or_default();
+            if let Ok(Some(status)) = bouncer.child.try_wait() {
+                let mut stderr = String::new();
+                if let Some(mut pipe) = bouncer.child.stderr.take() {
+                    let _ = std::io::Read::read_to_string(&mut pipe, &mut stderr);
+                }
+                panic!("pgbouncer exited ({status}): {stderr}{}", log());
+            }
             assert!(
                 std::time::Instant::now() < deadline,
                 "pgbouncer did not listen on {port}: {}",
-                std::fs::read_to_string(bouncer.dir.join("pgbouncer.log")).unwrap_or_default()
+                log()
             );
             std::thread::sleep(std::time::Duration::from_millis(20));
         }

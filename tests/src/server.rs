@@ -14,7 +14,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::net::{TcpListener, TcpStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex, PoisonError};
@@ -473,12 +473,8 @@ impl Certificates {
             dir: std::env::temp_dir().join(format!("lock-tests-certs-{}-{n}", std::process::id())),
         };
         std::fs::create_dir_all(&certs.dir).expect("certificate dir");
-        std::fs::write(
-            certs.dir.join("ext.cnf"),
-            "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
-        )
-        .expect("write ext.cnf");
-        let steps: [&[&str]; 3] = [
+        openssl(
+            &certs.dir,
             &[
                 "req",
                 "-x509",
@@ -494,55 +490,53 @@ impl Certificates {
                 "-subj",
                 "/CN=lock-tests CA",
             ],
+        );
+        certs.issue(
+            "server",
+            "127.0.0.1",
+            "subjectAltName=IP:127.0.0.1,DNS:localhost",
+        );
+        certs
+    }
+
+    /// A key and a certificate the CA signed for `subject` (a common name) with `extensions`
+    /// (which make it X.509 v3, as rustls requires), as `<stem>.key` and `<stem>.crt`.
+    fn issue(&self, stem: &str, subject: &str, extensions: &str) {
+        let (key, csr, crt, ext) = (
+            format!("{stem}.key"),
+            format!("{stem}.csr"),
+            format!("{stem}.crt"),
+            format!("{stem}.cnf"),
+        );
+        std::fs::write(self.dir.join(&ext), format!("{extensions}\n")).expect("write extensions");
+        let subject = format!("/CN={subject}");
+        openssl(
+            &self.dir,
             &[
-                "req",
-                "-newkey",
-                "rsa:2048",
-                "-nodes",
-                "-keyout",
-                "server.key",
-                "-out",
-                "server.csr",
-                "-subj",
-                "/CN=127.0.0.1",
+                "req", "-newkey", "rsa:2048", "-nodes", "-keyout", &key, "-out", &csr, "-subj",
+                &subject,
             ],
+        );
+        openssl(
+            &self.dir,
             &[
                 "x509",
                 "-req",
                 "-in",
-                "server.csr",
+                &csr,
                 "-CA",
                 "ca.crt",
                 "-CAkey",
                 "ca.key",
                 "-CAcreateserial",
                 "-out",
-                "server.crt",
+                &crt,
                 "-days",
                 "2",
                 "-extfile",
-                "ext.cnf",
+                &ext,
             ],
-        ];
-        for args in steps {
-            let out = match Command::new("openssl")
-                .args(args)
-                .current_dir(&certs.dir)
-                .output()
-            {
-                Ok(out) => out,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                    panic!("openssl was not found: install it with `apt-get install -y openssl`")
-                }
-                Err(e) => panic!("could not run openssl: {e}"),
-            };
-            assert!(
-                out.status.success(),
-                "openssl {args:?}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        certs
+        );
     }
 
     /// The CA's certificate (PEM), for clients to trust.
@@ -551,8 +545,51 @@ impl Certificates {
     /// When the file is gone.
     #[must_use]
     pub fn ca_pem(&self) -> Vec<u8> {
-        std::fs::read(self.dir.join("ca.crt")).expect("the CA certificate")
+        self.read("ca.crt")
     }
+
+    /// The server's certificate and key (PEM).
+    ///
+    /// # Panics
+    /// When the files are gone.
+    #[must_use]
+    pub fn server_pems(&self) -> (Vec<u8>, Vec<u8>) {
+        (self.read("server.crt"), self.read("server.key"))
+    }
+
+    /// A client certificate the CA signed for `name` (its common name), and its key (PEM).
+    ///
+    /// # Panics
+    /// When `openssl` fails.
+    #[must_use]
+    pub fn client_pems(&self, name: &str) -> (Vec<u8>, Vec<u8>) {
+        let stem = format!("client-{name}");
+        self.issue(&stem, name, "extendedKeyUsage=clientAuth");
+        (
+            self.read(&format!("{stem}.crt")),
+            self.read(&format!("{stem}.key")),
+        )
+    }
+
+    fn read(&self, name: &str) -> Vec<u8> {
+        std::fs::read(self.dir.join(name)).unwrap_or_else(|e| panic!("{name}: {e}"))
+    }
+}
+
+/// `openssl <args>` in `dir`.
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = match Command::new("openssl").args(args).current_dir(dir).output() {
+        Ok(out) => out,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            panic!("openssl was not found: install it with `apt-get install -y openssl`")
+        }
+        Err(e) => panic!("could not run openssl: {e}"),
+    };
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 impl Drop for Certificates {

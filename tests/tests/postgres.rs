@@ -538,3 +538,115 @@ async fn an_attempt_that_runs_after_its_caller_gave_up_is_undone() {
         .await
         .unwrap();
 }
+
+/// A registry on a server that takes TCP connections only over TLS with a client certificate
+/// (`hostssl ... cert`): the statements' and the listener's connections both speak TLS,
+/// checked against the registry's CA (`sslmode=verify-full`, read as `require`, which always
+/// checks the certificate and host name), and present its client certificate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registry_speaks_tls_to_postgres_with_its_ca_and_client_certificate() {
+    let certs = lock_tests::server::Certificates::make();
+    let server = PostgresServer::start_tls(&certs, "cert");
+    let (cert, key) = certs.client_pems("postgres");
+    let url = format!("{}?sslmode=verify-full", server.url());
+    let registry = Registry::builder()
+        .postgres(&url)
+        .tls_root_cert(certs.ca_pem())
+        .tls_client_cert(cert, key)
+        .build()
+        .expect("a registry over TLS");
+    let held = registry
+        .lock("tls:1")
+        .fencing(true)
+        .acquire()
+        .await
+        .expect("a lock over TLS");
+    assert!(held.fence().is_some(), "a fencing token over TLS");
+    // A waiter listens for the release on a connection of its own, also over TLS.
+    let waiter = {
+        let registry = registry.clone();
+        tokio::spawn(async move {
+            registry
+                .lock("tls:1")
+                .wait(LIMIT)
+                .acquire()
+                .await
+                .expect("handed the lock")
+        })
+    };
+    let listening = "SELECT count(*) FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) \
+                     WHERE s.ssl AND a.client_addr IS NOT NULL \
+                     AND a.query LIKE 'SELECT distributed_lock.listen(%'";
+    eventually(
+        LIMIT,
+        "the waiter's listener connected over TLS",
+        || async { server.psql(listening) == "1" },
+    )
+    .await;
+    held.release().await.expect("released over TLS");
+    let next = tokio::time::timeout(LIMIT, waiter)
+        .await
+        .expect("the waiter is handed the lock")
+        .expect("the waiter's task");
+    next.release().await.expect("released");
+    let plain = server.psql(
+        "SELECT count(*) FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) \
+         WHERE NOT s.ssl AND a.client_addr IS NOT NULL",
+    );
+    assert_eq!(plain, "0", "no TCP session without TLS");
+}
+
+/// A server whose certificate the registry cannot check (no CA given, and the system's roots
+/// do not know the test's), or which wants a client certificate it was not given, is refused
+/// with an error that names the node and what to do; a connection string asking for TLS is
+/// never downgraded to plain TCP.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_over_tls_refuses_what_it_cannot_check_and_says_what_to_give() {
+    let certs = lock_tests::server::Certificates::make();
+    let server = PostgresServer::start_tls(&certs, "cert");
+    let url = format!("{}?sslmode=require", server.url());
+    let attempt = |registry: Registry| async move {
+        registry
+            .lock("tls:2")
+            .acquire()
+            .await
+            .expect_err("refused")
+            .to_string()
+    };
+    let unknown_ca = attempt(
+        Registry::builder()
+            .postgres(&url)
+            .connect_timeout(Duration::from_secs(5))
+            .build()
+            .expect("a registry"),
+    )
+    .await;
+    let node = format!("127.0.0.1:{}", server.port());
+    assert!(unknown_ca.contains(&node), "names the node: {unknown_ca}");
+    assert!(
+        unknown_ca.contains("tls_root_cert"),
+        "says how to trust the server's CA: {unknown_ca}"
+    );
+    let no_client_cert = attempt(
+        Registry::builder()
+            .postgres(&url)
+            .tls_root_cert(certs.ca_pem())
+            .build()
+            .expect("a registry"),
+    )
+    .await;
+    assert!(
+        no_client_cert.contains("certificate"),
+        "says the server wants a client certificate: {no_client_cert}"
+    );
+    // Without `sslmode=require`, no TLS is tried: the server refuses the plain connection.
+    let plain = attempt(
+        Registry::builder()
+            .postgres(server.url())
+            .tls_root_cert(certs.ca_pem())
+            .build()
+            .expect("a registry"),
+    )
+    .await;
+    assert!(plain.contains("no encryption"), "{plain}");
+}

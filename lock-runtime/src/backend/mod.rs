@@ -18,12 +18,13 @@ pub(crate) mod notification;
 pub(crate) mod postgres;
 pub(crate) mod redis;
 pub(crate) mod redlock;
+pub(crate) mod tls;
 
 pub(crate) use contract::{ttl_ms, Acquire, Attempt, Renewal, Renewed, Store};
 pub use contract::{LockInfo, Permits, Place};
 pub use memory::MemoryStore;
-pub(crate) use redis::config::Tls;
 use redis::config::{ClusterSeeds, Topology};
+pub(crate) use tls::Tls;
 
 /// Declares the stores, once: the [`Backend`] that dispatches to whichever one a registry
 /// was built on, and `each!`, which runs one call on it. A new store is one line here.
@@ -73,7 +74,7 @@ impl Backend {
                 Self::sentinel(&master, sentinels, tls, timeouts, replicas)
             }
             Deployment::Postgres { url, listen } => {
-                Self::postgres(&url, listen.as_deref(), timeouts)
+                Self::postgres(&url, listen.as_deref(), tls, timeouts)
             }
         }
     }
@@ -130,14 +131,19 @@ impl Backend {
 
     /// One Postgres database.
     #[cfg(feature = "postgres")]
-    fn postgres(url: &str, listen: Option<&str>, timeouts: Timeouts) -> Result<Self, LockError> {
+    fn postgres(
+        url: &str,
+        listen: Option<&str>,
+        tls: &Tls,
+        timeouts: Timeouts,
+    ) -> Result<Self, LockError> {
         Ok(Self::Postgres(Box::new(postgres::PostgresStore::new(
-            url, listen, timeouts,
+            url, listen, timeouts, tls,
         )?)))
     }
 
     #[cfg(not(feature = "postgres"))]
-    fn postgres(_: &str, _: Option<&str>, _: Timeouts) -> Result<Self, LockError> {
+    fn postgres(_: &str, _: Option<&str>, _: &Tls, _: Timeouts) -> Result<Self, LockError> {
         Err(LockError::config(
             "a Postgres deployment needs lock-runtime's `postgres` feature: turn it on in \
              Cargo.toml (`lock-runtime = { version = \"0.1\", features = [\"postgres\"] }`)",

@@ -81,6 +81,13 @@ impl RegistryBuilder {
     /// clock; waiters are woken by `LISTEN/NOTIFY` on a connection of their own. Needs the
     /// `postgres` feature (without it, [`build`](Self::build) says so).
     ///
+    /// **TLS** (the `postgres-tls` feature) where the connection string says `sslmode=require`
+    /// (libpq's `verify-full` and `verify-ca` read as it): rustls always checks the server's
+    /// certificate, against [`tls_root_cert`](Self::tls_root_cert) or the system's roots, and
+    /// that it names the host; [`tls_client_cert`](Self::tls_client_cert) is presented when
+    /// given. Any other `sslmode`, or none, is plain TCP: never TLS with a certificate left
+    /// unchecked (libpq's default `prefer`).
+    ///
     /// Waiters listen on the same database; behind PgBouncer in transaction mode, see
     /// [`postgres_pooled`](Self::postgres_pooled).
     pub fn postgres(self, url: impl Into<String>) -> Self {
@@ -190,7 +197,8 @@ impl RegistryBuilder {
 
     /// Trust this CA (PEM) for `rediss://` connections instead of the system's roots: the
     /// server, every cluster node or Redlock node, and in Sentinel mode the sentinels and the
-    /// master they name (see [`sentinel`](Self::sentinel)). `redis://` URLs stay plain.
+    /// master they name (see [`sentinel`](Self::sentinel)). `redis://` URLs stay plain. On
+    /// Postgres, for connection strings with `sslmode=require` (see [`postgres`](Self::postgres)).
     #[cfg(feature = "tls")]
     pub fn tls_root_cert(mut self, pem: impl Into<Vec<u8>>) -> Self {
         self.tls.root_cert(pem.into());
@@ -198,7 +206,8 @@ impl RegistryBuilder {
     }
 
     /// Present this client certificate and key (PEM) for mutual TLS, on every `rediss://`
-    /// connection (in Sentinel mode, to the sentinels and the master alike).
+    /// connection (in Sentinel mode, to the sentinels and the master alike), and on Postgres
+    /// connections with `sslmode=require`.
     #[cfg(feature = "tls")]
     pub fn tls_client_cert(
         mut self,

@@ -104,12 +104,11 @@ fn client_faults() -> Vec<Scheduled> {
 /// How many times a schedule kills the register's holder, and the election's leader.
 const KILLS: usize = 6;
 
-/// The network, server and client faults of one server behind a proxy. Durations are relative
-/// to the 1 s ttl: the long faults outlast the lease (the body's lease must be lost, and a
-/// `cancel` body stopped before its key expires), the short ones must be ridden out by renewal
-/// retries. A restart from disk keeps every lock.
-fn single_schedule() -> Vec<Scheduled> {
-    let mut steps = vec![
+/// The network and server faults of one server behind a proxy. Durations are relative to the
+/// 1 s ttl: the long faults outlast the lease (the body's lease must be lost, and a `cancel`
+/// body stopped before its key expires). A restart from disk keeps every lock.
+fn one_node_faults() -> Vec<Scheduled> {
+    vec![
         (
             Step::Node(ONE, NodeFault::Latency(ms(60)), ms(2000)),
             Some(0),
@@ -126,12 +125,23 @@ fn single_schedule() -> Vec<Scheduled> {
             Step::Node(ONE, NodeFault::Kill(Restart::FromDisk), ms(200)),
             Some(0),
         ),
-    ];
-    steps.extend(client_faults());
-    steps.extend([
+    ]
+}
+
+/// Short faults, which renewal retries must ride out.
+fn short_node_faults() -> [Scheduled; 2] {
+    [
         (Step::Node(ONE, NodeFault::PauseServer, ms(150)), Some(0)),
         (Step::Node(ONE, NodeFault::Blackhole, ms(250)), Some(1)),
-    ]);
+    ]
+}
+
+/// One server behind a proxy: its network and server faults, the clients' faults, and short
+/// faults ridden out.
+fn single_schedule() -> Vec<Scheduled> {
+    let mut steps = one_node_faults();
+    steps.extend(client_faults());
+    steps.extend(short_node_faults());
     steps
 }
 
@@ -139,31 +149,11 @@ fn single_schedule() -> Vec<Scheduled> {
 /// hung on the holders' table, long (its leases run out, renewals time out against the
 /// store's `lock_timeout`) and short (ridden out).
 fn postgres_schedule() -> Vec<Scheduled> {
-    let mut steps = vec![
-        (
-            Step::Node(ONE, NodeFault::Latency(ms(60)), ms(2000)),
-            Some(0),
-        ),
-        (
-            Step::Node(ONE, NodeFault::Latency(ms(250)), ms(2000)),
-            Some(0),
-        ),
-        (Step::Node(ONE, NodeFault::PauseServer, ms(1500)), Some(0)),
-        (Step::Node(ONE, NodeFault::Blackhole, ms(1500)), Some(1)),
-        (Step::Node(ONE, NodeFault::DropReplies, ms(1200)), Some(0)),
-        (Step::Node(ONE, NodeFault::ResetConnections, ms(0)), Some(0)),
-        (
-            Step::Node(ONE, NodeFault::Kill(Restart::FromDisk), ms(200)),
-            Some(0),
-        ),
-        (Step::Node(ONE, NodeFault::HungStatement, ms(1500)), Some(1)),
-    ];
+    let mut steps = one_node_faults();
+    steps.push((Step::Node(ONE, NodeFault::HungStatement, ms(1500)), Some(1)));
     steps.extend(client_faults());
-    steps.extend([
-        (Step::Node(ONE, NodeFault::PauseServer, ms(150)), Some(0)),
-        (Step::Node(ONE, NodeFault::Blackhole, ms(250)), Some(1)),
-        (Step::Node(ONE, NodeFault::HungStatement, ms(200)), Some(0)),
-    ]);
+    steps.extend(short_node_faults());
+    steps.push((Step::Node(ONE, NodeFault::HungStatement, ms(200)), Some(0)));
     steps
 }
 

@@ -9,7 +9,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio_postgres::error::SqlState;
-use tokio_postgres::{Client, Config, NoTls};
+use tokio_postgres::Client;
+
+use super::tls::Endpoint;
 
 use crate::error::{LockError, StoreError};
 use crate::io;
@@ -26,7 +28,7 @@ pub(crate) const SCHEMA: &str = include_str!("schema.sql");
 const SCHEMA_LOCK: i64 = 0x0064_6c6f_636b;
 
 pub(crate) struct Link {
-    config: Config,
+    endpoint: Endpoint,
     node: String,
     timeouts: Timeouts,
     current: Mutex<Option<Arc<Client>>>,
@@ -49,9 +51,9 @@ pub(crate) enum Failure {
 }
 
 impl Link {
-    pub(crate) fn new(config: Config, node: String, timeouts: Timeouts) -> Self {
+    pub(crate) fn new(endpoint: Endpoint, node: String, timeouts: Timeouts) -> Self {
         Self {
-            config,
+            endpoint,
             node,
             timeouts,
             current: Mutex::new(None),
@@ -116,10 +118,10 @@ impl Link {
 
     /// A new connection, made on the I/O runtime: its driver is spawned where it is made.
     async fn connect(&self) -> Result<Client, Failure> {
-        let config = self.config.clone();
+        let endpoint = self.endpoint.clone();
         let bound = self.timeouts.connect;
         io::run(async move {
-            match tokio::time::timeout(bound, config.connect(NoTls)).await {
+            match tokio::time::timeout(bound, endpoint.connect()).await {
                 Ok(Ok((client, connection))) => {
                     tokio::spawn(connection);
                     Ok(client)
@@ -227,12 +229,33 @@ fn schema_missing(e: &tokio_postgres::Error) -> bool {
     .any(|code| e.code() == Some(code))
 }
 
-/// A server's error with its detail (tokio-postgres shows only "db error" otherwise).
+/// A server's error with its detail (tokio-postgres shows only "db error" otherwise), or the
+/// client's with its cause, and what to do about a certificate that could not be checked.
 fn described(e: &tokio_postgres::Error) -> String {
-    match e.as_db_error() {
-        Some(db) => format!("{}: {} ({})", db.severity(), db.message(), db.code().code()),
-        None => e.to_string(),
+    if let Some(db) = e.as_db_error() {
+        let mut message = format!("{}: {} ({})", db.severity(), db.message(), db.code().code());
+        if db.message().contains("no encryption") {
+            message.push_str(
+                " (the server takes only TLS: add sslmode=require to the connection string, \
+                 with lock-runtime's `postgres-tls` feature)",
+            );
+        }
+        return message;
     }
+    let mut message = e.to_string();
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        message = format!("{message}: {c}");
+        cause = c.source();
+    }
+    if message.contains("certificate") && !message.contains("client certificate") {
+        message.push_str(
+            " (the server's certificate could not be checked: give its CA with \
+             RegistryBuilder::tls_root_cert, or point SSL_CERT_FILE at it; the certificate \
+             must name the host of the connection string)",
+        );
+    }
+    message
 }
 
 /// Whether trying again may succeed: a connection that broke or was refused, a server shutting

@@ -12,9 +12,10 @@ use std::sync::Arc;
 
 use tokio::sync::mpsc;
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{AsyncMessage, Client, Config, NoTls, Row};
+use tokio_postgres::{AsyncMessage, Client, Row};
 
 use super::link::Link;
+use super::tls::Endpoint;
 use crate::backend::notification;
 use crate::backoff::Backoff;
 use crate::timeouts::Timeouts;
@@ -22,11 +23,11 @@ use crate::waiting::{WaitHub, Waiters};
 
 /// A hub fed by one listening connection to `link`'s database; a waiter whose channel is not
 /// followed within a command timeout backs off instead.
-pub(super) fn hub(link: Arc<Link>, config: Config, timeouts: Timeouts) -> WaitHub {
+pub(super) fn hub(link: Arc<Link>, endpoint: Endpoint, timeouts: Timeouts) -> WaitHub {
     let feed = move |waiters| {
         Listener {
             link,
-            config,
+            endpoint,
             timeouts,
             waiters,
         }
@@ -39,7 +40,7 @@ struct Listener {
     /// The store's statements (the schema is made through it before anyone listens).
     link: Arc<Link>,
     /// Where to listen: a session of its own.
-    config: Config,
+    endpoint: Endpoint,
     timeouts: Timeouts,
     waiters: Waiters,
 }
@@ -156,7 +157,7 @@ impl Listener {
             tracing::debug!(error = ?failure, "lock-runtime: the Postgres listener cannot connect");
             return None;
         }
-        let connecting = self.config.connect(NoTls);
+        let connecting = self.endpoint.connect();
         let (client, mut connection) = match tokio::time::timeout(self.timeouts.connect, connecting)
             .await
         {

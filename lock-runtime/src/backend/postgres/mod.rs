@@ -18,6 +18,7 @@ use tokio_postgres::types::Type;
 use crate::backend::contract::{
     ttl_ms, Acquire, Attempt, LockInfo, Place, Renewal, Renewed, Share, Store,
 };
+use crate::backend::Tls;
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::timeouts::Timeouts;
@@ -25,6 +26,7 @@ use crate::waiting::{tenure_name, WaitHub};
 
 mod link;
 mod listener;
+mod tls;
 
 use link::Link;
 pub(crate) use link::SCHEMA;
@@ -60,6 +62,7 @@ impl PostgresStore {
         url: &str,
         listen: Option<&str>,
         timeouts: Timeouts,
+        certificates: &Tls,
     ) -> Result<Self, LockError> {
         let config = parse(url, timeouts)?;
         let listen = match listen {
@@ -67,6 +70,8 @@ impl PostgresStore {
             None => config.clone(),
         };
         let node = node_name(&config);
+        let config = tls::Endpoint::new(config, certificates)?;
+        let listen = tls::Endpoint::new(listen, certificates)?;
         let link = Arc::new(Link::new(config, node.clone(), timeouts));
         let hub = listener::hub(link.clone(), listen, timeouts);
         Ok(Self { link, node, hub })
@@ -190,19 +195,12 @@ fn bigint(ms: u64) -> i64 {
 /// password). A peer that stops acknowledging closes the connection (its statements fail, the
 /// next call reconnects; the listener connects again) instead of holding it up for good.
 fn parse(url: &str, timeouts: Timeouts) -> Result<tokio_postgres::Config, LockError> {
-    let mut config: tokio_postgres::Config = url.parse().map_err(|e| {
+    let mut config: tokio_postgres::Config = tls::readable(url).parse().map_err(|e| {
         LockError::config(format!(
             "the Postgres connection string is not valid ({e}); write it as \
              postgres://user:password@host:5432/database"
         ))
     })?;
-    if config.get_ssl_mode() == tokio_postgres::config::SslMode::Require {
-        return Err(LockError::config(
-            "the Postgres connection string asks for TLS (sslmode=require), which this store \
-             does not speak yet: connect over a private network or a local socket, or leave \
-             sslmode at its default (prefer)",
-        ));
-    }
     config
         .tcp_user_timeout(timeouts.round())
         .keepalives(true)

@@ -6,45 +6,19 @@ use std::sync::Arc;
 use redis::{ConnectionAddr, ConnectionInfo, TlsMode};
 
 use super::sentinel::SentinelSetup;
+use crate::backend::tls::Tls;
 use crate::error::LockError;
 
-/// The certificates `rediss://` connections trust and present (the `tls` feature).
-#[derive(Default, Clone)]
-pub(crate) struct Tls {
-    #[cfg(feature = "tls")]
-    certs: Option<redis::TlsCertificates>,
-}
-
-/// Says whether certificates were given, never their bytes (a client key is a secret).
-impl std::fmt::Debug for Tls {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        #[cfg(feature = "tls")]
-        let given = self.certs.is_some();
-        #[cfg(not(feature = "tls"))]
-        let given = false;
-        f.debug_struct("Tls").field("certificates", &given).finish()
-    }
-}
-
 impl Tls {
+    /// The certificates as redis-rs takes them, when any were given.
     #[cfg(feature = "tls")]
-    pub(crate) fn root_cert(&mut self, pem: Vec<u8>) {
-        self.certificates().root_cert = Some(pem);
-    }
-
-    #[cfg(feature = "tls")]
-    pub(crate) fn client_cert(&mut self, cert_pem: Vec<u8>, key_pem: Vec<u8>) {
-        self.certificates().client_tls = Some(redis::ClientTlsConfig {
-            client_cert: cert_pem,
-            client_key: key_pem,
-        });
-    }
-
-    #[cfg(feature = "tls")]
-    fn certificates(&mut self) -> &mut redis::TlsCertificates {
-        self.certs.get_or_insert(redis::TlsCertificates {
-            client_tls: None,
-            root_cert: None,
+    pub(crate) fn certificates(&self) -> Option<redis::TlsCertificates> {
+        self.given().then(|| redis::TlsCertificates {
+            client_tls: self.client_cert.as_ref().map(|c| redis::ClientTlsConfig {
+                client_cert: c.cert_pem.clone(),
+                client_key: c.key_pem.clone(),
+            }),
+            root_cert: self.root_cert.clone(),
         })
     }
 
@@ -71,20 +45,19 @@ impl Tls {
             ))
         })?;
         #[cfg(feature = "tls")]
-        if let (Some(certs), Some(_)) = (&self.certs, tls_mode(client.get_connection_info().addr()))
-        {
-            return redis::Client::build_with_tls(
-                client.get_connection_info().clone(),
-                certs.clone(),
-            )
-            .map_err(|e| {
-                LockError::config(format!(
-                    "the TLS certificates (tls_root_cert, tls_client_cert) could not be \
+        if let (Some(certs), Some(_)) = (
+            self.certificates(),
+            tls_mode(client.get_connection_info().addr()),
+        ) {
+            return redis::Client::build_with_tls(client.get_connection_info().clone(), certs)
+                .map_err(|e| {
+                    LockError::config(format!(
+                        "the TLS certificates (tls_root_cert, tls_client_cert) could not be \
                          used for the {what} ({:?}: {}); give PEM-encoded certificates and key",
-                    e.kind(),
-                    e.detail().unwrap_or_default()
-                ))
-            });
+                        e.kind(),
+                        e.detail().unwrap_or_default()
+                    ))
+                });
         }
         Ok(client)
     }
@@ -126,7 +99,7 @@ impl ClusterSeeds {
         Ok(Self {
             nodes,
             #[cfg(feature = "tls")]
-            certs: tls.certs.clone(),
+            certs: tls.certificates(),
         })
     }
 
@@ -241,7 +214,7 @@ pub(crate) fn sentinel_setup(
         master: login,
         master_tls,
         #[cfg(feature = "tls")]
-        certs: tls.certs.clone(),
+        certs: tls.certificates(),
     }))
 }
 
