@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lock_runtime::Registry;
+use lock_tests::postgres::PostgresServer;
 
 use crate::stats::{dur, num, Samples};
 
@@ -158,6 +159,61 @@ async fn throughput(url: &str, tasks: usize, window: Duration) -> (f64, f64) {
     (ours_rate, hand_rate)
 }
 
+/// Statements a second that one waiter sends while blocked behind a live holder (a 3 s lease,
+/// renewed) for `window`, as the server's statement log counts them: ours (its attempts and its
+/// `LISTEN`s; the holder's renewals are not counted), then a blocked `pg_advisory_lock` (one
+/// statement, sent before the window, however long it waits).
+async fn waiting_cost(server: &PostgresServer, window: Duration) -> (f64, f64) {
+    let url = server.url();
+    let (holder, waiter) = (registry(&url), registry(&url));
+    let held = holder
+        .lock("parked")
+        .ttl(Duration::from_secs(3))
+        .acquire()
+        .await
+        .unwrap();
+    let waiting = tokio::spawn(async move {
+        waiter
+            .lock("parked")
+            .wait(window * 4)
+            .acquire()
+            .await
+            .unwrap()
+    });
+    while holder.inspect("parked").await.unwrap().waiters == 0 {
+        tokio::task::yield_now().await;
+    }
+    let sent = || {
+        server.statements_with("distributed_lock.acquire(")
+            + server.statements_with("distributed_lock.listen(")
+    };
+    let before = sent();
+    tokio::time::sleep(window).await;
+    let ours = (sent() - before) as f64 / window.as_secs_f64();
+    held.release().await.unwrap();
+    waiting.await.unwrap().release().await.unwrap();
+
+    let (holder, waiter) = (client(&url).await, client(&url).await);
+    assert!(try_advisory(&holder, 3).await);
+    // Unnamed, as the store's statements are: the log counts those.
+    let blocked = tokio::spawn(async move {
+        waiter
+            .query_typed("SELECT pg_advisory_lock(3)", &[])
+            .await
+            .unwrap();
+    });
+    let advisory = || server.statements_with("pg_advisory_lock(3)");
+    while advisory() == 0 {
+        tokio::task::yield_now().await;
+    }
+    let before = advisory();
+    tokio::time::sleep(window).await;
+    let by_hand = (advisory() - before) as f64 / window.as_secs_f64();
+    advisory_unlock(&holder, 3).await;
+    blocked.await.unwrap();
+    (ours, by_hand)
+}
+
 /// Cycles a second that `tasks` tasks complete, each calling `cycle(its number)` in a loop.
 async fn rate<F, Fut>(tasks: usize, window: Duration, cycle: F) -> f64
 where
@@ -190,16 +246,18 @@ where
 }
 
 pub fn run(quick: bool) {
-    let server = lock_tests::postgres::PostgresServer::start();
+    let server = PostgresServer::start();
+    // Its own server, which logs every statement: the logging would slow the others.
+    let logging = PostgresServer::start_logging();
     let url = server.url();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .expect("runtime");
-    let (n, handoffs_n, window) = if quick {
-        (300, 30, Duration::from_millis(500))
+    let (n, handoffs_n, window, parked) = if quick {
+        (300, 30, Duration::from_millis(500), Duration::from_secs(3))
     } else {
-        (2000, 200, Duration::from_secs(2))
+        (2000, 200, Duration::from_secs(2), Duration::from_secs(10))
     };
     runtime.block_on(async {
         println!(
@@ -227,6 +285,11 @@ pub fn run(quick: bool) {
             dur(ours.median()),
             dur(hand.median()),
             ours.median().as_secs_f64() / hand.median().as_secs_f64()
+        );
+        let (ours, hand) = waiting_cost(&logging, parked).await;
+        println!(
+            "| waiting cost: statements/s by one waiter behind a live holder (3 s lease, {} s) | {ours:.1} | {hand:.1} | |",
+            parked.as_secs()
         );
         for tasks in [64, 1024] {
             let (ours, hand) = throughput(&url, tasks, window).await;
