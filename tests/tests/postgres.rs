@@ -650,3 +650,154 @@ async fn postgres_over_tls_refuses_what_it_cannot_check_and_says_what_to_give() 
     .await;
     assert!(plain.contains("no encryption"), "{plain}");
 }
+
+/// A password that happens to spell `sslmode=verify-full` reaches the server as written: only
+/// the connection string's `sslmode` parameter is read as `require`, which it still is here
+/// (the server takes only TLS).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_password_that_spells_an_sslmode_reaches_postgres_unchanged() {
+    let certs = lock_tests::server::Certificates::make();
+    let server = PostgresServer::start_tls(&certs, "scram-sha-256");
+    let password = "pw-sslmode=verify-full";
+    server.psql(&format!("ALTER ROLE postgres PASSWORD '{password}'"));
+    for url in [
+        format!(
+            "postgres://postgres:{password}@127.0.0.1:{}/postgres?sslmode=verify-full",
+            server.port()
+        ),
+        format!(
+            "host=127.0.0.1 port={} user=postgres dbname=postgres \
+             password='{password}' sslmode = 'verify-ca'",
+            server.port()
+        ),
+    ] {
+        let registry = Registry::builder()
+            .postgres(&url)
+            .tls_root_cert(certs.ca_pem())
+            .build()
+            .expect("a registry over TLS");
+        registry
+            .lock("tls:password")
+            .acquire()
+            .await
+            .unwrap_or_else(|e| panic!("the password as written: {e}"))
+            .release()
+            .await
+            .expect("released");
+    }
+}
+
+/// A certificate that does not name the host of the connection string is refused (here the
+/// name is another one, the address the server's: `hostaddr`), and so is a server that does
+/// not speak TLS at all: never plain TCP instead. Neither error shows the password.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_over_tls_refuses_a_certificate_for_another_host_and_a_server_without_tls() {
+    let certs = lock_tests::server::Certificates::make();
+    let attempt = |url: String| {
+        let ca = certs.ca_pem();
+        async move {
+            Registry::builder()
+                .postgres(url)
+                .tls_root_cert(ca)
+                .connect_timeout(Duration::from_secs(5))
+                .build()
+                .expect("a registry")
+                .lock("tls:3")
+                .acquire()
+                .await
+                .expect_err("refused")
+                .to_string()
+        }
+    };
+    let tls = PostgresServer::start_tls(&certs, "trust");
+    let other_host = attempt(format!(
+        "postgres://postgres:hunter2@db.invalid:{}/postgres?hostaddr=127.0.0.1&sslmode=verify-full",
+        tls.port()
+    ))
+    .await;
+    assert!(
+        other_host.contains("db.invalid") && other_host.contains("must name the host"),
+        "says the certificate does not name the host: {other_host}"
+    );
+    assert!(!other_host.contains("hunter2"), "{other_host}");
+    let plain = PostgresServer::start();
+    let no_tls = attempt(format!(
+        "postgres://postgres:hunter2@127.0.0.1:{}/postgres?sslmode=require",
+        plain.port()
+    ))
+    .await;
+    assert!(
+        no_tls.contains("does not support TLS"),
+        "says the server speaks no TLS: {no_tls}"
+    );
+    assert!(!no_tls.contains("hunter2"), "{no_tls}");
+}
+
+/// After the server restarts, the registry's new connections (its statements' and its
+/// waiters' listener's) speak TLS again: the server takes no other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registry_reconnects_to_postgres_over_tls_after_a_restart() {
+    let certs = lock_tests::server::Certificates::make();
+    let server = Arc::new(PostgresServer::start_tls(&certs, "trust"));
+    let registry = Registry::builder()
+        .postgres(format!("{}?sslmode=require", server.url()))
+        .tls_root_cert(certs.ca_pem())
+        .build()
+        .expect("a registry over TLS");
+    let held = registry.lock("tls:4").acquire().await.expect("a lock");
+    let restarted = server.clone();
+    tokio::task::spawn_blocking(move || restarted.kill_and_restart())
+        .await
+        .expect("the restart");
+    let waiter = {
+        let registry = registry.clone();
+        tokio::spawn(async move {
+            // The first call after the restart may meet the old, broken connection.
+            loop {
+                match registry.lock("tls:4").wait(LIMIT).acquire().await {
+                    Ok(next) => return next,
+                    Err(e) if e.is_busy() => panic!("the waiter gave up: {e}"),
+                    Err(_) => tokio::task::yield_now().await,
+                }
+            }
+        })
+    };
+    let listening = "SELECT count(*) FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) \
+                     WHERE s.ssl AND a.client_addr IS NOT NULL \
+                     AND a.query LIKE 'SELECT distributed_lock.listen(%'";
+    eventually(
+        LIMIT,
+        "the waiter's listener connected again over TLS",
+        || async { server.psql(listening) == "1" },
+    )
+    .await;
+    held.release()
+        .await
+        .expect("released over a new TLS connection");
+    let next = tokio::time::timeout(LIMIT, waiter)
+        .await
+        .expect("the waiter is handed the lock")
+        .expect("the waiter's task");
+    next.release().await.expect("released");
+}
+
+/// libpq's certificate parameters in the connection string (as a managed database's
+/// instructions give them), which tokio-postgres does not read, are refused at `build` with
+/// the builder's options that do what they meant.
+#[test]
+fn libpq_certificate_parameters_are_refused_naming_the_options_to_use() {
+    for (parameter, option) in [
+        ("sslrootcert=/etc/ssl/ca.pem", "tls_root_cert"),
+        ("sslcert=/etc/ssl/client.pem", "tls_client_cert"),
+        ("sslkey=/etc/ssl/client.key", "tls_client_cert"),
+    ] {
+        let url = format!("postgres://u:hunter2@db:5432/app?sslmode=verify-full&{parameter}");
+        let e = Registry::builder()
+            .postgres(url)
+            .build()
+            .expect_err("refused")
+            .to_string();
+        assert!(e.contains(option), "{parameter}: {e}");
+        assert!(!e.contains("hunter2"), "{e}");
+    }
+}

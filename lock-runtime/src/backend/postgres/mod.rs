@@ -196,10 +196,39 @@ fn bigint(ms: u64) -> i64 {
 /// next call reconnects; the listener connects again) instead of holding it up for good.
 fn parse(url: &str, timeouts: Timeouts) -> Result<tokio_postgres::Config, LockError> {
     let mut config: tokio_postgres::Config = tls::readable(url).parse().map_err(|e| {
-        LockError::config(format!(
-            "the Postgres connection string is not valid ({e}); write it as \
-             postgres://user:password@host:5432/database"
-        ))
+        // The cause, only where it names a parameter, never a value (a password's part).
+        let cause = std::error::Error::source(&e).map_or_else(String::new, ToString::to_string);
+        let instead = [
+            (
+                "sslrootcert",
+                "give the server's CA with RegistryBuilder::tls_root_cert",
+            ),
+            (
+                "sslcert",
+                "give the client certificate with RegistryBuilder::tls_client_cert",
+            ),
+            (
+                "sslkey",
+                "give the client key with RegistryBuilder::tls_client_cert",
+            ),
+        ]
+        .into_iter()
+        .find(|(name, _)| cause == format!("unknown option `{name}`"));
+        match instead {
+            Some((name, instead)) => LockError::config(format!(
+                "the Postgres connection string's `{name}` is not read here: {instead} \
+                 (as PEM), and keep sslmode=verify-full (or require) in the string"
+            )),
+            None => LockError::config(format!(
+                "the Postgres connection string is not valid ({e}{}); write it as \
+                 postgres://user:password@host:5432/database",
+                if cause.starts_with("invalid value for option") {
+                    format!(": {cause}")
+                } else {
+                    String::new()
+                }
+            )),
+        }
     })?;
     config
         .tcp_user_timeout(timeouts.round())

@@ -59,10 +59,87 @@ impl Endpoint {
 
 /// libpq's modes that check the server's certificate, which tokio-postgres does not parse,
 /// written as `require` (which checks it here): `sslmode=verify-full` is what a managed
-/// database's instructions say.
+/// database's instructions say. Only the value of an `sslmode` parameter, as tokio-postgres
+/// reads the string, is rewritten: never a password or other value that happens to spell it.
 pub(super) fn readable(url: &str) -> String {
-    url.replace("sslmode=verify-full", "sslmode=require")
-        .replace("sslmode=verify-ca", "sslmode=require")
+    let mut url = url.to_owned();
+    for (start, end) in sslmode_values(&url).into_iter().rev() {
+        let value = &url[start..end];
+        if ["verify-full", "verify-ca", "'verify-full'", "'verify-ca'"].contains(&value) {
+            url.replace_range(start..end, "require");
+        }
+    }
+    url
+}
+
+/// Where each `sslmode` parameter's value is in `url` (quotes included), in order, as
+/// tokio-postgres splits a URL (`?key=value&..` after the login, which ends at the first `@`)
+/// or libpq's `key = value` pairs (a value quoted or not, with `\` escapes). What it would
+/// refuse is left for it to say.
+fn sslmode_values(url: &str) -> Vec<(usize, usize)> {
+    let mut found = Vec::new();
+    let prefix = ["postgres://", "postgresql://"]
+        .into_iter()
+        .find(|p| url.starts_with(p));
+    if let Some(prefix) = prefix {
+        let login = url[prefix.len()..].find('@').map_or(0, |at| at + 1);
+        let Some(query) = url[prefix.len() + login..].find('?') else {
+            return found;
+        };
+        let mut at = prefix.len() + login + query + 1;
+        while let Some(eq) = url[at..].find('=') {
+            let (key, value) = (&url[at..at + eq], at + eq + 1);
+            let end = url[value..].find('&').map_or(url.len(), |amp| value + amp);
+            if key == "sslmode" {
+                found.push((value, end));
+            }
+            at = (end + 1).min(url.len());
+        }
+        return found;
+    }
+    let mut chars = url.char_indices().peekable();
+    let skip_ws = |chars: &mut std::iter::Peekable<std::str::CharIndices<'_>>| {
+        while chars.next_if(|(_, c)| c.is_whitespace()).is_some() {}
+    };
+    loop {
+        skip_ws(&mut chars);
+        let Some(&(key, _)) = chars.peek() else {
+            return found;
+        };
+        while chars
+            .next_if(|(_, c)| !c.is_whitespace() && *c != '=')
+            .is_some()
+        {}
+        let key = &url[key..chars.peek().map_or(url.len(), |&(i, _)| i)];
+        skip_ws(&mut chars);
+        if key.is_empty() || chars.next_if(|&(_, c)| c == '=').is_none() {
+            return found;
+        }
+        skip_ws(&mut chars);
+        let start = chars.peek().map_or(url.len(), |&(i, _)| i);
+        let quoted = chars.next_if(|&(_, c)| c == '\'').is_some();
+        loop {
+            match chars.peek() {
+                None if quoted => return found,
+                None => break,
+                Some(&(_, c)) if c.is_whitespace() && !quoted => break,
+                Some(&(_, '\'')) if quoted => {
+                    chars.next();
+                    break;
+                }
+                Some(&(_, c)) => {
+                    chars.next();
+                    if c == '\\' {
+                        chars.next();
+                    }
+                }
+            }
+        }
+        let end = chars.peek().map_or(url.len(), |&(i, _)| i);
+        if key == "sslmode" {
+            found.push((start, end));
+        }
+    }
 }
 
 /// The connector for `config`, whose TLS mode it settles: `require` keeps TLS, anything else
@@ -136,6 +213,9 @@ fn rustls(tls: &Tls, wanted: bool) -> Result<rustls::ClientConfig, LockError> {
             let certs = CertificateDer::pem_slice_iter(&client.cert_pem)
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(|e| bad("client certificate", &e))?;
+            if certs.is_empty() {
+                return Err(bad("client certificate", &"no certificate in the PEM"));
+            }
             let key = PrivateKeyDer::from_pem_slice(&client.key_pem)
                 .map_err(|e| bad("client key", &e))?;
             builder
@@ -161,6 +241,88 @@ mod tests {
             "host=db sslmode=require"
         );
         assert_eq!(readable("host=db"), "host=db");
+    }
+
+    /// The `sslmode` a connection string means, and its password, as tokio-postgres reads
+    /// [`readable`]'s rewrite of it.
+    fn read(url: &str) -> (SslMode, Option<Vec<u8>>) {
+        let config: Config = readable(url)
+            .parse()
+            .unwrap_or_else(|e| panic!("{url}: {e}"));
+        (
+            config.get_ssl_mode(),
+            config.get_password().map(<[u8]>::to_vec),
+        )
+    }
+
+    #[test]
+    fn only_the_sslmode_parameter_is_rewritten_never_a_password_that_spells_it() {
+        let pw = |s: &str| Some(s.as_bytes().to_vec());
+        assert_eq!(
+            read("postgres://u:x-sslmode=verify-full@db/app?sslmode=verify-full"),
+            (SslMode::Require, pw("x-sslmode=verify-full"))
+        );
+        assert_eq!(
+            read("postgres://u:x-sslmode=verify-ca@db/app"),
+            (SslMode::Prefer, pw("x-sslmode=verify-ca"))
+        );
+        assert_eq!(
+            read("postgresql://db/app?application_name=a&sslmode=verify-ca&connect_timeout=5"),
+            (SslMode::Require, None)
+        );
+        assert_eq!(
+            read("host=db password='a sslmode=verify-full' sslmode=verify-ca"),
+            (SslMode::Require, pw("a sslmode=verify-full"))
+        );
+        assert_eq!(
+            read(r"host=db password=x\ sslmode=verify-full"),
+            (SslMode::Prefer, pw("x sslmode=verify-full"))
+        );
+        // libpq's other spellings of the parameter: spaces around `=`, a quoted value.
+        assert_eq!(
+            read("host=db sslmode = 'verify-full' password=p"),
+            (SslMode::Require, pw("p"))
+        );
+        assert_eq!(read("sslmode =verify-ca host=db"), (SslMode::Require, None));
+        // Whatever tokio-postgres refuses, it still refuses (and says which parameter).
+        assert!(readable("host=db sslmode=verify-fuller")
+            .parse::<Config>()
+            .is_err());
+        assert!(readable("host=db password='open")
+            .parse::<Config>()
+            .is_err());
+    }
+
+    /// PEM that holds no certificate, or is not PEM at all, is refused at `build` with what
+    /// was wrong and which option gave it: no panic, no connection attempt.
+    #[cfg(feature = "postgres-tls")]
+    #[test]
+    fn bad_pem_is_refused_with_the_option_that_gave_it() {
+        let refused = |tls: Tls| {
+            let mut require: Config = "host=db sslmode=require".parse().unwrap();
+            connector(&mut require, &tls).err().unwrap().to_string()
+        };
+        let key = b"-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n".to_vec();
+        for pem in [b"not pem".to_vec(), Vec::new(), key.clone()] {
+            let mut tls = Tls::default();
+            tls.root_cert(pem.clone());
+            let e = refused(tls);
+            assert!(
+                e.contains("root certificate") && e.contains("tls_root_cert"),
+                "{e}"
+            );
+            let mut tls = Tls::default();
+            tls.client_cert(pem, key.clone());
+            let e = refused(tls);
+            assert!(
+                e.contains("client certificate") && e.contains("no certificate in the PEM"),
+                "{e}"
+            );
+        }
+        let mut tls = Tls::default();
+        tls.root_cert(b"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n".to_vec());
+        let e = refused(tls);
+        assert!(e.contains("root certificate"), "{e}");
     }
 
     #[test]
