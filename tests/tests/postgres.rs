@@ -539,6 +539,14 @@ async fn an_attempt_that_runs_after_its_caller_gave_up_is_undone() {
         .unwrap();
 }
 
+/// Until one session over TLS listens for a key's release (the waiter's listener).
+async fn listening_over_tls(server: &PostgresServer, what: &str) {
+    let listening = "SELECT count(*) FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) \
+                     WHERE s.ssl AND a.client_addr IS NOT NULL \
+                     AND a.query LIKE 'SELECT distributed_lock.listen(%'";
+    eventually(LIMIT, what, || async { server.psql(listening) == "1" }).await;
+}
+
 /// A registry on a server that takes TCP connections only over TLS with a client certificate
 /// (`hostssl ... cert`): the statements' and the listener's connections both speak TLS,
 /// checked against the registry's CA (`sslmode=verify-full`, read as `require`, which always
@@ -574,15 +582,7 @@ async fn a_registry_speaks_tls_to_postgres_with_its_ca_and_client_certificate() 
                 .expect("handed the lock")
         })
     };
-    let listening = "SELECT count(*) FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) \
-                     WHERE s.ssl AND a.client_addr IS NOT NULL \
-                     AND a.query LIKE 'SELECT distributed_lock.listen(%'";
-    eventually(
-        LIMIT,
-        "the waiter's listener connected over TLS",
-        || async { server.psql(listening) == "1" },
-    )
-    .await;
+    listening_over_tls(&server, "the waiter's listener connected over TLS").await;
     held.release().await.expect("released over TLS");
     let next = tokio::time::timeout(LIMIT, waiter)
         .await
@@ -762,15 +762,7 @@ async fn a_registry_reconnects_to_postgres_over_tls_after_a_restart() {
             }
         })
     };
-    let listening = "SELECT count(*) FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) \
-                     WHERE s.ssl AND a.client_addr IS NOT NULL \
-                     AND a.query LIKE 'SELECT distributed_lock.listen(%'";
-    eventually(
-        LIMIT,
-        "the waiter's listener connected again over TLS",
-        || async { server.psql(listening) == "1" },
-    )
-    .await;
+    listening_over_tls(&server, "the waiter's listener connected again over TLS").await;
     held.release()
         .await
         .expect("released over a new TLS connection");
