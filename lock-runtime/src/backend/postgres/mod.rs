@@ -18,7 +18,7 @@ use tokio_postgres::types::Type;
 use crate::backend::contract::{
     ttl_ms, Acquire, Attempt, LockInfo, Place, Renewal, Renewed, Share, Store,
 };
-use crate::backend::Tls;
+use crate::backend::tls::Tls;
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::timeouts::Timeouts;

@@ -11,7 +11,7 @@ use tokio_postgres::config::SslMode;
 use tokio_postgres::tls::MakeTlsConnect;
 use tokio_postgres::{Client, Config, Connection, Socket};
 
-use crate::backend::Tls;
+use crate::backend::tls::Tls;
 use crate::error::LockError;
 
 /// What makes the store's connections: rustls where the feature is on (plain TCP still where
