@@ -530,21 +530,28 @@ async fn watch_prints_each_holder_coming_and_going() {
     printing.stop().await;
 }
 
+/// A throwaway Postgres server, a registry on it, and `lockctl watch <key>` looking every
+/// 20 ms.
+fn watching_on_postgres(key: &str) -> (PostgresServer, Registry, Printing) {
+    let server = PostgresServer::start();
+    let url = server.url();
+    let registry = Registry::builder().postgres(&url).build().unwrap();
+    let printing = Printing::spawn(lockctl(&[
+        "--postgres",
+        &url,
+        "watch",
+        key,
+        "--every",
+        "20",
+    ]));
+    (server, registry, printing)
+}
+
 /// On Postgres `watch` polls the store's row through the library: a holder coming (its owner
 /// and fence), its lease renewed on the database's clock, and its release.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watch_on_postgres_prints_a_holder_coming_renewing_and_going() {
-    let server = PostgresServer::start();
-    let url = server.url();
-    let registry = Registry::builder().postgres(&url).build().unwrap();
-    let mut printing = Printing::spawn(lockctl(&[
-        "--postgres",
-        &url,
-        "watch",
-        "deploy:5",
-        "--every",
-        "20",
-    ]));
+    let (_server, registry, mut printing) = watching_on_postgres("deploy:5");
 
     assert!(printing
         .next()
@@ -584,17 +591,7 @@ async fn watch_on_postgres_prints_a_holder_coming_renewing_and_going() {
 /// answers came 0.7s late on a loaded machine.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watch_on_postgres_does_not_take_a_late_answer_for_a_lease_cut_short() {
-    let server = PostgresServer::start();
-    let url = server.url();
-    let registry = Registry::builder().postgres(&url).build().unwrap();
-    let mut printing = Printing::spawn(lockctl(&[
-        "--postgres",
-        &url,
-        "watch",
-        "deploy:6",
-        "--every",
-        "20",
-    ]));
+    let (server, registry, mut printing) = watching_on_postgres("deploy:6");
     assert!(printing.next().await.starts_with("watching lock:deploy:6"));
     assert!(printing.next().await.ends_with(" free"));
     // Not renewed while the test runs: the lease only ticks down.
