@@ -231,6 +231,25 @@ async fn a_holder_learns_it_lost_when_a_majority_restarts_without_persistence() 
         .acquire()
         .await
         .unwrap();
+    // A quorum granted it; the third node's grant may still be on its way (each node's attempt
+    // runs on as a task). Restarted while it is, that node would take the grant afterwards,
+    // empty or not, and the two restarts would wipe one grant, not two: every node must hold
+    // it first.
+    for node in &nodes {
+        let url = node.url();
+        lock_tests::eventually(
+            Duration::from_secs(10),
+            "the holder's grant on every node before the restarts",
+            || async {
+                let mut con = lock_tests::raw(&url).await;
+                let held: Option<String> = redis::AsyncCommands::get(&mut con, "lock:amnesia")
+                    .await
+                    .unwrap();
+                held.is_some()
+            },
+        )
+        .await;
+    }
     // Two masters come back empty at once: the documented unsafe case. Another client can now
     // take a quorum, and the old holder learns at its next renewal (within ttl/3).
     nodes[0].restart();
