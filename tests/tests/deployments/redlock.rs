@@ -821,10 +821,14 @@ async fn stale_with_a_leftover(
     key: &str,
 ) -> (lock_runtime::LockGuard, lock_runtime::LockGuard, usize) {
     let (a, b) = (registry(nodes), registry(nodes));
+    // A 300 ms ttl gives each node 30 ms to answer: a fresh registry's first attempt, which
+    // connects too, can miss that on a loaded machine, and the next attempt finds the
+    // connections made.
     let expired = a
         .lock(key)
         .ttl(Duration::from_millis(300))
         .renew(false)
+        .wait(Duration::from_secs(10))
         .acquire()
         .await
         .unwrap();
