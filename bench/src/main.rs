@@ -7,6 +7,7 @@
 //! cargo run --release -p lock-bench -- --only 1,2,3
 //! LOCK_TEST_SERVER=$(scripts/ensure-redis --valkey) cargo run --release -p lock-bench -- --renew-ifeq
 //! cargo run --release -p lock-bench -- --postgres [--quick]   # the Postgres store against advisory locks
+//! cargo run --release -p lock-bench -- --spans [--quick]      # the lock spans' cost, with and without a subscriber
 //! ```
 //!
 //! `--renew-ifeq` prints, on its own, a renewal's cost as the script against `SET .. IFEQ` on
@@ -26,6 +27,7 @@ mod procfs;
 mod redis_stats;
 mod renewal;
 mod report;
+mod spans;
 mod stats;
 mod throughput;
 mod uncontended;
@@ -113,13 +115,14 @@ impl Plan {
 
 fn usage() -> ! {
     eprintln!(
-        "usage: lock-bench [--quick] [--only 1,2,...] [--out DIR] | --renew-ifeq | --postgres [--quick]\n\
+        "usage: lock-bench [--quick] [--only 1,2,...] [--out DIR] | --renew-ifeq | --postgres [--quick] | --spans [--quick]\n\
          | --profile WHO TASKS SECS\n\
          | --profile wakeups SAMPLES\n\
          \n  --quick   shorter windows and fewer samples (under a minute)\
          \n  --only    run only these items (1-9; 1 and 2 run together, so do 7 and 9)\
          \n  --out     directory for results.md and latency.svg\
          \n  --renew-ifeq  only: renewal by script against SET IFEQ, on a server with both (Valkey)\
+         \n  --spans       only: a lock cycle without a subscriber, filtered out, and recorded\
          \n  --profile     only: item 5 for one client alone (runtime, rslock, arl, or raw: the\
          \n                protocol by hand), to run under a profiler; or `wakeups`: items 2 and 3\
          \n                for lock-runtime and by hand, with each thread's parkings per sample"
@@ -139,6 +142,14 @@ fn parse_args() -> Plan {
     }
     if args.first().map(String::as_str) == Some("--postgres") {
         postgres::run(args.get(1).map(String::as_str) == Some("--quick"));
+        std::process::exit(0);
+    }
+    if args.first().map(String::as_str) == Some("--child-spans") {
+        spans::child(&args[1..]);
+        std::process::exit(0);
+    }
+    if args.first().map(String::as_str) == Some("--spans") {
+        spans::run(args.get(1).map(String::as_str) == Some("--quick"));
         std::process::exit(0);
     }
     if args.first().map(String::as_str) == Some("--renew-ifeq") {

@@ -14,19 +14,21 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
+use tracing::{Instrument, Span};
 
 use crate::backend::{Acquire, Attempt, Store};
 use crate::backoff::Backoff;
 use crate::key::LockKey;
-use crate::lease::Lease;
+use crate::lease::{Lease, Observed};
 use crate::metrics::{Labels, Refused};
 use crate::options::{LockOptions, Share};
+use crate::spans;
 use crate::state::RegistryInner;
 use crate::waiting::Interest;
 use crate::{error::LockError, token};
 
-/// Acquires, waiting for notifications while the lock is busy; counts the outcome. A
-/// candidate's tokens show its `identity` (see `election`).
+/// Acquires, waiting for notifications while the lock is busy; counts the outcome and traces
+/// it (`lock.acquire`). A candidate's tokens show its `identity` (see `election`).
 pub(crate) async fn acquire_lease(
     inner: Arc<RegistryInner>,
     keys: Vec<String>,
@@ -34,17 +36,31 @@ pub(crate) async fn acquire_lease(
     identity: Option<&str>,
 ) -> Result<Arc<Lease>, LockError> {
     let labels = Labels::new(inner.name(), options.template);
+    let traced = Traced {
+        acquire: spans::acquire(inner.name(), &keys, &options),
+        caller: Span::current(),
+    };
+    let waits = !options.wait.is_zero();
     let started = Instant::now();
     // Counted as cancelled unless an outcome is reached: the caller may stop waiting.
-    let mut pending = Pending(Some((&labels, started)));
-    let outcome = take_lease(&inner, keys, options, identity, &labels).await;
+    let mut pending = Pending(Some((&labels, &traced.acquire, started)));
+    let outcome = take_lease(&inner, keys, options, identity, &labels, &traced)
+        .instrument(traced.acquire.clone())
+        .await;
     pending.0 = None;
     match &outcome {
         Ok(_) => labels.acquired(started.elapsed()),
         Err(LockError::Busy { .. }) => labels.refused(Refused::Busy, started.elapsed()),
         Err(_) => labels.refused(Refused::Error, started.elapsed()),
     }
+    spans::ended(&traced.acquire, outcome.as_ref().map(|_| ()), waits);
     outcome
+}
+
+/// A request's spans: its own, and its caller's, which its lease's `lock.hold` is a child of.
+struct Traced {
+    acquire: Span,
+    caller: Span,
 }
 
 /// A key is a lock's or an election's (see `election`), never both: a candidate that finds a
@@ -76,12 +92,13 @@ pub(crate) fn held_as_lock(key: &str) -> LockError {
 }
 
 /// A request in progress, counted as cancelled if dropped before its outcome.
-struct Pending<'a>(Option<(&'a Labels, Instant)>);
+struct Pending<'a>(Option<(&'a Labels, &'a Span, Instant)>);
 
 impl Drop for Pending<'_> {
     fn drop(&mut self) {
-        if let Some((labels, started)) = self.0.take() {
+        if let Some((labels, span, started)) = self.0.take() {
             labels.refused(Refused::Cancelled, started.elapsed());
+            spans::cancelled(span);
         }
     }
 }
@@ -94,8 +111,9 @@ async fn take_lease(
     options: LockOptions,
     identity: Option<&str>,
     labels: &Labels,
+    traced: &Traced,
 ) -> Result<Arc<Lease>, LockError> {
-    let mut attempts = Attempts::start(inner, keys, options, identity, labels)?;
+    let mut attempts = Attempts::start(inner, keys, options, identity, labels, traced)?;
     loop {
         let (sent_at, outcome) = attempts.attempt().await;
         let now = Instant::now();
@@ -148,6 +166,7 @@ struct Attempts<'a> {
     options: LockOptions,
     identity: Option<&'a str>,
     labels: &'a Labels,
+    traced: &'a Traced,
     share: Share,
     /// The token of the next attempt (Redlock's attempts have one each).
     token: String,
@@ -176,6 +195,7 @@ impl<'a> Attempts<'a> {
         options: LockOptions,
         identity: Option<&'a str>,
         labels: &'a Labels,
+        traced: &'a Traced,
     ) -> Result<Self, LockError> {
         let shown = keys.join(" + ");
         options.validate(&shown)?;
@@ -208,6 +228,7 @@ impl<'a> Attempts<'a> {
             options,
             identity,
             labels,
+            traced,
             share,
             token: token::new_token(identity),
             started,
@@ -225,6 +246,7 @@ impl<'a> Attempts<'a> {
     /// Sends one attempt; returns when it was sent, and its outcome.
     async fn attempt(&mut self) -> (Instant, Result<Attempt, LockError>) {
         self.attempts += 1;
+        self.traced.acquire.record("lock.attempts", self.attempts);
         if self.attempts > 1 && self.inner.backend.undoes_failed_attempts() {
             self.token = token::new_token(self.identity);
         }
@@ -442,6 +464,15 @@ impl<'a> Attempts<'a> {
         handed: bool,
     ) -> Result<Arc<Lease>, LockError> {
         self.let_go.disarm();
+        let span = spans::hold(
+            &self.traced.caller,
+            &self.key.name,
+            self.options.template,
+            fence,
+        );
+        let acquire = &self.traced.acquire;
+        acquire.record("lock.fence", fence);
+        acquire.record("lock.handed_over", handed);
         let lease = Lease::new(
             self.inner.next_lease_id(),
             self.key,
@@ -449,7 +480,10 @@ impl<'a> Attempts<'a> {
             fence,
             self.options,
             sent_at,
-            self.labels.clone(),
+            Observed {
+                labels: self.labels.clone(),
+                span,
+            },
         );
         self.inner.admit(&lease).await?;
         if handed {

@@ -220,6 +220,21 @@ impl LockError {
 
     /// Whether the operation certainly reached no server: no connection could be made to send
     /// it on.
+    /// The error's kind in one word, as traces show it (`error.type`).
+    pub(crate) fn kind(&self) -> &'static str {
+        match self {
+            Self::Busy { .. } => "busy",
+            Self::Lost { .. } => "lost",
+            Self::NotOwner { .. } => "not_owner",
+            Self::Backend { .. } => "backend",
+            Self::NotConfigured { .. } => "not_configured",
+            Self::InvalidKey { .. } => "invalid_key",
+            Self::ShutDown { .. } => "shut_down",
+            Self::InvalidOptions { .. } => "invalid_options",
+            Self::InvalidConfig { .. } => "invalid_config",
+        }
+    }
+
     pub(crate) fn never_sent(&self) -> bool {
         matches!(self, Self::Backend { source: Some(e), .. } if e.never_sent)
     }

@@ -3,10 +3,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tracing::Instrument;
+
 use crate::backend::{Renewal, Renewed, Store};
 use crate::error::LockError;
 use crate::keeper::Keeper;
 use crate::lease::Lease;
+use crate::spans;
 use crate::state::RegistryInner;
 
 /// A held lock. Release it with [`release`](Self::release) (honours `min_hold`) or
@@ -155,6 +158,14 @@ impl LockGuard {
             return Ok(());
         }
         self.done = true;
+        let span = spans::release(&self.lease.span(), keep);
+        let outcome = self.give_back(keep).instrument(span.clone()).await;
+        spans::released(&span, outcome.as_ref().map(|_| ()), keep.is_some());
+        outcome
+    }
+
+    /// [`finish`](Self::finish) without its span.
+    async fn give_back(&self, keep: Option<Duration>) -> Result<(), LockError> {
         let keeper = &self.inner.keeper;
         let lease = &self.lease;
         // Over for every clone before the release can let the next holder in.

@@ -1,15 +1,18 @@
 //! A held lease: its local deadline and the signal that tells everyone when it is lost.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::Notify;
 use tokio::time::Instant;
+use tracing::Span;
 
 use crate::backend::{ttl_ms, Renewal};
 use crate::key::LockKey;
 use crate::metrics::Labels;
 use crate::report;
+use crate::spans;
 use crate::{error::LockError, error::LostReason, options::LockOptions};
 
 #[derive(Clone, Copy, Debug)]
@@ -47,6 +50,18 @@ pub(crate) struct Lease {
     changed: Notify,
     /// Whom this lease's measurements are about.
     pub labels: Labels,
+    /// Its `lock.hold` span (see `spans`) until the lease is over: a guarded body runs in it,
+    /// and its events belong to it. In an `Arc`, so the I/O thread hands it to the reporting
+    /// thread without a call into the subscriber (cloning a `Span` is one).
+    span: Mutex<Option<Arc<Span>>>,
+    /// Renewals confirmed, for the span.
+    renewals: AtomicU64,
+}
+
+/// How a lease is seen from outside: its metrics' labels, and its `lock.hold` span.
+pub(crate) struct Observed {
+    pub labels: Labels,
+    pub span: Span,
 }
 
 impl Lease {
@@ -57,7 +72,7 @@ impl Lease {
         fence: Option<u64>,
         options: LockOptions,
         sent_at: Instant,
-        labels: Labels,
+        Observed { labels, span }: Observed,
     ) -> Arc<Self> {
         let state = Mutex::new(LeaseState {
             deadline: options.deadline(sent_at),
@@ -76,6 +91,8 @@ impl Lease {
             state,
             changed: Notify::new(),
             labels,
+            span: Mutex::new(Some(Arc::new(span))),
+            renewals: AtomicU64::new(0),
         })
     }
 
@@ -125,7 +142,7 @@ impl Lease {
         let deadline = self.options.deadline(sent_at);
         let now = Instant::now();
         let (mut lapsed, mut safe_again) = (false, false);
-        self.update(|s| {
+        if self.update(|s| {
             if s.lost.is_some() || deadline <= s.deadline {
                 return false;
             }
@@ -136,13 +153,18 @@ impl Lease {
             s.deadline = deadline;
             safe_again = std::mem::take(&mut s.at_risk);
             true
-        });
+        }) {
+            self.renewals.fetch_add(1, Ordering::Relaxed);
+        }
         if lapsed {
             self.mark_lost(self.deadline_reason());
         }
         if safe_again {
             let (key, fence) = (crate::error::shown(&self.key.name).to_string(), self.fence);
-            report::tell(move || tracing::info!(key, fence, "lock lease safe again: renewed"));
+            let span = self.span_handle();
+            report::tell(move || {
+                tracing::info!(parent: span.as_deref().and_then(Span::id), key, fence, "lock lease safe again: renewed");
+            });
         }
     }
 
@@ -167,8 +189,10 @@ impl Lease {
                 why.to_owned(),
             );
             let left_ms = u64::try_from(left.as_millis()).unwrap_or(u64::MAX);
+            let span = self.span_handle();
             report::tell(move || {
                 tracing::warn!(
+                    parent: span.as_deref().and_then(Span::id),
                     key,
                     fence,
                     left_ms,
@@ -204,10 +228,20 @@ impl Lease {
 
     /// Marks the lease lost (once; the first reason wins). Returns whether this call did it.
     pub(crate) fn mark_lost(&self, reason: LostReason) -> bool {
+        // Taken before the loss ends the span, so the event is told inside it.
+        let span = self.span_handle();
         let newly = self.set_lost(reason);
         if newly {
             let (key, fence) = (crate::error::shown(&self.key.name).to_string(), self.fence);
-            report::tell(move || tracing::warn!(key, fence, %reason, "lock lease lost"));
+            report::tell(move || {
+                tracing::warn!(
+                    parent: span.as_deref().and_then(Span::id),
+                    key,
+                    fence,
+                    %reason,
+                    "lock lease lost"
+                );
+            });
         }
         newly
     }
@@ -233,8 +267,42 @@ impl Lease {
                 self.labels.lost(reason);
             }
             self.changed.notify_waiters();
+            self.end_span(Some(reason));
         }
         newly
+    }
+
+    /// The `lock.hold` span while the lease lasts; a disabled span once it is over. Not on the
+    /// I/O thread: cloning a span calls the subscriber (see [`Self::span_handle`]).
+    pub(crate) fn span(&self) -> Span {
+        self.span_handle()
+            .map_or_else(Span::none, |span| Span::clone(&span))
+    }
+
+    /// The `lock.hold` span while the lease lasts, to tell an event in it from the reporting
+    /// thread.
+    fn span_handle(&self) -> Option<Arc<Span>> {
+        self.span
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Ends the `lock.hold` span (once) with how the lease ended (see `spans::over`), told from
+    /// the reporting thread when this is the I/O thread: the subscriber is the application's
+    /// code, and may block. A release's span, inside it, keeps it open until the release ends.
+    fn end_span(&self, ended: Option<LostReason>) {
+        let span = self
+            .span
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        let Some(span) = span.filter(|s| !s.is_disabled()) else {
+            return;
+        };
+        let renewals = self.renewals.load(Ordering::Relaxed);
+        // Closed where the last handle goes: here, or on the reporting thread.
+        report::tell(move || spans::over(&span, ended, renewals));
     }
 
     /// Marks a guarded body as running under this lease until the mark is dropped (see
@@ -309,6 +377,13 @@ impl Lease {
         until
             .checked_duration_since(Instant::now())
             .filter(|d| *d >= Duration::from_millis(1))
+    }
+}
+
+impl Drop for Lease {
+    /// A lease dropped before it was over (its registry went away with it) ends its span too.
+    fn drop(&mut self) {
+        self.end_span(self.lost_reason());
     }
 }
 

@@ -39,7 +39,9 @@
 //! queue and are handed the lock by its release, and with [`OnLost::Cancel`] a body whose lease
 //! can no longer be confirmed is dropped before its key can expire. The details are in the
 //! [`guide`]: [how it works](guide::how_it_works), [deployments](guide::deployments) (single
-//! node, Sentinel, Cluster, Redlock, in memory), [metrics](guide::metrics).
+//! node, Sentinel, Cluster, Redlock, in memory), [metrics](guide::metrics), and the spans a lock
+//! shows in traces ([tracing](guide::tracing): every request, hold and release is a `tracing`
+//! span under the caller's, with no feature to turn on and no cost without a subscriber).
 //!
 //! # Choosing the options
 //!
@@ -186,6 +188,7 @@ mod options;
 pub mod protocol;
 mod registry;
 mod report;
+mod spans;
 mod state;
 mod timeouts;
 mod token;

@@ -5,6 +5,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tracing::Instrument;
+
 use crate::acquisition;
 use crate::guard::LockGuard;
 use crate::state::RegistryInner;
@@ -203,7 +205,8 @@ where
 {
     // Declared before the body, so dropped after it, also when this future is dropped.
     let body_runs = guard.lease.guarding();
-    let body = current::scope(guard.inner.clone(), guard.lease.clone(), body);
+    let body = current::scope(guard.inner.clone(), guard.lease.clone(), body)
+        .instrument(guard.lease.span());
     let outcome = match on_lost {
         OnLost::Cancel => {
             let mut body = std::pin::pin!(body);

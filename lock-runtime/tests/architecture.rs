@@ -20,6 +20,7 @@ const LAYERS: &[&str] = &[
     "io",
     "report",
     "metrics",
+    "spans",
     "fenced",
     "waiting",
     "backend::contract",

@@ -18,36 +18,45 @@ use tracing::{Event, Metadata, Subscriber};
 
 const REGISTRY: &str = "attr_compose";
 
-/// The key of the innermost lock, and the name of the span the body runs in.
-fn observed() -> (String, Option<&'static str>) {
+/// The key of the innermost lock, and the names of the spans the body runs in, outermost first.
+fn observed() -> (String, Vec<&'static str>) {
     let key = current().expect("inside a guarded body").key().to_owned();
-    let span = tracing::dispatcher::get_default(|dispatch| {
+    let spans = tracing::dispatcher::get_default(|dispatch| {
         dispatch
             .downcast_ref::<SpanStack>()
-            .and_then(SpanStack::innermost)
+            .map(SpanStack::entered)
+            .unwrap_or_default()
     });
-    (key, span)
+    (key, spans)
+}
+
+/// The body ran inside both the instrumented function's span and its lock's `lock.hold`.
+fn inside_both(spans: &[&str], instrumented: &str) {
+    assert!(
+        spans.contains(&instrumented) && spans.contains(&"lock.hold"),
+        "{spans:?}"
+    );
 }
 
 #[tracing::instrument]
 #[distributed_lock(key = "instrumented:<id>", registry = "attr_compose")]
-async fn instrument_above(id: u64) -> Result<(String, Option<&'static str>), LockError> {
+async fn instrument_above(id: u64) -> Result<(String, Vec<&'static str>), LockError> {
     Ok(observed())
 }
 
 #[distributed_lock(key = "instrumented:<id>", registry = "attr_compose")]
 #[tracing::instrument]
-async fn instrument_below(id: u64) -> Result<(String, Option<&'static str>), LockError> {
+async fn instrument_below(id: u64) -> Result<(String, Vec<&'static str>), LockError> {
     Ok(observed())
 }
 
 #[async_trait]
 trait Deploy {
-    async fn deploy(&self, id: u64) -> Result<(String, Option<&'static str>), LockError>;
+    async fn deploy(&self, id: u64) -> Result<(String, Vec<&'static str>), LockError>;
 
     async fn rollback(&self, id: u64) -> Result<String, LockError>;
 
-    async fn audit(&self, id: u64) -> Result<(String, Option<&'static str>), LockError>;
+    async fn audit(&self, id: u64) -> Result<(String, Vec<&'static str>), LockError>;
 
     #[distributed_lock(key = "default:<id>", registry = "attr_compose")]
     async fn default_method(&self, id: u64) -> Result<String, LockError> {
@@ -63,13 +72,13 @@ struct Service {
 impl Deploy for Service {
     #[tracing::instrument(skip(self))]
     #[distributed_lock(key = "deploy:<self.region>:<id>", registry = "attr_compose")]
-    async fn deploy(&self, id: u64) -> Result<(String, Option<&'static str>), LockError> {
+    async fn deploy(&self, id: u64) -> Result<(String, Vec<&'static str>), LockError> {
         Ok(observed())
     }
 
     #[distributed_lock(key = "audit:<self.region>:<id>", registry = "attr_compose")]
     #[tracing::instrument(skip(self))]
-    async fn audit(&self, id: u64) -> Result<(String, Option<&'static str>), LockError> {
+    async fn audit(&self, id: u64) -> Result<(String, Vec<&'static str>), LockError> {
         Ok(observed())
     }
 
@@ -101,18 +110,20 @@ impl LocalJob for Local {
 async fn instrument_above_the_attribute_spans_the_locked_body() {
     let _tracing = SpanStack::install();
     Registry::in_memory().install_as(REGISTRY);
-    let (key, span) = instrument_above(1).await.expect("locked");
+    let (key, spans) = instrument_above(1).await.expect("locked");
     assert_eq!(key, "instrumented:1");
-    assert_eq!(span, Some("instrument_above"));
+    // The lock outside, the instrumented function's span inside it.
+    assert_eq!(spans, ["lock.hold", "instrument_above"]);
 }
 
 #[tokio::test]
 async fn instrument_below_the_attribute_spans_the_locked_body() {
     let _tracing = SpanStack::install();
     Registry::in_memory().install_as(REGISTRY);
-    let (key, span) = instrument_below(2).await.expect("locked");
+    let (key, spans) = instrument_below(2).await.expect("locked");
     assert_eq!(key, "instrumented:2");
-    assert_eq!(span, Some("instrument_below"));
+    // The instrumented function's span outside, its lock's hold (under it) inside.
+    assert_eq!(spans, ["instrument_below", "lock.hold"]);
 }
 
 #[tokio::test]
@@ -122,12 +133,12 @@ async fn async_trait_methods_run_under_their_lock() {
     let service = Service {
         region: "eu:west".into(),
     };
-    let (key, span) = service.deploy(7).await.expect("locked");
+    let (key, spans) = service.deploy(7).await.expect("locked");
     assert_eq!(key, "deploy:eu%3Awest:7");
-    assert_eq!(span, Some("deploy"));
-    let (key, span) = service.audit(8).await.expect("locked");
+    inside_both(&spans, "deploy");
+    let (key, spans) = service.audit(8).await.expect("locked");
     assert_eq!(key, "audit:eu%3Awest:8");
-    assert_eq!(span, Some("audit"));
+    inside_both(&spans, "audit");
     assert_eq!(
         service.rollback(3).await.expect("locked"),
         "rollback:eu%3Awest:3"
@@ -159,7 +170,7 @@ async fn async_trait_without_send_and_with_destructured_parameters() {
     assert_eq!(job.run((2, 3)).await.expect("locked"), "local:2:3 5");
 }
 
-/// Just enough of a subscriber to name the innermost span a body runs in.
+/// Just enough of a subscriber to name the spans a body runs in.
 #[derive(Default)]
 struct SpanStack {
     spans: Mutex<Vec<&'static Metadata<'static>>>,
@@ -172,12 +183,13 @@ impl SpanStack {
         tracing::subscriber::set_default(SpanStack::default())
     }
 
-    fn innermost(&self) -> Option<&'static str> {
+    fn entered(&self) -> Vec<&'static str> {
         let entered = self.entered.lock().expect("not poisoned");
         let spans = self.spans.lock().expect("not poisoned");
-        let id = entered.last()?;
-        let index = usize::try_from(id.into_u64() - 1).expect("small ids");
-        Some(spans[index].name())
+        entered
+            .iter()
+            .map(|id| spans[usize::try_from(id.into_u64() - 1).expect("small ids")].name())
+            .collect()
     }
 }
 

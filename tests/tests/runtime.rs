@@ -18,6 +18,7 @@ mod runtime {
     mod reentrancy;
     mod reporting;
     mod semaphore;
+    mod spans;
     mod support;
     mod waiting;
 }

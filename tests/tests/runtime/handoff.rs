@@ -18,7 +18,7 @@ async fn queued(con: &mut redis::aio::MultiplexedConnection, key: &str) -> usize
 }
 
 /// Until `n` waiters are queued for `key`.
-async fn until_queued(url: &str, key: &str, n: usize) {
+pub(super) async fn until_queued(url: &str, key: &str, n: usize) {
     let con = raw(url).await;
     eventually(LIMIT, &format!("{n} waiter(s) queued for {key}"), || {
         let mut con = con.clone();
