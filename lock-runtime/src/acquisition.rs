@@ -19,7 +19,7 @@ use tracing::{Instrument, Span};
 use crate::backend::{Acquire, Attempt, Store};
 use crate::backoff::Backoff;
 use crate::key::LockKey;
-use crate::lease::{Lease, Observed};
+use crate::lease::Lease;
 use crate::metrics::{Labels, Refused};
 use crate::options::{LockOptions, Share};
 use crate::spans;
@@ -464,15 +464,6 @@ impl<'a> Attempts<'a> {
         handed: bool,
     ) -> Result<Arc<Lease>, LockError> {
         self.let_go.disarm();
-        let span = spans::hold(
-            &self.traced.caller,
-            &self.key.name,
-            self.options.template,
-            fence,
-        );
-        let acquire = &self.traced.acquire;
-        acquire.record("lock.fence", fence);
-        acquire.record("lock.handed_over", handed);
         let lease = Lease::new(
             self.inner.next_lease_id(),
             self.key,
@@ -480,12 +471,18 @@ impl<'a> Attempts<'a> {
             fence,
             self.options,
             sent_at,
-            Observed {
-                labels: self.labels.clone(),
-                span,
-            },
+            self.labels.clone(),
         );
         self.inner.admit(&lease).await?;
+        let traced = self.traced;
+        lease.observe(spans::hold(
+            &traced.caller,
+            &lease.key.name,
+            lease.options.template,
+            fence,
+        ));
+        traced.acquire.record("lock.fence", fence);
+        traced.acquire.record("lock.handed_over", handed);
         if handed {
             self.labels.handed_over();
         }

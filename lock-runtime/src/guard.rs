@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tracing::Instrument;
+use tracing::{Instrument, Span};
 
 use crate::backend::{Renewal, Renewed, Store};
 use crate::error::LockError;
@@ -23,6 +23,9 @@ pub struct LockGuard {
     /// Shares a lease the task already held; releasing it is the outer holder's job.
     pub(crate) reentrant: bool,
     done: bool,
+    /// The lease's `lock.hold` span, open until the lock is given back: the release's parent,
+    /// also when the lease was lost (and its span ended) before.
+    hold: Span,
 }
 
 impl std::fmt::Debug for LockGuard {
@@ -38,11 +41,13 @@ impl std::fmt::Debug for LockGuard {
 impl LockGuard {
     /// The guard of a lease just acquired: it releases the lock when done or dropped.
     pub(crate) fn new(inner: Arc<RegistryInner>, lease: Arc<Lease>) -> Self {
+        let hold = lease.span();
         Self {
             inner,
             lease,
             reentrant: false,
             done: false,
+            hold,
         }
     }
 
@@ -53,6 +58,7 @@ impl LockGuard {
             lease,
             reentrant: true,
             done: true,
+            hold: Span::none(),
         }
     }
 
@@ -158,7 +164,7 @@ impl LockGuard {
             return Ok(());
         }
         self.done = true;
-        let span = spans::release(&self.lease.span(), keep);
+        let span = spans::release(&self.hold, keep);
         let outcome = self.give_back(keep).instrument(span.clone()).await;
         spans::released(&span, outcome.as_ref().map(|_| ()), keep.is_some());
         outcome

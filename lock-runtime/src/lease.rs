@@ -58,12 +58,6 @@ pub(crate) struct Lease {
     renewals: AtomicU64,
 }
 
-/// How a lease is seen from outside: its metrics' labels, and its `lock.hold` span.
-pub(crate) struct Observed {
-    pub labels: Labels,
-    pub span: Span,
-}
-
 impl Lease {
     pub(crate) fn new(
         id: u64,
@@ -72,7 +66,7 @@ impl Lease {
         fence: Option<u64>,
         options: LockOptions,
         sent_at: Instant,
-        Observed { labels, span }: Observed,
+        labels: Labels,
     ) -> Arc<Self> {
         let state = Mutex::new(LeaseState {
             deadline: options.deadline(sent_at),
@@ -91,7 +85,7 @@ impl Lease {
             state,
             changed: Notify::new(),
             labels,
-            span: Mutex::new(Some(Arc::new(span))),
+            span: Mutex::new(None),
             renewals: AtomicU64::new(0),
         })
     }
@@ -163,7 +157,12 @@ impl Lease {
             let (key, fence) = (crate::error::shown(&self.key.name).to_string(), self.fence);
             let span = self.span_handle();
             report::tell(move || {
-                tracing::info!(parent: span.as_deref().and_then(Span::id), key, fence, "lock lease safe again: renewed");
+                tracing::info!(
+                    parent: span.as_deref().and_then(|s| s.id()),
+                    key,
+                    fence,
+                    "lock lease safe again: renewed"
+                );
             });
         }
     }
@@ -192,7 +191,7 @@ impl Lease {
             let span = self.span_handle();
             report::tell(move || {
                 tracing::warn!(
-                    parent: span.as_deref().and_then(Span::id),
+                    parent: span.as_deref().and_then(|s| s.id()),
                     key,
                     fence,
                     left_ms,
@@ -235,7 +234,7 @@ impl Lease {
             let (key, fence) = (crate::error::shown(&self.key.name).to_string(), self.fence);
             report::tell(move || {
                 tracing::warn!(
-                    parent: span.as_deref().and_then(Span::id),
+                    parent: span.as_deref().and_then(|s| s.id()),
                     key,
                     fence,
                     %reason,
@@ -272,36 +271,47 @@ impl Lease {
         newly
     }
 
+    /// Gives the lease its `lock.hold` span, once the registry has admitted it.
+    pub(crate) fn observe(&self, span: Span) {
+        *self.span.lock().unwrap_or_else(PoisonError::into_inner) = Some(Arc::new(span));
+    }
+
     /// The `lock.hold` span while the lease lasts; a disabled span once it is over. Not on the
     /// I/O thread: cloning a span calls the subscriber (see [`Self::span_handle`]).
     pub(crate) fn span(&self) -> Span {
-        self.span_handle()
-            .map_or_else(Span::none, |span| Span::clone(&span))
+        let span = self
+            .span
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        span.map_or_else(Span::none, |span| Span::clone(&span))
     }
 
     /// The `lock.hold` span while the lease lasts, to tell an event in it from the reporting
-    /// thread.
-    fn span_handle(&self) -> Option<Arc<Span>> {
-        self.span
+    /// thread, and never to close it on the I/O thread (see [`report::Parting`]).
+    fn span_handle(&self) -> Option<report::Parting<Arc<Span>>> {
+        let span = self
+            .span
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+            .clone();
+        span.map(report::Parting::new)
     }
 
     /// Ends the `lock.hold` span (once) with how the lease ended (see `spans::over`), told from
     /// the reporting thread when this is the I/O thread: the subscriber is the application's
-    /// code, and may block. A release's span, inside it, keeps it open until the release ends.
+    /// code, and may block. The span closes when its last handle goes: the guard's (see
+    /// `LockGuard::finish`) or a body's still inside it.
     fn end_span(&self, ended: Option<LostReason>) {
         let span = self
             .span
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .take();
-        let Some(span) = span.filter(|s| !s.is_disabled()) else {
+        let Some(span) = span.filter(|s| !s.is_disabled()).map(report::Parting::new) else {
             return;
         };
         let renewals = self.renewals.load(Ordering::Relaxed);
-        // Closed where the last handle goes: here, or on the reporting thread.
         report::tell(move || spans::over(&span, ended, renewals));
     }
 

@@ -7,11 +7,13 @@
 //!
 //! The queue is bounded: when the subscriber or recorder falls that far behind (or blocks),
 //! what the I/O thread has to tell is dropped and counted, never waited for, and the count is
-//! told once the queue has room again.
+//! told once the queue has room again. What a dropped report held that must not end on the I/O
+//! thread (a span, whose closing calls the subscriber) is a [`Parting`]: it is handed to the
+//! reporting thread to end there instead.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, SyncSender, TrySendError};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock, PoisonError};
 
 use crate::io;
 
@@ -22,6 +24,46 @@ const QUEUED: usize = 4096;
 
 /// Reports dropped since the last one that went through.
 static DROPPED: AtomicU64 = AtomicU64::new(0);
+
+/// What background work let go of and the reporting thread drops (see [`Parting`]).
+static PARTED: Mutex<Vec<Box<dyn Send>>> = Mutex::new(Vec::new());
+
+/// A value whose drop calls the application's code (a span: its last handle closes it), held by
+/// a report: dropped where it is let go of, unless that is the library's background work, which
+/// hands it to the reporting thread instead (a report dropped on a full queue included).
+pub(crate) struct Parting<T: Send + 'static>(Option<T>);
+
+impl<T: Send + 'static> Parting<T> {
+    pub(crate) fn new(value: T) -> Self {
+        Self(Some(value))
+    }
+}
+
+impl<T: Send + 'static> std::ops::Deref for Parting<T> {
+    type Target = T;
+
+    fn deref(&self) -> &T {
+        self.0.as_ref().expect("only taken by drop")
+    }
+}
+
+impl<T: Send + 'static> Drop for Parting<T> {
+    fn drop(&mut self) {
+        let Some(value) = self.0.take() else { return };
+        if io::in_background() {
+            PARTED
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(Box::new(value));
+        }
+    }
+}
+
+/// Drops what background work let go of (see [`Parting`]), on the reporting thread.
+fn drop_parted() {
+    let parted = std::mem::take(&mut *PARTED.lock().unwrap_or_else(PoisonError::into_inner));
+    drop(parted);
+}
 
 /// Runs `tell` (which records a metric, or emits an event) now, or on the reporting thread if
 /// the caller is the library's background work (see [`io::in_background`]), under the
@@ -69,6 +111,7 @@ fn sender() -> &'static SyncSender<Job> {
                 for job in jobs {
                     // A panicking layer or recorder loses its own report, not the thread.
                     drop(std::panic::catch_unwind(std::panic::AssertUnwindSafe(job)));
+                    drop(std::panic::catch_unwind(drop_parted));
                 }
             });
         if let Err(error) = started {

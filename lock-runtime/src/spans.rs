@@ -18,7 +18,7 @@ pub(crate) fn acquire(registry: &str, keys: &[String], options: &LockOptions) ->
     let (mode, permits) = mode(options.share());
     tracing::info_span!(
         "lock.acquire",
-        lock.key = %crate::error::shown(&keys.join(" + ")),
+        lock.key = %shown_keys(keys),
         lock.template = options.template,
         lock.registry = registry,
         lock.mode = mode,
@@ -129,6 +129,14 @@ pub(crate) fn released(span: &Span, outcome: Result<(), &LockError>, kept: bool)
         }
     };
     span.record("lock.outcome", outcome);
+}
+
+/// The keys as a multi-key lock names itself (`LockKey::many`): sorted, each once.
+fn shown_keys(keys: &[String]) -> String {
+    let mut keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+    keys.sort_unstable();
+    keys.dedup();
+    crate::error::shown(&keys.join(" + "))
 }
 
 fn mode(share: Share) -> (&'static str, Option<u32>) {
