@@ -155,6 +155,10 @@ async fn async_trait_methods_run_under_their_lock() {
 
 #[tokio::test]
 async fn async_trait_futures_stay_send() {
+    // Every test here has the subscriber: a callsite first reached on a thread without one,
+    // while another thread installs its own, can keep an interest of `never` (tracing-core
+    // computes it from the dispatchers that existed then), and the spans it makes go unseen.
+    let _tracing = SpanStack::install();
     Registry::in_memory().install_as(REGISTRY);
     let service: Arc<dyn Deploy + Send + Sync> = Arc::new(Service {
         region: "us".into(),
@@ -165,6 +169,7 @@ async fn async_trait_futures_stay_send() {
 
 #[tokio::test]
 async fn async_trait_without_send_and_with_destructured_parameters() {
+    let _tracing = SpanStack::install();
     Registry::in_memory().install_as(REGISTRY);
     let job: Box<dyn LocalJob> = Box::new(Local);
     assert_eq!(job.run((2, 3)).await.expect("locked"), "local:2:3 5");

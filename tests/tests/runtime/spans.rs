@@ -128,6 +128,9 @@ fn subscriber() -> (Spans, tracing::subscriber::DefaultGuard) {
     let spans = Spans::default();
     let guard =
         tracing::subscriber::set_default(tracing_subscriber::registry().with(spans.clone()));
+    // Callsites the binary's other tests reached without a subscriber may keep an interest of
+    // `never` if they registered as this one was installed: asked again now.
+    tracing::callsite::rebuild_interest_cache();
     (spans, guard)
 }
 
@@ -448,6 +451,7 @@ fn watched(threads: &Threads) -> (Spans, tracing::subscriber::DefaultGuard) {
             .with(spans.clone())
             .with(threads.clone()),
     );
+    tracing::callsite::rebuild_interest_cache();
     (spans, guard)
 }
 
