@@ -24,8 +24,8 @@ pub struct LockGuard {
     pub(crate) reentrant: bool,
     done: bool,
     /// The lease's `lock.hold` span, open until the lock is given back: the release's parent,
-    /// also when the lease was lost (and its span ended) before.
-    hold: Span,
+    /// also when the lease was lost (and its span ended) before; a guarded body runs in it.
+    pub(crate) hold: Span,
 }
 
 impl std::fmt::Debug for LockGuard {

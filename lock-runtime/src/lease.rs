@@ -279,23 +279,22 @@ impl Lease {
     /// The `lock.hold` span while the lease lasts; a disabled span once it is over. Not on the
     /// I/O thread: cloning a span calls the subscriber (see [`Self::span_handle`]).
     pub(crate) fn span(&self) -> Span {
-        let span = self
-            .span
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
-        span.map_or_else(Span::none, |span| Span::clone(&span))
+        self.hold_span()
+            .map_or_else(Span::none, |span| Span::clone(&span))
     }
 
     /// The `lock.hold` span while the lease lasts, to tell an event in it from the reporting
     /// thread, and never to close it on the I/O thread (see [`report::Parting`]).
     fn span_handle(&self) -> Option<report::Parting<Arc<Span>>> {
-        let span = self
-            .span
+        self.hold_span().map(report::Parting::new)
+    }
+
+    /// The `lock.hold` span while the lease lasts.
+    fn hold_span(&self) -> Option<Arc<Span>> {
+        self.span
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .clone();
-        span.map(report::Parting::new)
+            .clone()
     }
 
     /// Ends the `lock.hold` span (once) with how the lease ended (see `spans::over`), told from

@@ -206,7 +206,7 @@ where
     // Declared before the body, so dropped after it, also when this future is dropped.
     let body_runs = guard.lease.guarding();
     let body = current::scope(guard.inner.clone(), guard.lease.clone(), body)
-        .instrument(guard.lease.span());
+        .instrument(guard.hold.clone());
     let outcome = match on_lost {
         OnLost::Cancel => {
             let mut body = std::pin::pin!(body);
