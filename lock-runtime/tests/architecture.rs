@@ -51,6 +51,7 @@ const LAYERS: &[&str] = &[
     "backend::redis",
     "backend::memory::model",
     "backend::memory",
+    "backend::redlock::turns",
     "backend::redlock",
     "backend::postgres::tls",
     "backend::postgres::link",

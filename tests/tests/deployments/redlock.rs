@@ -306,6 +306,54 @@ async fn waiters_are_served_while_a_minority_node_stays_paused() {
     nodes[2].resume();
 }
 
+/// Contenders of one registry take turns: with a node paused for longer than any `wait`,
+/// two of them that split the vote (or one that finds the lock half released) would each
+/// wait out that node's timeout, and everyone behind them would run out of `wait`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contenders_of_one_registry_never_wait_out_a_paused_node() {
+    let nodes = nodes(3);
+    // Each node answers within 30 s (ttl/10 of a 300 s lease): far beyond every `wait` below.
+    let reg = with_timeouts(
+        Registry::builder().redlock(nodes.iter().map(RedisServer::url)),
+        Duration::from_secs(30),
+    );
+    // Connected to every node (and subscribed) before one stops answering.
+    reg.lock("contended")
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    nodes[2].pause();
+    let tasks: Vec<_> = (0..10)
+        .map(|_| {
+            let reg = reg.clone();
+            tokio::spawn(async move {
+                for _ in 0..3 {
+                    reg.lock("contended")
+                        .ttl(Duration::from_secs(300))
+                        .wait(Duration::from_secs(15))
+                        .run(async {
+                            tokio::task::yield_now().await;
+                            Ok::<_, LockError>(())
+                        })
+                        .await?;
+                }
+                Ok::<_, LockError>(())
+            })
+        })
+        .collect();
+    let mut served = Vec::new();
+    for task in tasks {
+        served.push(task.await.unwrap());
+    }
+    nodes[2].resume();
+    for outcome in served {
+        outcome.expect("served within `wait`, never held up by the paused node");
+    }
+}
+
 /// Regression (issue 10, item 4): a waiter awaited every node's subscription in turn with no
 /// deadline, so one black-holed node cost each contended key the full connect timeout.
 #[tokio::test]

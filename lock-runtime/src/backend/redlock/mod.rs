@@ -6,7 +6,8 @@
 //! (silently, unless it had won a quorum: nobody can be waiting for a minority to end).
 //! A refused attempt waits for a release notification while one holder keeps a quorum, and
 //! otherwise (contenders split the vote) retries after a short random pause. Each attempt has
-//! a token of its own, so a late undo can never delete what a later attempt won.
+//! a token of its own, so a late undo can never delete what a later attempt won. Attempts
+//! and releases of one registry take [`turns`], so they never split the vote among themselves.
 //! A renewal counts only when a quorum confirms; a partial failure never unlocks anything, and
 //! the lease is lost once a quorum can no longer be kept. Releases go to every node.
 //!
@@ -14,6 +15,8 @@
 //! nodes cannot agree on one sequence without consensus (Kleppmann, "How to do distributed
 //! locking"). Asking for fencing on Redlock is an error rather than a token that only looks
 //! monotonic.
+
+mod turns;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -32,6 +35,7 @@ use crate::key::LockKey;
 use crate::timeouts::Timeouts;
 use crate::waiting::WaitHub;
 use crate::{error::LockError, io};
+use turns::Turns;
 
 pub(crate) struct Redlock {
     nodes: Vec<Arc<RedisBackend>>,
@@ -40,6 +44,7 @@ pub(crate) struct Redlock {
     timeouts: Timeouts,
     hub: WaitHub,
     on_the_way: Arc<OnTheWay>,
+    turns: Turns,
 }
 
 /// The attempts still on their way to their nodes, by token: a release of that token waits,
@@ -137,6 +142,7 @@ impl Redlock {
             timeouts,
             hub,
             on_the_way: Arc::default(),
+            turns: Turns::default(),
         }
     }
 
@@ -310,6 +316,7 @@ impl Redlock {
         share: Share,
         wait_for: usize,
     ) -> Result<bool, LockError> {
+        let _releasing = self.turns.releasing(key).await;
         let mut replies = self.fan_out(self.timeouts.command, |i, node| {
             let (key, token) = (key.clone(), token.to_owned());
             let on_the_way = self.on_the_way.clone();
@@ -395,6 +402,8 @@ impl Store for Redlock {
         }
         let quorum = self.quorum_for(attempt.share);
         let per_node = self.node_timeout(ttl);
+        // Until this attempt is decided (its stragglers run on without it).
+        let _turn = self.turns.attempt(key).await;
         let started = Instant::now();
         let (mut replies, verdict) = self.attempt_on_every_node(attempt, per_node);
         let n = self.nodes.len();
