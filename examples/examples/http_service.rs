@@ -14,7 +14,10 @@
 //!   seconds, rounded up),
 //! - `GET /metrics` (the `metrics` feature, rendered by `metrics-exporter-prometheus`) counts
 //!   exactly those payments under the handler's key template `order:<order_id>`: 6 acquired,
-//!   1 busy, 6 holds of at least the provider's 150 ms each, none held now.
+//!   1 busy, 6 holds of at least the provider's 150 ms each, none held now,
+//! - the service's leader-only job (an order sweeper, one replica at a time) answers
+//!   `GET /ready` 503 while another replica leads and 200 once this one does, `GET /live` 200
+//!   throughout, and `/metrics` shows this replica leading one term won.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -25,7 +28,7 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use lock_runtime::{distributed_lock, LockError, Registry};
+use lock_runtime::{distributed_lock, Election, LockError, Registry};
 use metrics_exporter_prometheus::PrometheusBuilder;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -132,6 +135,22 @@ async fn pay(State(app): State<App>, Path(order_id): Path<u64>) -> Result<String
     Ok(format!("paid order {order_id} (fence {fence})\n"))
 }
 
+/// An orchestrator's probe of the sweeper's election: 200 when `check` holds, else 503. Ready:
+/// this replica leads (a standby is healthy, never restarted for being one). Live: not at risk,
+/// and no term's work outlived its term.
+fn probe(
+    election: Election,
+    check: fn(&Election) -> bool,
+) -> impl Fn() -> std::future::Ready<StatusCode> + Clone {
+    move || {
+        std::future::ready(if check(&election) {
+            StatusCode::OK
+        } else {
+            StatusCode::SERVICE_UNAVAILABLE
+        })
+    }
+}
+
 /// An HTTP answer as the tiny client reads it.
 #[derive(Debug)]
 struct Answer {
@@ -199,14 +218,20 @@ async fn main() {
     let metrics = PrometheusBuilder::new()
         .install_recorder()
         .expect("the process's only metrics recorder");
-    Registry::from_url(&url)
-        .expect("a valid Redis URL")
-        .install_default();
+    let registry = Registry::from_url(&url).expect("a valid Redis URL");
+    registry.install_default();
+    // A leader-only job: one replica at a time sweeps abandoned orders.
+    let sweeper = registry
+        .election("order-sweeper")
+        .identity("replica-1")
+        .ttl(Duration::from_secs(10));
 
     let app = App::default();
     let router = Router::new()
         .route("/orders/{order_id}/pay", post(pay))
         .route("/metrics", get(move || async move { metrics.render() }))
+        .route("/ready", get(probe(sweeper.clone(), Election::is_leader)))
+        .route("/live", get(probe(sweeper.clone(), Election::is_live)))
         .with_state(app.clone());
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("a free port");
     let addr = listener.local_addr().unwrap();
@@ -388,6 +413,82 @@ async fn main() {
         ));
     }
 
+    // 5. The sweeper: the other replica leads first, so this one is a live standby, not ready;
+    // once the other resigns (a rolling deploy, say), this one leads and is ready.
+    let theirs = other_replica
+        .election("order-sweeper")
+        .identity("replica-2")
+        .ttl(Duration::from_secs(10))
+        .campaign()
+        .await
+        .expect("the other replica leads the sweeper");
+    let leading = tokio::spawn({
+        let sweeper = sweeper.clone();
+        async move {
+            sweeper
+                .lead(|_term| async {
+                    // ... sweep abandoned orders, for as long as the term lasts ...
+                    std::future::pending::<Result<(), std::io::Error>>().await
+                })
+                .await
+        }
+    });
+    let probes = |when: &'static str| async move {
+        let ready = http(addr, "GET", "/ready")
+            .await
+            .expect("HTTP request")
+            .status;
+        let live = http(addr, "GET", "/live")
+            .await
+            .expect("HTTP request")
+            .status;
+        println!("  {when}: GET /ready {ready}, GET /live {live}");
+        (ready, live)
+    };
+    println!("the order sweeper, a leader-only job:");
+    if probes("while replica-2 leads").await != (503, 200) {
+        failures.push("a standby must answer /ready 503 and /live 200".to_owned());
+    }
+    theirs.resign().await.expect("the other replica resigns");
+    let mut observer = sweeper.observe();
+    let elected = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            match observer.next().await {
+                Ok(Some(leader)) if leader.identity == "replica-1" => return true,
+                Ok(_) => {}
+                Err(e) => println!("  observing: {e}"),
+            }
+        }
+    })
+    .await
+    .unwrap_or(false);
+    if !elected || probes("once replica-1 leads").await != (200, 200) {
+        failures.push("the leader must answer /ready 200 and /live 200".to_owned());
+    }
+    let scrape = http(addr, "GET", "/metrics")
+        .await
+        .expect("HTTP request")
+        .body;
+    let labels = r#"{registry="default",election="order-sweeper"} "#;
+    let sweeper_sample = |name: &str| {
+        scrape
+            .lines()
+            .find_map(|line| line.strip_prefix(&format!("{name}{labels}")))
+            .and_then(|value| value.parse::<f64>().ok())
+            .unwrap_or(-1.0)
+    };
+    let (leader, won) = (
+        sweeper_sample("distributed_lock_leader"),
+        sweeper_sample("distributed_lock_terms_won_total"),
+    );
+    println!("  -> GET /metrics: distributed_lock_leader {leader}, terms won {won}\n");
+    if leader != 1.0 || won != 1.0 {
+        failures.push(format!(
+            "/metrics: expected this replica leading the sweeper after one term won:\n{scrape}"
+        ));
+    }
+    leading.abort();
+
     let _ = stop.send(());
     server.await.expect("server task").expect("serve");
     if !failures.is_empty() {
@@ -398,6 +499,7 @@ async fn main() {
     }
     println!(
         "one attribute on the handler: same order serialized, different orders in parallel, \
-         busy answered 409 with Retry-After, all of it counted on /metrics."
+         busy answered 409 with Retry-After, all of it counted on /metrics; the sweeper's \
+         replica ready only while it leads."
     );
 }

@@ -9,7 +9,7 @@
 //! where observers also hear every release: they look again only when something happened.
 
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -21,6 +21,7 @@ use crate::error::{LockError, LostReason};
 use crate::guard::LockGuard;
 use crate::lease::Lease;
 use crate::lock::guarded;
+use crate::metrics::ElectionLabels;
 use crate::options::{LockOptions, OnLost};
 use crate::state::RegistryInner;
 use crate::token;
@@ -354,6 +355,7 @@ impl Election {
                 lease: lease.clone(),
             },
         };
+        self.won(&lease);
         if let Err(error) = self.inner.backend.announce_taken(&lease.key).await {
             // Observers still see the new leader when the old lease ends, or at their next look.
             tracing::debug!(%error, "an elected leader's announcement failed");
@@ -434,6 +436,103 @@ impl Election {
         }
     }
 
+    /// Counts the term won, keeps it where [`is_leader`](Self::is_leader) looks, and counts
+    /// its end when it comes.
+    fn won(&self, lease: &Arc<Lease>) {
+        {
+            let mut terms = self
+                .inner
+                .terms
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let held = terms.entry(self.key.clone()).or_default();
+            held.retain(|term| term.upgrade().is_some_and(|term| still_counts(&term)));
+            held.push(Arc::downgrade(lease));
+        }
+        let labels = ElectionLabels::new(self.inner.name(), &self.key);
+        labels.won();
+        let lease = lease.clone();
+        drop(crate::io::spawn(async move {
+            labels.ended(lease.wait_lost().await);
+        }));
+    }
+
+    /// The terms of this election that candidates of this registry with this identity hold,
+    /// or whose work still runs although they are over.
+    fn held_here(&self) -> Vec<Arc<Lease>> {
+        let mut terms = self
+            .inner
+            .terms
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let Some(held) = terms.get_mut(&self.key) else {
+            return Vec::new();
+        };
+        let mut mine = Vec::new();
+        held.retain(|term| {
+            let Some(term) = term.upgrade().filter(|term| still_counts(term)) else {
+                return false;
+            };
+            if token::identity_of(&term.token) == Some(self.identity.as_str()) {
+                mine.push(term);
+            }
+            true
+        });
+        if held.is_empty() {
+            terms.remove(&self.key);
+        }
+        mine
+    }
+
+    /// The term a candidate of this registry holds in this election under this
+    /// [`identity`](Self::identity), while it lasts: from its election until it is resigned or
+    /// lost (every clone of the term sees it over at the same moment).
+    #[must_use]
+    pub fn term(&self) -> Option<Term> {
+        self.held_here()
+            .into_iter()
+            .find(|lease| lease.lost_reason().is_none())
+            .map(|lease| Term { lease })
+    }
+
+    /// Whether this process leads the election now (see [`term`](Self::term)): a
+    /// leader-only service's readiness. A standby is healthy but not ready, so an orchestrator
+    /// routes to the leader alone, and never restarts a standby for being one.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lock_runtime::LockError> {
+    /// let registry = lock_runtime::Registry::in_memory();
+    /// let election = registry.election("scheduler").identity("replica-1");
+    /// assert!(!election.is_leader());
+    /// let leadership = election.campaign().await?;
+    /// assert!(election.is_leader() && election.is_live());
+    /// leadership.resign().await?;
+    /// assert!(!election.is_leader() && election.is_live(), "a standby again");
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn is_leader(&self) -> bool {
+        self.term().is_some()
+    }
+
+    /// A leader-only service's liveness: `false` while this process leads with its term
+    /// [at risk](Term::is_at_risk), or while the work of a term that is over still runs (a
+    /// term's work is dropped when the term is lost, so work that outlives it is blocked: only a
+    /// restart stops it). `true` otherwise, standbys included.
+    ///
+    /// A term at risk is decided within its ttl: renewed (live again), or lost (a standby,
+    /// live again). Let the probe fail for longer than the election's ttl before restarting,
+    /// so a store that answers late costs no restart; a blocked term's work fails it for good.
+    #[must_use]
+    pub fn is_live(&self) -> bool {
+        self.held_here()
+            .iter()
+            .all(|lease| match lease.lost_reason() {
+                None => !lease.is_at_risk(),
+                Some(_) => !lease.state().body,
+            })
+    }
+
     /// Who leads now, in one look at the key; `None` while nobody does (a crashed leader's
     /// lease has not ended yet: it still shows).
     ///
@@ -466,6 +565,7 @@ impl Election {
         Observer {
             election: self.clone(),
             seen: None,
+            leaderless_since: None,
         }
     }
 }
@@ -480,6 +580,8 @@ pub struct Observer {
     election: Election,
     /// The leader last returned; `None` before the first call.
     seen: Option<Option<Leader>>,
+    /// Since when this observer has seen nobody lead (for `distributed_lock_leaderless_seconds`).
+    leaderless_since: Option<Instant>,
 }
 
 impl Observer {
@@ -501,6 +603,15 @@ impl Observer {
             news.as_mut().enable();
             let looked_at = Instant::now();
             let now = election.leader().await?;
+            match (&now, self.leaderless_since) {
+                (None, None) => self.leaderless_since = Some(looked_at),
+                (Some(_), Some(since)) => {
+                    self.leaderless_since = None;
+                    ElectionLabels::new(election.inner.name(), &election.key)
+                        .leaderless(looked_at.saturating_duration_since(since));
+                }
+                _ => {}
+            }
             let changed = match &self.seen {
                 None => true,
                 Some(None) => now.is_some(),
@@ -527,4 +638,10 @@ impl Observer {
             }
         }
     }
+}
+
+/// Whether a term won here still counts for [`Election::is_leader`] or
+/// [`Election::is_live`]: not over, or its work still runs.
+fn still_counts(term: &Lease) -> bool {
+    term.lost_reason().is_none() || term.state().body
 }

@@ -159,6 +159,78 @@ impl Labels {
     }
 }
 
+/// Whom an election's measurements are about: a registry and the election's key. An
+/// election's key is a label, unlike a lock's: elections are few and named by the application.
+#[derive(Clone, Debug)]
+pub(crate) struct ElectionLabels {
+    #[cfg(feature = "metrics")]
+    pairs: [(&'static str, ::metrics::SharedString); 2],
+}
+
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+impl ElectionLabels {
+    pub(crate) fn new(registry: &Arc<str>, election: &str) -> Self {
+        #[cfg(feature = "metrics")]
+        {
+            describe();
+            Self {
+                pairs: [
+                    ("registry", registry.clone().into()),
+                    ("election", election.to_owned().into()),
+                ],
+            }
+        }
+        #[cfg(not(feature = "metrics"))]
+        Self {}
+    }
+
+    /// Records through `record` with these labels, off the I/O thread (see [`report`]).
+    #[cfg(feature = "metrics")]
+    fn record(
+        &self,
+        record: impl FnOnce(&[(&'static str, ::metrics::SharedString); 2]) + Send + 'static,
+    ) {
+        let pairs = self.pairs.clone();
+        report::tell(move || record(&pairs));
+    }
+
+    /// A candidate of this registry was elected.
+    pub(crate) fn won(&self) {
+        #[cfg(feature = "metrics")]
+        self.record(|pairs| {
+            ::metrics::counter!("distributed_lock_terms_won_total", pairs).increment(1);
+            ::metrics::gauge!("distributed_lock_leader", pairs).increment(1.0);
+        });
+    }
+
+    /// A term won here ended: resigned (`Released`) or lost.
+    pub(crate) fn ended(&self, reason: LostReason) {
+        #[cfg(feature = "metrics")]
+        self.record(move |pairs| {
+            ::metrics::gauge!("distributed_lock_leader", pairs).decrement(1.0);
+            let [registry, election] = pairs;
+            let reason = match reason {
+                LostReason::Released => "resigned",
+                lost => lost.label(),
+            };
+            let labels = [
+                registry.clone(),
+                election.clone(),
+                ("reason", reason.into()),
+            ];
+            ::metrics::counter!("distributed_lock_terms_ended_total", &labels).increment(1);
+        });
+    }
+
+    /// An observer saw the election without a leader for `leaderless`, until one was elected.
+    pub(crate) fn leaderless(&self, leaderless: Duration) {
+        #[cfg(feature = "metrics")]
+        self.record(move |pairs| {
+            ::metrics::histogram!("distributed_lock_leaderless_seconds", pairs).record(leaderless);
+        });
+    }
+}
+
 /// Describes the metrics to the recorder installed at the first lock request (exporters show
 /// the descriptions as help text).
 #[cfg(feature = "metrics")]
@@ -196,5 +268,23 @@ fn describe() {
              third of the ttl (each lease counts once until a renewal is confirmed)"
         );
         describe_counter!("distributed_lock_lost_total", "Leases lost, by reason");
+        describe_gauge!(
+            "distributed_lock_leader",
+            "1 while a candidate of this registry leads the election, else 0"
+        );
+        describe_counter!(
+            "distributed_lock_terms_won_total",
+            "Terms won by a candidate of this registry"
+        );
+        describe_counter!(
+            "distributed_lock_terms_ended_total",
+            "Terms of this registry's candidates that ended, by reason: resigned (also when the \
+             term's work returned), or how the term was lost (expired, stolen, gone, shutdown)"
+        );
+        describe_histogram!(
+            "distributed_lock_leaderless_seconds",
+            Unit::Seconds,
+            "How long an observer saw the election without a leader, until the next was elected"
+        );
     });
 }

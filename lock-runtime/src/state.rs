@@ -1,8 +1,9 @@
 //! What a registry's clones, its lock requests and its guards share: the backend, the key
-//! prefix, the lease keeper, and whether a shutdown began.
+//! prefix, the lease keeper, the terms its candidates hold, and whether a shutdown began.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use crate::backend::{Backend, Store};
 use crate::error::LockError;
@@ -20,6 +21,9 @@ pub(crate) struct RegistryInner {
     name: OnceLock<Arc<str>>,
     /// Who this process is in its elections (see `RegistryBuilder::identity`).
     pub(crate) identity: Option<String>,
+    /// The terms its candidates won, by election key, until each is over and its work gone:
+    /// what `Election::is_leader` and `Election::is_live` read.
+    pub(crate) terms: Mutex<HashMap<String, Vec<Weak<Lease>>>>,
     next_id: AtomicU64,
     shut_down: AtomicBool,
 }
@@ -55,6 +59,7 @@ impl RegistryInner {
             backend,
             prefix,
             timeouts,
+            terms: Mutex::default(),
             next_id: AtomicU64::new(1),
             shut_down: AtomicBool::new(false),
         }

@@ -587,3 +587,82 @@ async fn a_caller_that_stops_waiting_is_counted_cancelled_and_an_unwatched_lease
     assert_eq!(value(&scrape, "distributed_lock_held", &labels), 1.0);
     drop(guard);
 }
+
+/// An election's terms are counted where they are won and end (by reason), the leader gauge
+/// says whether this registry leads, and an observer measures the time without a leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_elections_terms_leader_and_leaderless_time_are_measured() {
+    let metrics = recorder();
+    let server = RedisServer::start();
+    let (candidate, watcher) = (
+        named(&server, "metrics-election"),
+        named(&server, "metrics-watcher"),
+    );
+    let labels = [("registry", "metrics-election"), ("election", "sweeper")];
+    let election = candidate
+        .election("sweeper")
+        .identity("a")
+        // Renewed every second: the keeper finds a taken term gone soon.
+        .ttl(Duration::from_secs(3));
+    let mut observer = watcher.election("sweeper").observe();
+    assert_eq!(
+        observer.next().await.expect("observe"),
+        None,
+        "nobody leads yet"
+    );
+
+    let leadership = election.campaign().await.expect("elected");
+    let seen = tokio::time::timeout(LIMIT, observer.next())
+        .await
+        .expect("the observer sees the leader")
+        .expect("observe");
+    assert_eq!(seen.map(|l| l.identity).as_deref(), Some("a"));
+    let scrape = metrics.render();
+    assert_eq!(
+        value(&scrape, "distributed_lock_terms_won_total", &labels),
+        1.0
+    );
+    assert_eq!(value(&scrape, "distributed_lock_leader", &labels), 1.0);
+    eventually(
+        LIMIT,
+        "the leaderless time seen by the observer",
+        || async {
+            sample(
+                &metrics.render(),
+                "distributed_lock_leaderless_seconds_count",
+                &[("registry", "metrics-watcher"), ("election", "sweeper")],
+            ) == Some(1.0)
+        },
+    )
+    .await;
+
+    leadership.resign().await.expect("resign");
+    eventually(LIMIT, "the resigned term counted", || async {
+        let scrape = metrics.render();
+        sample(
+            &scrape,
+            "distributed_lock_terms_ended_total",
+            &and(&labels, ("reason", "resigned")),
+        ) == Some(1.0)
+            && sample(&scrape, "distributed_lock_leader", &labels) == Some(0.0)
+    })
+    .await;
+
+    // A second term, taken away by an operator: lost, with the reason the keeper saw.
+    let leadership = election.campaign().await.expect("elected again");
+    assert!(watcher.force_unlock("sweeper").await.expect("force-unlock"));
+    tokio::time::timeout(LIMIT, leadership.of_term().lost())
+        .await
+        .expect("lost within the limit");
+    eventually(LIMIT, "the lost term counted", || async {
+        let scrape = metrics.render();
+        sample(
+            &scrape,
+            "distributed_lock_terms_ended_total",
+            &and(&labels, ("reason", "gone")),
+        ) == Some(1.0)
+            && sample(&scrape, "distributed_lock_terms_won_total", &labels) == Some(2.0)
+            && sample(&scrape, "distributed_lock_leader", &labels) == Some(0.0)
+    })
+    .await;
+}

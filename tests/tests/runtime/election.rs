@@ -339,3 +339,116 @@ async fn in_memory_a_leader_in_one_term_for_more_than_a_day_is_reported_with_its
     }
     leadership.resign().await.unwrap();
 }
+
+/// Readiness follows the role: a standby is live and not ready, the leader is both, and only
+/// the candidate that holds the term (by its identity) leads, on every handle of the election.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn is_leader_follows_the_term_held_here_and_a_standby_is_live() {
+    on_redis_and_memory(|a, _| async move {
+        let (one, two) = (
+            a.election("scheduler").identity("one").ttl(LONG),
+            a.election("scheduler").identity("two").ttl(LONG),
+        );
+        assert!(!one.is_leader() && one.is_live() && one.term().is_none());
+        let leadership = one.campaign().await.expect("elected");
+        let queued = tokio::spawn(two.campaign());
+        assert!(one.is_leader() && one.is_live());
+        assert_eq!(
+            one.term().and_then(|t| t.number()),
+            leadership.term(),
+            "the term held here"
+        );
+        assert!(
+            a.election("scheduler").identity("one").is_leader(),
+            "another handle of the same election and identity sees it too"
+        );
+        assert!(
+            !two.is_leader() && two.is_live(),
+            "a candidate in line is a standby"
+        );
+        leadership.resign().await.expect("resign");
+        assert!(
+            !one.is_leader(),
+            "resigned: at once, not once the next is elected"
+        );
+        let second = tokio::time::timeout(LIMIT, queued)
+            .await
+            .expect("handed over")
+            .expect("task")
+            .expect("elected");
+        assert!(two.is_leader() && !one.is_leader());
+        second.resign().await.expect("resign");
+        assert!(!two.is_leader() && two.is_live());
+    })
+    .await;
+}
+
+/// A leader whose store stops answering is at risk, and not live, until the term is decided;
+/// then (lost, here) it is a live standby.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_is_not_live_while_its_term_is_at_risk() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    let reg = patient_registry(&proxy.url());
+    let election = reg
+        .election("scheduler")
+        .identity("a")
+        .ttl(Duration::from_secs(3));
+    let leadership = election.campaign().await.expect("elected");
+    let term = leadership.of_term();
+    proxy.blackhole();
+    tokio::time::timeout(LIMIT, term.at_risk())
+        .await
+        .expect("at risk within the limit");
+    if !term.is_lost() {
+        assert!(!election.is_live(), "at risk: not live");
+    }
+    tokio::time::timeout(LIMIT, term.lost())
+        .await
+        .expect("lost within the limit");
+    assert!(
+        election.is_live() && !election.is_leader(),
+        "a standby again"
+    );
+    proxy.heal();
+    drop(leadership);
+}
+
+/// Work that blocks its thread cannot be dropped when its term is lost: the process is not
+/// live until it returns, and live again after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_term_whose_work_outlives_it_is_not_live_until_the_work_ends() {
+    let server = RedisServer::start();
+    let (a, b) = (registry(&server), registry(&server));
+    let election = a.election("scheduler").identity("a").ttl(RENEWED_TTL);
+    let leadership = election.campaign().await.expect("elected");
+    let term = leadership.of_term();
+    let (began_tx, began) = tokio::sync::oneshot::channel();
+    let unblock = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let blocked = unblock.clone();
+    let work = tokio::spawn(leadership.run(async move {
+        let _ = began_tx.send(());
+        // Blocks its thread (a synchronous call that hangs): no await where it could be dropped.
+        while !blocked.load(std::sync::atomic::Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Ok::<_, LockError>(())
+    }));
+    began.await.expect("the work began");
+    assert!(b.force_unlock("scheduler").await.expect("force-unlock"));
+    tokio::time::timeout(LIMIT, term.lost())
+        .await
+        .expect("lost within the limit");
+    assert!(!election.is_leader());
+    assert!(
+        !election.is_live(),
+        "the term is over and its work still runs"
+    );
+    unblock.store(true, std::sync::atomic::Ordering::SeqCst);
+    let outcome = tokio::time::timeout(LIMIT, work)
+        .await
+        .expect("the work ends")
+        .expect("task");
+    assert!(outcome.is_err(), "the term was lost under it: {outcome:?}");
+    assert!(election.is_live(), "its work is gone");
+}
