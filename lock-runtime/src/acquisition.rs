@@ -284,6 +284,7 @@ impl<'a> Attempts<'a> {
                 waits: !self.options.wait.is_zero(),
                 others_wait,
                 share: self.share,
+                give_up_at: self.give_up_at,
             })
             .await;
         (sent_at, outcome)

@@ -4,6 +4,8 @@
 use std::future::Future;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use crate::error::LockError;
 use crate::io::Home;
 use crate::key::LockKey;
@@ -88,6 +90,9 @@ pub(crate) struct Acquire<'a> {
     pub others_wait: bool,
     /// The lock itself, a read lock or a permit.
     pub share: Share,
+    /// When the caller stops waiting: a store may hold an attempt back until then (Redlock's
+    /// turns), never longer.
+    pub give_up_at: Instant,
 }
 
 impl Acquire<'_> {

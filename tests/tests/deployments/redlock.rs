@@ -354,6 +354,147 @@ async fn contenders_of_one_registry_never_wait_out_a_paused_node() {
     }
 }
 
+/// Taking turns never stretches a `wait`: with a majority paused, each attempt waits out the
+/// silent nodes (a 10 s timeout here), and a short `wait` that could not have its turn
+/// goes ahead without it, as it would have alone, rather than after every attempt before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_wait_is_not_queued_behind_attempts_that_wait_out_silent_nodes() {
+    let nodes = nodes(3);
+    let reg = with_timeouts(
+        Registry::builder().redlock(nodes.iter().map(RedisServer::url)),
+        Duration::from_secs(10),
+    );
+    reg.lock("k")
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    nodes[1].pause();
+    nodes[2].pause();
+    let tasks: Vec<_> = (0..4)
+        .map(|_| {
+            let reg = reg.clone();
+            tokio::spawn(async move {
+                reg.lock("k")
+                    .ttl(Duration::from_secs(100))
+                    .wait(Duration::from_millis(200))
+                    .acquire()
+                    .await
+            })
+        })
+        .collect();
+    // One node timeout each, at once: never four of them one after another.
+    let outcomes = tokio::time::timeout(
+        Duration::from_secs(30),
+        futures_util::future::join_all(tasks),
+    )
+    .await
+    .expect("bounded by one node timeout each, not by the attempts queued before them");
+    nodes[1].resume();
+    nodes[2].resume();
+    for outcome in outcomes {
+        assert!(
+            outcome.unwrap().is_err(),
+            "no quorum with two of three nodes paused"
+        );
+    }
+}
+
+/// A release answered by a majority returns, also while an attempt of the same registry waits
+/// out a paused node (a permit, which needs every node of three, does).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_does_not_wait_for_an_attempt_that_waits_out_a_paused_node() {
+    let nodes = nodes(3);
+    let reg = with_timeouts(
+        Registry::builder().redlock(nodes.iter().map(RedisServer::url)),
+        Duration::from_secs(30),
+    );
+    let permit = |reg: &Registry| reg.lock("pool").permits(2).ttl(Duration::from_secs(300));
+    let held = permit(&reg).acquire().await.unwrap();
+    nodes[2].pause();
+    let contender = {
+        let reg = reg.clone();
+        tokio::spawn(async move { permit(&reg).wait(Duration::from_secs(60)).acquire().await })
+    };
+    // The contender's permit on the first node: its attempt now waits for the paused one.
+    let url = nodes[0].url();
+    lock_tests::eventually(
+        Duration::from_secs(10),
+        "the contender's attempt on the first node",
+        || async {
+            let mut con = lock_tests::raw(&url).await;
+            let members: usize = redis::AsyncCommands::zcard(&mut con, "lock:pool")
+                .await
+                .unwrap();
+            members == 3 // two holders and the set's tag
+        },
+    )
+    .await;
+    tokio::time::timeout(Duration::from_secs(15), held.release())
+        .await
+        .expect("answered by a majority, not held up by the attempt's 30 s wait")
+        .expect("ours");
+    contender.abort();
+    nodes[2].resume();
+}
+
+/// An attempt does not wait for a release that a majority has answered, even while the
+/// release waits for every node (a force-unlock does) and one is paused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_does_not_wait_for_a_release_settled_on_a_majority() {
+    let nodes = nodes(3);
+    let reg = with_timeouts(
+        Registry::builder().redlock(nodes.iter().map(RedisServer::url)),
+        Duration::from_secs(30),
+    );
+    let owner = with_timeouts(
+        Registry::builder()
+            .redlock(nodes.iter().map(RedisServer::url))
+            .identity("gone"),
+        Duration::from_secs(30),
+    );
+    let held = owner
+        .lock("k")
+        .ttl(Duration::from_secs(300))
+        .renew(false)
+        .acquire()
+        .await
+        .unwrap();
+    let token_owner = owner.inspect("k").await.unwrap().owner.expect("held");
+    nodes[2].pause();
+    let unlock = {
+        let reg = reg.clone();
+        tokio::spawn(async move { reg.force_unlock_owned_by("k", &token_owner).await })
+    };
+    for node in &nodes[..2] {
+        let url = node.url();
+        lock_tests::eventually(
+            Duration::from_secs(10),
+            "the force-unlock on the live nodes",
+            || async {
+                let mut con = lock_tests::raw(&url).await;
+                let held: Option<String> =
+                    redis::AsyncCommands::get(&mut con, "lock:k").await.unwrap();
+                held.is_none()
+            },
+        )
+        .await;
+    }
+    let guard = tokio::time::timeout(
+        Duration::from_secs(15),
+        reg.lock("k").ttl(Duration::from_secs(300)).acquire(),
+    )
+    .await
+    .expect("not held up by the force-unlock's 30 s wait for the paused node")
+    .expect("free on a majority");
+    nodes[2].resume();
+    let _ = unlock.await;
+    guard.release().await.unwrap();
+    drop(held);
+}
+
 /// Regression (issue 10, item 4): a waiter awaited every node's subscription in turn with no
 /// deadline, so one black-holed node cost each contended key the full connect timeout.
 #[tokio::test]
@@ -696,7 +837,15 @@ async fn permits_never_exceed_their_number_and_need_more_than_a_majority() {
 async fn inspect_counts_a_permit_or_a_reader_only_where_a_majority_holds_it() {
     let nodes = nodes(3);
     let registry = registry(&nodes);
-    let held = registry.lock("pool").permits(3).acquire().await.unwrap();
+    // Waits: a fresh registry's first attempt also connects, within 300 ms per node, which a
+    // loaded machine can miss; a retry finds the connections made.
+    let held = registry
+        .lock("pool")
+        .permits(3)
+        .wait(Duration::from_secs(10))
+        .acquire()
+        .await
+        .unwrap();
     until_held_everywhere_shared(&nodes, "lock:pool", 2).await;
     // A straggler on one node only: a permit (and, on another key, a reader) that no other
     // node has, as a release on its way there would leave it.

@@ -240,7 +240,8 @@ impl Redlock {
     ) {
         let (verdict, decided) = watch::channel(Verdict::Pending);
         let (ttl, share, number) = (attempt.ttl, attempt.share, attempt.attempt);
-        let (waits, others_wait) = (attempt.waits, attempt.others_wait);
+        let (waits, others_wait, give_up_at) =
+            (attempt.waits, attempt.others_wait, attempt.give_up_at);
         self.on_the_way.sent(attempt.token, self.nodes.len());
         let (key, token) = (attempt.key.clone(), attempt.token.to_owned());
         let on_the_way = self.on_the_way.clone();
@@ -258,6 +259,7 @@ impl Redlock {
                     waits,
                     others_wait,
                     share,
+                    give_up_at,
                 };
                 let outcome = node.acquire(&attempt).await;
                 on_the_way.landed(&token, i);
@@ -316,7 +318,8 @@ impl Redlock {
         share: Share,
         wait_for: usize,
     ) -> Result<bool, LockError> {
-        let _releasing = self.turns.releasing(key).await;
+        // Until the outcome is settled on a quorum (a release to every node goes on after).
+        let mut releasing = Some(self.turns.releasing(key).await);
         let mut replies = self.fan_out(self.timeouts.command, |i, node| {
             let (key, token) = (key.clone(), token.to_owned());
             let on_the_way = self.on_the_way.clone();
@@ -331,6 +334,9 @@ impl Redlock {
         let (mut deleted, mut kept, mut errors) = (0, 0, Vec::new());
         loop {
             let settled = deleted >= quorum || kept > total - quorum;
+            if settled {
+                drop(releasing.take());
+            }
             if deleted + kept >= wait_for && settled {
                 break;
             }
@@ -402,13 +408,18 @@ impl Store for Redlock {
         }
         let quorum = self.quorum_for(attempt.share);
         let per_node = self.node_timeout(ttl);
-        // Until this attempt is decided (its stragglers run on without it).
-        let _turn = self.turns.attempt(key).await;
+        // Until this attempt is decided (its stragglers run on without it). Not past the
+        // caller's wait: an attempt that cannot have its turn by then goes without it, as it
+        // would have alone, rather than after every attempt queued before it.
+        let turn = tokio::time::timeout_at(attempt.give_up_at, self.turns.attempt(key))
+            .await
+            .ok();
         let started = Instant::now();
         let (mut replies, verdict) = self.attempt_on_every_node(attempt, per_node);
         let n = self.nodes.len();
         let (mut won, mut busy, mut errors, mut refused) =
             (0, Vec::new(), Vec::<String>::new(), None);
+        let mut answered = 0;
         // Which of a multi-key lock's keys a busy node named first: the one to wait on.
         let mut busy_at = None;
         // Read on while a quorum may still grant. Once it cannot, read on (each reply bounded
@@ -423,6 +434,14 @@ impl Store for Redlock {
             let Some(reply) = replies.next().await else {
                 break;
             };
+            answered += 1;
+            if answered == self.quorum {
+                // What is left are stragglers: a release that crosses this attempt now can
+                // only meet it there.
+                if let Some(turn) = &turn {
+                    turn.let_releases_pass();
+                }
+            }
             match reply {
                 Ok(Attempt::Acquired { .. }) => won += 1,
                 Ok(Attempt::Busy {

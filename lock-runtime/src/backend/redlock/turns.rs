@@ -7,7 +7,9 @@
 //! silent ones, up to the per-node timeout: with a node down, each such round costs that
 //! timeout. Contenders in other processes can still split the vote (Redlock's random pause is
 //! for them); those of one registry need not. A release waits only for the attempt on its way,
-//! never for the ones queued after it.
+//! and only until that attempt has heard from a majority (the rest are stragglers); an attempt
+//! waits for its turn no longer than its caller waits (see `Redlock::acquire`); a release holds
+//! attempts back only until it is settled on a quorum.
 
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -25,6 +27,8 @@ pub(super) struct Turns(Arc<Mutex<HashMap<String, Turn>>>);
 #[derive(Default)]
 struct Turn {
     attempting: bool,
+    /// The attempt on its way has not heard from a majority yet: releases wait for it.
+    holding_releases: bool,
     /// Releases on their way, or waiting for the attempt to come back first.
     releasing: usize,
     /// Told whenever the two above change.
@@ -68,7 +72,8 @@ impl Turns {
                 });
                 let Some(changed) = busy else {
                     for name in &names {
-                        turns.entry(name.clone()).or_default().attempting = true;
+                        let turn = turns.entry(name.clone()).or_default();
+                        (turn.attempting, turn.holding_releases) = (true, true);
                     }
                     return AttemptTurn {
                         turns: self.0.clone(),
@@ -82,7 +87,7 @@ impl Turns {
     }
 
     /// Marks a release of `key` on its way (later attempts wait for it), and waits for the
-    /// attempt already on its way, if any.
+    /// attempt already on its way, if any, until it has heard from a majority.
     pub(super) async fn releasing(&self, key: &LockKey) -> Releasing {
         let names = names(key);
         {
@@ -102,7 +107,7 @@ impl Turns {
                 releasing.names.iter().find_map(|name| {
                     turns
                         .get(name)
-                        .filter(|t| t.attempting)
+                        .filter(|t| t.attempting && t.holding_releases)
                         .map(|t| registered(&t.changed))
                 })
             };
@@ -137,9 +142,19 @@ fn update(turns: &Mutex<HashMap<String, Turn>>, names: &[String], change: impl F
     }
 }
 
+impl AttemptTurn {
+    /// The attempt heard from a majority: what is left are stragglers, which a release that
+    /// crosses it can meet without leaving the attempt undecided on the nodes that answered.
+    pub(super) fn let_releases_pass(&self) {
+        update(&self.turns, &self.names, |t| t.holding_releases = false);
+    }
+}
+
 impl Drop for AttemptTurn {
     fn drop(&mut self) {
-        update(&self.turns, &self.names, |t| t.attempting = false);
+        update(&self.turns, &self.names, |t| {
+            (t.attempting, t.holding_releases) = (false, false);
+        });
     }
 }
 
@@ -191,6 +206,26 @@ mod tests {
         drop(second.await);
         drop(other_key);
         assert_eq!(held(&turns), 0, "the last one out takes the key's turn out");
+    }
+
+    #[tokio::test]
+    async fn a_release_passes_an_attempt_that_heard_from_a_majority() {
+        let turns = Turns::default();
+        let a = key("a");
+        let attempt = turns.attempt(&a).await;
+        let mut releasing = pin!(turns.releasing(&a));
+        assert!(releasing.as_mut().now_or_never().is_none());
+        attempt.let_releases_pass();
+        let released = releasing.await;
+        let mut next = pin!(turns.attempt(&a));
+        drop(attempt);
+        assert!(
+            next.as_mut().now_or_never().is_none(),
+            "attempts still go one at a time, and none crosses the release"
+        );
+        drop(released);
+        drop(next.await);
+        assert_eq!(held(&turns), 0);
     }
 
     #[tokio::test]

@@ -180,6 +180,7 @@ mod tests {
             waits: false,
             others_wait: false,
             share,
+            give_up_at: tokio::time::Instant::now(),
         }
     }
 
