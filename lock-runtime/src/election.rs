@@ -9,7 +9,8 @@
 //! where observers also hear every release: they look again only when something happened.
 
 use std::future::Future;
-use std::sync::{Arc, PoisonError};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, PoisonError, Weak};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -437,51 +438,52 @@ impl Election {
     }
 
     /// Counts the term won, keeps it where [`is_leader`](Self::is_leader) looks, and counts
-    /// its end when it comes.
+    /// it down the moment it ends.
     fn won(&self, lease: &Arc<Lease>) {
-        {
-            let mut terms = self
+        let leading = {
+            let mut elections = self
                 .inner
                 .terms
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
-            let held = terms.entry(self.key.clone()).or_default();
-            held.retain(|term| term.upgrade().is_some_and(|term| still_counts(&term)));
-            held.push(Arc::downgrade(lease));
-        }
+            // Every election's: one whose key is never asked about again still lets go.
+            elections.retain(|_, held| {
+                held.terms
+                    .retain(|term| term.upgrade().is_some_and(|term| still_counts(&term)));
+                !held.terms.is_empty() || held.leading.load(Ordering::SeqCst) > 0
+            });
+            let held = elections.entry(self.key.clone()).or_default();
+            held.terms.push(Arc::downgrade(lease));
+            held.leading.fetch_add(1, Ordering::SeqCst);
+            held.leading.clone()
+        };
         let labels = ElectionLabels::new(self.inner.name(), &self.key);
-        labels.won();
-        let lease = lease.clone();
-        drop(crate::io::spawn(async move {
-            labels.ended(lease.wait_lost().await);
-        }));
+        labels.won(&leading);
+        lease.on_end(move |reason| {
+            leading.fetch_sub(1, Ordering::SeqCst);
+            labels.ended(reason, &leading);
+        });
     }
 
     /// The terms of this election that candidates of this registry with this identity hold,
     /// or whose work still runs although they are over.
     fn held_here(&self) -> Vec<Arc<Lease>> {
-        let mut terms = self
+        let elections = self
             .inner
             .terms
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        let Some(held) = terms.get_mut(&self.key) else {
+        let Some(held) = elections.get(&self.key) else {
             return Vec::new();
         };
-        let mut mine = Vec::new();
-        held.retain(|term| {
-            let Some(term) = term.upgrade().filter(|term| still_counts(term)) else {
-                return false;
-            };
-            if token::identity_of(&term.token) == Some(self.identity.as_str()) {
-                mine.push(term);
-            }
-            true
-        });
-        if held.is_empty() {
-            terms.remove(&self.key);
-        }
-        mine
+        held.terms
+            .iter()
+            .filter_map(Weak::upgrade)
+            .filter(|term| {
+                still_counts(term)
+                    && token::identity_of(&term.token) == Some(self.identity.as_str())
+            })
+            .collect()
     }
 
     /// The term a candidate of this registry holds in this election under this

@@ -56,7 +56,12 @@ pub(crate) struct Lease {
     span: Mutex<Option<Arc<Span>>>,
     /// Renewals confirmed, for the span.
     renewals: AtomicU64,
+    /// Told once how the lease ended, the moment it does (see [`Self::on_end`]).
+    on_end: Mutex<Option<OnEnd>>,
 }
+
+/// What a lease tells its end to: an election's count of the terms it leads.
+type OnEnd = Box<dyn FnOnce(LostReason) + Send>;
 
 impl Lease {
     pub(crate) fn new(
@@ -87,6 +92,7 @@ impl Lease {
             labels,
             span: Mutex::new(None),
             renewals: AtomicU64::new(0),
+            on_end: Mutex::new(None),
         })
     }
 
@@ -267,8 +273,31 @@ impl Lease {
             }
             self.changed.notify_waiters();
             self.end_span(Some(reason));
+            self.ended(reason);
         }
         newly
+    }
+
+    /// Has `hook` told how the lease ended, once: when it ends (before the release that lets
+    /// the next holder in is sent), at once if it already has, or when the lease is dropped
+    /// unended.
+    pub(crate) fn on_end(&self, hook: impl FnOnce(LostReason) + Send + 'static) {
+        *self.on_end.lock().unwrap_or_else(PoisonError::into_inner) = Some(Box::new(hook));
+        // An end that came first found no hook; whichever of the two takes it tells it.
+        if let Some(reason) = self.state().lost {
+            self.ended(reason);
+        }
+    }
+
+    fn ended(&self, reason: LostReason) {
+        let hook = self
+            .on_end
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(hook) = hook {
+            hook(reason);
+        }
     }
 
     /// Gives the lease its `lock.hold` span, once the registry has admitted it.
@@ -392,7 +421,9 @@ impl Lease {
 impl Drop for Lease {
     /// A lease dropped before it was over (its registry went away with it) ends its span too.
     fn drop(&mut self) {
-        self.end_span(self.lost_reason());
+        let reason = self.lost_reason();
+        self.end_span(reason);
+        self.ended(reason.unwrap_or(LostReason::Released));
     }
 }
 

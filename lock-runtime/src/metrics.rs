@@ -5,6 +5,9 @@
 //! [`guide::metrics`](crate::guide::metrics). Labels never carry the rendered key: its values
 //! are unbounded, and so would be the exporter's memory.
 
+use std::sync::atomic::AtomicUsize;
+#[cfg(feature = "metrics")]
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -194,21 +197,19 @@ impl ElectionLabels {
         report::tell(move || record(&pairs));
     }
 
-    /// A candidate of this registry was elected.
-    pub(crate) fn won(&self) {
+    /// A candidate of this registry was elected; `leading` terms are led here now.
+    pub(crate) fn won(&self, leading: &Arc<AtomicUsize>) {
         #[cfg(feature = "metrics")]
         self.record(|pairs| {
             ::metrics::counter!("distributed_lock_terms_won_total", pairs).increment(1);
-            ::metrics::gauge!("distributed_lock_leader", pairs).increment(1.0);
         });
+        self.leading(leading);
     }
 
     /// A term won here ended: resigned (`Released`) or lost.
-    pub(crate) fn ended(&self, reason: LostReason) {
+    pub(crate) fn ended(&self, reason: LostReason, leading: &Arc<AtomicUsize>) {
         #[cfg(feature = "metrics")]
-        self.record(move |pairs| {
-            ::metrics::gauge!("distributed_lock_leader", pairs).decrement(1.0);
-            let [registry, election] = pairs;
+        self.record(move |[registry, election]| {
             let reason = match reason {
                 LostReason::Released => "resigned",
                 lost => lost.label(),
@@ -220,6 +221,22 @@ impl ElectionLabels {
             ];
             ::metrics::counter!("distributed_lock_terms_ended_total", &labels).increment(1);
         });
+        self.leading(leading);
+    }
+
+    /// Sets the leader gauge to the count when the report runs, not when it was told: reports
+    /// that arrive late or out of order (one from the I/O thread, the next from the caller's)
+    /// never leave it off.
+    fn leading(&self, leading: &Arc<AtomicUsize>) {
+        #[cfg(feature = "metrics")]
+        {
+            let leading = leading.clone();
+            self.record(move |pairs| {
+                #[allow(clippy::cast_precision_loss)]
+                let now = leading.load(Ordering::SeqCst) as f64;
+                ::metrics::gauge!("distributed_lock_leader", pairs).set(now);
+            });
+        }
     }
 
     /// An observer saw the election without a leader for `leaderless`, until one was elected.
@@ -270,7 +287,7 @@ fn describe() {
         describe_counter!("distributed_lock_lost_total", "Leases lost, by reason");
         describe_gauge!(
             "distributed_lock_leader",
-            "1 while a candidate of this registry leads the election, else 0"
+            "1 while a candidate of this registry leads the election, else 0 (the terms led here)"
         );
         describe_counter!(
             "distributed_lock_terms_won_total",

@@ -2,7 +2,7 @@
 //! prefix, the lease keeper, the terms its candidates hold, and whether a shutdown began.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use crate::backend::{Backend, Store};
@@ -21,11 +21,20 @@ pub(crate) struct RegistryInner {
     name: OnceLock<Arc<str>>,
     /// Who this process is in its elections (see `RegistryBuilder::identity`).
     pub(crate) identity: Option<String>,
-    /// The terms its candidates won, by election key, until each is over and its work gone:
-    /// what `Election::is_leader` and `Election::is_live` read.
-    pub(crate) terms: Mutex<HashMap<String, Vec<Weak<Lease>>>>,
+    /// The terms its candidates won, by election key: what `Election::is_leader` and
+    /// `Election::is_live` read, and the leader gauge counts.
+    pub(crate) terms: Mutex<HashMap<String, HeldTerms>>,
     next_id: AtomicU64,
     shut_down: AtomicBool,
+}
+
+/// One election's terms won in a registry.
+#[derive(Default)]
+pub(crate) struct HeldTerms {
+    /// Each until it is over and its work gone.
+    pub(crate) terms: Vec<Weak<Lease>>,
+    /// Those not over yet, counted down the moment each ends.
+    pub(crate) leading: Arc<AtomicUsize>,
 }
 
 impl std::fmt::Debug for RegistryInner {

@@ -666,3 +666,101 @@ async fn an_elections_terms_leader_and_leaderless_time_are_measured() {
     })
     .await;
 }
+
+/// The leader gauge is the count of terms led here when each report runs: one leader reads 1
+/// (never 2 across a handover, whichever thread tells which end), and 0 once every term
+/// ended, also after reports were dropped while the application's recorder blocked.
+#[test]
+fn the_leader_gauge_is_back_to_zero_once_every_term_ended() {
+    const TERMS: usize = 5000;
+    recorder();
+    let _serial = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
+    let labels = [("registry", "metrics-leader-drift"), ("election", "drift")];
+    let gate = Gate::close();
+    let (done_tx, done) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let during_second_term = runtime.block_on(async move {
+            // The application's recorder blocks (on another registry's loss): the reporting
+            // thread is held, and its queue fills.
+            let stalled = Registry::builder()
+                .memory(lock_runtime::MemoryStore::new())
+                .name(STALLED)
+                .build()
+                .unwrap();
+            let _unwatched = stalled
+                .lock("stalled:1")
+                .ttl(Duration::from_millis(100))
+                .renew(false)
+                .acquire()
+                .await
+                .unwrap();
+            tokio::task::spawn_blocking(Gate::wait_held).await.unwrap();
+            let registry = Registry::builder()
+                .memory(lock_runtime::MemoryStore::new())
+                .name("metrics-leader-drift")
+                .build()
+                .unwrap();
+            let election = registry
+                .election("drift")
+                .identity("a")
+                .ttl(Duration::from_secs(60));
+            let mut during_second_term = None;
+            for i in 0..TERMS {
+                let leadership = election.campaign().await.expect("elected");
+                if i == 1 {
+                    during_second_term =
+                        sample(&recorder().render(), "distributed_lock_leader", &labels);
+                }
+                leadership.resign().await.expect("resign");
+            }
+            during_second_term
+        });
+        done_tx.send(during_second_term).unwrap();
+    });
+    let went_on = done.recv_timeout(LIMIT * 12);
+    drop(gate);
+    let during_second_term = went_on.expect("the terms went on while the reporter blocked");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        // Told after every term's end: once it shows, the queue has been drained.
+        let sentinel = Registry::builder()
+            .memory(lock_runtime::MemoryStore::new())
+            .name("metrics-leader-drift-sentinel")
+            .build()
+            .unwrap();
+        let _guard = sentinel
+            .lock("sentinel")
+            .ttl(Duration::from_millis(50))
+            .renew(false)
+            .acquire()
+            .await
+            .unwrap();
+        eventually(LIMIT, "the sentinel's loss is told", || async {
+            sample(
+                &recorder().render(),
+                "distributed_lock_lost_total",
+                &[
+                    ("registry", "metrics-leader-drift-sentinel"),
+                    ("lock", "untemplated"),
+                    ("reason", "not_renewed"),
+                ],
+            ) == Some(1.0)
+        })
+        .await;
+    });
+    let after = sample(&recorder().render(), "distributed_lock_leader", &labels);
+    assert_eq!(
+        (during_second_term, after),
+        (Some(1.0), Some(0.0)),
+        "the leader gauge while the second term was led, and after all {TERMS} terms ended"
+    );
+}

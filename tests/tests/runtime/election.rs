@@ -452,3 +452,25 @@ async fn a_term_whose_work_outlives_it_is_not_live_until_the_work_ends() {
     assert!(outcome.is_err(), "the term was lost under it: {outcome:?}");
     assert!(election.is_live(), "its work is gone");
 }
+
+/// In memory, on Tokio's paused clock, a term lasts as long as the paused clock says (leases
+/// there expire when the test advances time, and only then), also while the runtime is blocked
+/// for longer than the ttl in real time.
+#[tokio::test(start_paused = true)]
+async fn in_memory_a_term_on_the_paused_clock_is_not_ended_by_the_real_one() {
+    let registry = Registry::in_memory();
+    let election = registry
+        .election("scheduler")
+        .identity("a")
+        .ttl(Duration::from_millis(200));
+    let leadership = election.campaign().await.expect("elected");
+    // A synchronous call blocks the runtime for five ttls of real time; not a moment passes
+    // on its paused clock.
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(
+        !leadership.is_lost(),
+        "no time passed on the paused clock, yet the term ended"
+    );
+    assert!(election.is_leader());
+    leadership.resign().await.expect("still ours");
+}
