@@ -19,11 +19,22 @@ use crate::report;
 #[cfg(feature = "metrics")]
 const UNTEMPLATED: &str = "untemplated";
 
+/// Two labels: the registry, and what in it a measurement is about.
+#[cfg(feature = "metrics")]
+type Pairs = [(&'static str, ::metrics::SharedString); 2];
+
+/// Records through `record` with `pairs`, off the I/O thread (see [`report`]).
+#[cfg(feature = "metrics")]
+fn record_with(pairs: &Pairs, record: impl FnOnce(&Pairs) + Send + 'static) {
+    let pairs = pairs.clone();
+    report::tell(move || record(&pairs));
+}
+
 /// Whom a measurement is about: a registry and a template. Empty without the feature.
 #[derive(Clone, Debug)]
 pub(crate) struct Labels {
     #[cfg(feature = "metrics")]
-    pairs: [(&'static str, ::metrics::SharedString); 2],
+    pairs: Pairs,
 }
 
 /// How a lock request ended, when it did not get the lock.
@@ -105,14 +116,9 @@ impl Labels {
         });
     }
 
-    /// Records through `record` with these labels, off the I/O thread (see [`report`]).
     #[cfg(feature = "metrics")]
-    fn record(
-        &self,
-        record: impl FnOnce(&[(&'static str, ::metrics::SharedString); 2]) + Send + 'static,
-    ) {
-        let pairs = self.pairs.clone();
-        report::tell(move || record(&pairs));
+    fn record(&self, record: impl FnOnce(&Pairs) + Send + 'static) {
+        record_with(&self.pairs, record);
     }
 
     /// A lease is no longer held (released, or let go of after its loss), after `held`.
@@ -167,7 +173,7 @@ impl Labels {
 #[derive(Clone, Debug)]
 pub(crate) struct ElectionLabels {
     #[cfg(feature = "metrics")]
-    pairs: [(&'static str, ::metrics::SharedString); 2],
+    pairs: Pairs,
 }
 
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
@@ -187,14 +193,9 @@ impl ElectionLabels {
         Self {}
     }
 
-    /// Records through `record` with these labels, off the I/O thread (see [`report`]).
     #[cfg(feature = "metrics")]
-    fn record(
-        &self,
-        record: impl FnOnce(&[(&'static str, ::metrics::SharedString); 2]) + Send + 'static,
-    ) {
-        let pairs = self.pairs.clone();
-        report::tell(move || record(&pairs));
+    fn record(&self, record: impl FnOnce(&Pairs) + Send + 'static) {
+        record_with(&self.pairs, record);
     }
 
     /// A candidate of this registry was elected; `leading` terms are led here now.

@@ -206,29 +206,51 @@ fn a_blocked_reporter_stalls_no_lock(name: &'static str, subscriber: Option<Gate
     recorder();
     let _serial = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
     let gate = Gate::close();
-    let (done_tx, done) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _subscriber = subscriber.map(tracing::subscriber::set_default);
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        runtime.block_on(goes_on_while_the_reporter_blocks(name));
-        done_tx.send(()).unwrap();
+    let went_on = on_a_thread_of_its_own(LIMIT * 2, subscriber, move || {
+        goes_on_while_the_reporter_blocks(name)
     });
-    let went_on = done.recv_timeout(LIMIT * 2);
     drop(gate);
     went_on.expect("the registry went on while its reporter blocked");
 }
 
-async fn goes_on_while_the_reporter_blocks(name: &str) {
+/// A multi-threaded runtime, as the application's.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Runs `work` on a thread and runtime of its own (under `subscriber`), waiting for it no
+/// longer than `limit`: a registry stalled behind its reporter fails the test instead of
+/// hanging it.
+fn on_a_thread_of_its_own<T, Fut>(
+    limit: Duration,
+    subscriber: Option<GatedSubscriber>,
+    work: impl FnOnce() -> Fut + Send + 'static,
+) -> Result<T, std::sync::mpsc::RecvTimeoutError>
+where
+    T: Send + 'static,
+    Fut: std::future::Future<Output = T>,
+{
+    let (done_tx, done) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _subscriber = subscriber.map(tracing::subscriber::set_default);
+        let _ = done_tx.send(runtime().block_on(work()));
+    });
+    done.recv_timeout(limit)
+}
+
+/// An in-memory registry named `name` whose lock, neither renewed nor watched, is lost: its
+/// keeper tells of the loss when its ttl runs out, and (under [`STALLED`]) blocks the reporter
+/// there. Returns once something is held at the gate.
+async fn stall_the_reporter(name: &str) -> (Registry, lock_runtime::LockGuard) {
     let registry = Registry::builder()
         .memory(lock_runtime::MemoryStore::new())
         .name(name)
         .build()
         .unwrap();
-    // Not renewed and not watched: its keeper tells of the loss when its ttl runs out.
     let unwatched = registry
         .lock("stalled:1")
         .ttl(Duration::from_millis(100))
@@ -237,6 +259,11 @@ async fn goes_on_while_the_reporter_blocks(name: &str) {
         .await
         .unwrap();
     tokio::task::spawn_blocking(Gate::wait_held).await.unwrap();
+    (registry, unwatched)
+}
+
+async fn goes_on_while_the_reporter_blocks(name: &str) {
+    let (registry, unwatched) = stall_the_reporter(name).await;
     let kept = tokio::time::timeout(LIMIT, registry.lock("stalled:2").ttl(TTL).acquire())
         .await
         .expect("a lock is taken while the reporter blocks")
@@ -677,60 +704,33 @@ fn the_leader_gauge_is_back_to_zero_once_every_term_ended() {
     let _serial = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
     let labels = [("registry", "metrics-leader-drift"), ("election", "drift")];
     let gate = Gate::close();
-    let (done_tx, done) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
+    let went_on = on_a_thread_of_its_own(LIMIT * 12, None, move || async move {
+        // The application's recorder blocks (on another registry's loss): the reporting
+        // thread is held, and its queue fills.
+        let _stalled = stall_the_reporter(STALLED).await;
+        let registry = Registry::builder()
+            .memory(lock_runtime::MemoryStore::new())
+            .name("metrics-leader-drift")
             .build()
             .unwrap();
-        let during_second_term = runtime.block_on(async move {
-            // The application's recorder blocks (on another registry's loss): the reporting
-            // thread is held, and its queue fills.
-            let stalled = Registry::builder()
-                .memory(lock_runtime::MemoryStore::new())
-                .name(STALLED)
-                .build()
-                .unwrap();
-            let _unwatched = stalled
-                .lock("stalled:1")
-                .ttl(Duration::from_millis(100))
-                .renew(false)
-                .acquire()
-                .await
-                .unwrap();
-            tokio::task::spawn_blocking(Gate::wait_held).await.unwrap();
-            let registry = Registry::builder()
-                .memory(lock_runtime::MemoryStore::new())
-                .name("metrics-leader-drift")
-                .build()
-                .unwrap();
-            let election = registry
-                .election("drift")
-                .identity("a")
-                .ttl(Duration::from_secs(60));
-            let mut during_second_term = None;
-            for i in 0..TERMS {
-                let leadership = election.campaign().await.expect("elected");
-                if i == 1 {
-                    during_second_term =
-                        sample(&recorder().render(), "distributed_lock_leader", &labels);
-                }
-                leadership.resign().await.expect("resign");
+        let election = registry
+            .election("drift")
+            .identity("a")
+            .ttl(Duration::from_secs(60));
+        let mut during_second_term = None;
+        for i in 0..TERMS {
+            let leadership = election.campaign().await.expect("elected");
+            if i == 1 {
+                during_second_term =
+                    sample(&recorder().render(), "distributed_lock_leader", &labels);
             }
-            during_second_term
-        });
-        done_tx.send(during_second_term).unwrap();
+            leadership.resign().await.expect("resign");
+        }
+        during_second_term
     });
-    let went_on = done.recv_timeout(LIMIT * 12);
     drop(gate);
     let during_second_term = went_on.expect("the terms went on while the reporter blocked");
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
+    runtime().block_on(async {
         // Told after every term's end: once it shows, the queue has been drained.
         let sentinel = Registry::builder()
             .memory(lock_runtime::MemoryStore::new())

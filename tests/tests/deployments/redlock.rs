@@ -9,6 +9,18 @@ fn nodes(n: usize) -> Vec<RedisServer> {
     (0..n).map(|_| RedisServer::start()).collect()
 }
 
+/// A registry on `nodes` that waits `timeout` for each, connected to every node (and
+/// subscribed to `key`) by one lock cycle, before a test stops one from answering.
+async fn connected(nodes: &[RedisServer], timeout: Duration, key: &str) -> Registry {
+    let reg = with_timeouts(
+        Registry::builder().redlock(nodes.iter().map(RedisServer::url)),
+        timeout,
+    );
+    let guard = reg.lock(key).acquire().await.unwrap();
+    guard.release().await.unwrap();
+    reg
+}
+
 fn registry(nodes: &[RedisServer]) -> Registry {
     with_timeouts(
         Registry::builder().redlock(nodes.iter().map(RedisServer::url)),
@@ -313,18 +325,7 @@ async fn waiters_are_served_while_a_minority_node_stays_paused() {
 async fn contenders_of_one_registry_never_wait_out_a_paused_node() {
     let nodes = nodes(3);
     // Each node answers within 30 s (ttl/10 of a 300 s lease): far beyond every `wait` below.
-    let reg = with_timeouts(
-        Registry::builder().redlock(nodes.iter().map(RedisServer::url)),
-        Duration::from_secs(30),
-    );
-    // Connected to every node (and subscribed) before one stops answering.
-    reg.lock("contended")
-        .acquire()
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    let reg = connected(&nodes, Duration::from_secs(30), "contended").await;
     nodes[2].pause();
     let tasks: Vec<_> = (0..10)
         .map(|_| {
@@ -360,17 +361,7 @@ async fn contenders_of_one_registry_never_wait_out_a_paused_node() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_short_wait_is_not_queued_behind_attempts_that_wait_out_silent_nodes() {
     let nodes = nodes(3);
-    let reg = with_timeouts(
-        Registry::builder().redlock(nodes.iter().map(RedisServer::url)),
-        Duration::from_secs(10),
-    );
-    reg.lock("k")
-        .acquire()
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    let reg = connected(&nodes, Duration::from_secs(10), "k").await;
     nodes[1].pause();
     nodes[2].pause();
     let tasks: Vec<_> = (0..4)
