@@ -169,20 +169,49 @@ impl std::fmt::Debug for Deployment {
     }
 }
 
-/// `url` with the password of its login (between `user:` and `@`) replaced by `***`.
+/// `url` with every password in it replaced by `***`: its login's (between `user:` and the
+/// last `@`, so that a `/`, `?` or `#` left unencoded in a password is masked too; an `@`
+/// further on masks more, never less), and any `password=` or `sslpassword=` parameter's, in
+/// a URL's query or a libpq connection string (`host=h password='...'`).
 fn masked(url: &str) -> String {
-    let Some(scheme) = url.find("://") else {
-        return url.to_owned();
-    };
-    let start = scheme + 3;
-    let authority_end = url[start..].find('/').map_or(url.len(), |i| start + i);
-    let Some(at) = url[start..authority_end].rfind('@').map(|i| start + i) else {
-        return url.to_owned();
-    };
-    match url[start..at].find(':') {
-        Some(colon) => format!("{}***{}", &url[..=start + colon], &url[at..]),
-        None => url.to_owned(),
+    let login = url.find("://").and_then(|scheme| {
+        let start = scheme + 3;
+        let at = start + url[start..].rfind('@')?;
+        let colon = start + url[start..at].find(':')?;
+        Some(format!("{}***{}", &url[..=colon], &url[at..]))
+    });
+    masked_parameters(login.as_deref().unwrap_or(url))
+}
+
+/// `text` with the value of every parameter whose name ends in `password` replaced by `***`:
+/// up to the next `&` or blank, or a libpq single-quoted value (with `\` escapes) whole.
+fn masked_parameters(text: &str) -> String {
+    const NAME: &str = "password=";
+    let lower = text.to_ascii_lowercase();
+    let (mut shown, mut from) = (String::with_capacity(text.len()), 0);
+    while let Some(found) = lower[from..].find(NAME) {
+        let value = from + found + NAME.len();
+        let end = if text[value..].starts_with('\'') {
+            let mut escaped = false;
+            text[value + 1..]
+                .char_indices()
+                .find(|&(_, c)| {
+                    let closes = c == '\'' && !escaped;
+                    escaped = c == '\\' && !escaped;
+                    closes
+                })
+                .map_or(text.len(), |(i, _)| value + 1 + i + 1)
+        } else {
+            text[value..]
+                .find(|c: char| c == '&' || c.is_whitespace())
+                .map_or(text.len(), |i| value + i)
+        };
+        shown.push_str(&text[from..value]);
+        shown.push_str("***");
+        from = end;
     }
+    shown.push_str(&text[from..]);
+    shown
 }
 
 #[cfg(test)]
@@ -194,7 +223,32 @@ mod tests {
         assert_eq!(masked("redis://u:pw@h:1/2"), "redis://u:***@h:1/2");
         assert_eq!(masked("rediss://:p@w@h:1"), "rediss://:***@h:1");
         assert_eq!(masked("redis://user@h:1/"), "redis://user@h:1/");
-        assert_eq!(masked("redis://h:1/x@y"), "redis://h:1/x@y");
         assert_eq!(masked("mymaster"), "mymaster");
+    }
+
+    /// Everywhere a password can stand in a URL or a libpq connection string.
+    #[test]
+    fn a_password_is_masked_wherever_it_stands() {
+        // A `/` (or `?`, `#`) in a password, unencoded: the login ends at the last `@`.
+        assert_eq!(masked("redis://u:pa/ss@h:1"), "redis://u:***@h:1");
+        assert_eq!(masked("redis://:p?w#x@h:1/0"), "redis://:***@h:1/0");
+        // So an `@` further on is taken for one too: more is masked, never less.
+        assert_eq!(masked("redis://h:1/x@y"), "redis://h:***@y");
+        assert_eq!(
+            masked("postgresql://h/db?user=u&password=secret&sslmode=require"),
+            "postgresql://h/db?user=u&password=***&sslmode=require"
+        );
+        assert_eq!(
+            masked("postgres://u:p@h/db?sslpassword=key"),
+            "postgres://u:***@h/db?sslpassword=***"
+        );
+        assert_eq!(
+            masked("host=h user=u password=secret dbname=d"),
+            "host=h user=u password=*** dbname=d"
+        );
+        assert_eq!(
+            masked(r"host=h PASSWORD='a b\' c' dbname=d"),
+            "host=h PASSWORD=*** dbname=d"
+        );
     }
 }

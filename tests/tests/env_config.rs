@@ -149,6 +149,15 @@ fn a_deployment_and_a_builder_never_show_their_passwords_in_debug_output() {
             url: format!("postgres://locker:{SECRET}@127.0.0.1:6390/app"),
             listen: Some(format!("postgres://locker:{SECRET}@127.0.0.1:6391/app")),
         },
+        // Wherever else a password can stand: unencoded with a `/` in it, in the query, in a
+        // libpq connection string.
+        Deployment::Server(format!("redis://locker:{SECRET}/x@127.0.0.1:6390/")),
+        Deployment::Postgres {
+            url: format!("postgresql://127.0.0.1:6390/app?user=locker&password={SECRET}"),
+            listen: Some(format!(
+                "host=127.0.0.1 port=6391 user=locker password={SECRET} dbname=app"
+            )),
+        },
     ];
     for deployment in shapes {
         let shown = format!("{deployment:?}");
