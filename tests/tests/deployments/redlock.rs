@@ -682,9 +682,14 @@ async fn waiters_do_not_wake_each_other_while_a_holder_keeps_a_bare_quorum() {
             .query(&mut node.connection())
             .unwrap();
     }
+    // Patient: an attempt that a loaded machine answers later than 300 ms would be retried,
+    // and counted here as a waiter that polls.
+    let (a, b) = (
+        connected(&nodes, Duration::from_secs(5), "warm-up").await,
+        connected(&nodes, Duration::from_secs(5), "warm-up").await,
+    );
     let free = &nodes[2];
     let base = sets_on(free);
-    let (a, b) = (registry(&nodes), registry(&nodes));
     let mut waiters = spawn_waiters(&a, "bare", 4);
     waiters.extend(spawn_waiters(&b, "bare", 2));
     // Each waiter tries once, subscribes, and tries once more before it parks.
