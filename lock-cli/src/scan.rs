@@ -148,9 +148,7 @@ async fn scan_postgres(url: &str, under: &str) -> Result<Vec<String>, Failure> {
     };
     // As the library reads it: libpq's modes that check the server are `require`, which
     // checks it; any other mode is plain TCP.
-    let url = url
-        .replace("sslmode=verify-full", "sslmode=require")
-        .replace("sslmode=verify-ca", "sslmode=require");
+    let url = lock_runtime::__private::postgres_readable(url);
     let mut config: tokio_postgres::Config = url.parse().map_err(failed)?;
     let client = if config.get_ssl_mode() == tokio_postgres::config::SslMode::Require {
         let (tls, _) =

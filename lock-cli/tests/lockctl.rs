@@ -291,6 +291,37 @@ async fn list_and_show_work_on_postgres_over_tls() {
     held.release().await.unwrap();
 }
 
+/// `list`'s own connection reads `sslmode` as the library does: only the parameter, never a
+/// password that happens to spell one (a plain text replace turned this password into another,
+/// and the server refused the login).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_on_postgres_sends_a_password_that_spells_an_sslmode_as_written() {
+    let certs = lock_tests::server::Certificates::make();
+    let server = lock_tests::postgres::PostgresServer::start_tls(&certs, "scram-sha-256");
+    let password = "pw-sslmode=verify-full";
+    server.psql(&format!("ALTER ROLE postgres PASSWORD '{password}'"));
+    let ca = tempdir().join("ca.pem");
+    std::fs::write(&ca, certs.ca_pem()).unwrap();
+    let url = format!(
+        "postgres://postgres:{password}@127.0.0.1:{}/postgres?sslmode=verify-full",
+        server.port()
+    );
+    let registry = Registry::builder()
+        .postgres(&url)
+        .tls_root_cert(certs.ca_pem())
+        .build()
+        .unwrap();
+    let held = hold(&registry, "deploy:password", true).await;
+    let mut list = lockctl(&["--postgres", &url, "list"]);
+    list.env("SSL_CERT_FILE", &ca);
+    let out = succeeded(&run(&mut list).await);
+    assert!(
+        row(&out, "deploy:password").contains(&shown(held.token())),
+        "{out}"
+    );
+    held.release().await.unwrap();
+}
+
 /// On Postgres: `list` reads the store's table, `show` and `unlock` go through the library, and
 /// the deployment comes from `--postgres` or `LOCK_POSTGRES_URL`; `schema` prints the SQL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,11 +1,20 @@
-//! What `#[distributed_lock]` expands to. Not public API: only the macro (and its crate's
-//! tests) may use it.
+//! What `#[distributed_lock]` expands to, and what `lockctl` shares with the library. Not
+//! public API: only the macro, `lockctl` (and their tests) may use it.
 
 use std::future::Future;
 
 pub use crate::key::KeyBuilder;
 pub use crate::{error::LockError, options::LockOptions, options::Mode, options::OnLost};
 pub use core::time::Duration;
+
+/// A Postgres connection string as tokio-postgres can read it, as the library reads it: libpq's
+/// `sslmode=verify-full` and `verify-ca` (the parameter only, never a password that spells one)
+/// as `require`, which checks the server's certificate.
+#[cfg(feature = "postgres")]
+#[must_use]
+pub fn postgres_readable(url: &str) -> String {
+    crate::backend::postgres::tls::readable(url)
+}
 
 /// Looks up the registry (`None`: the default) and runs `body` under the lock, exactly as
 /// `registry.lock_all(keys).options(options).run(body)` does (one key: a plain lock).

@@ -26,7 +26,7 @@ use crate::waiting::{tenure_name, WaitHub};
 
 mod link;
 mod listener;
-mod tls;
+pub(crate) mod tls;
 
 use link::Link;
 pub(crate) use link::SCHEMA;

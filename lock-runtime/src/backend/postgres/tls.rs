@@ -61,7 +61,7 @@ impl Endpoint {
 /// written as `require` (which checks it here): `sslmode=verify-full` is what a managed
 /// database's instructions say. Only the value of an `sslmode` parameter, as tokio-postgres
 /// reads the string, is rewritten: never a password or other value that happens to spell it.
-pub(super) fn readable(url: &str) -> String {
+pub(crate) fn readable(url: &str) -> String {
     let mut url = url.to_owned();
     for (start, end) in sslmode_values(&url).into_iter().rev() {
         let value = &url[start..end];
