@@ -419,7 +419,6 @@ impl Store for Redlock {
         let n = self.nodes.len();
         let (mut won, mut busy, mut errors, mut refused) =
             (0, Vec::new(), Vec::<String>::new(), None);
-        let mut answered = 0;
         // Which of a multi-key lock's keys a busy node named first: the one to wait on.
         let mut busy_at = None;
         // Read on while a quorum may still grant. Once it cannot, read on (each reply bounded
@@ -434,14 +433,6 @@ impl Store for Redlock {
             let Some(reply) = replies.next().await else {
                 break;
             };
-            answered += 1;
-            if answered == self.quorum {
-                // What is left are stragglers: a release that crosses this attempt now can
-                // only meet it there.
-                if let Some(turn) = &turn {
-                    turn.let_releases_pass();
-                }
-            }
             match reply {
                 Ok(Attempt::Acquired { .. }) => won += 1,
                 Ok(Attempt::Busy {
@@ -457,6 +448,13 @@ impl Store for Redlock {
                     refused = Some(e);
                 }
                 Err(e) => errors.push(e.to_string()),
+            }
+            if won + busy.len() + errors.len() == self.quorum {
+                // What is left are stragglers: a release that crosses this attempt now can
+                // only meet it there.
+                if let Some(turn) = &turn {
+                    turn.let_releases_pass();
+                }
             }
         }
         drop(replies);
