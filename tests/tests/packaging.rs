@@ -71,6 +71,10 @@ fn the_readme_quickstart_builds_and_runs_in_a_project_outside_the_workspace() {
         .arg("--target-dir")
         .arg(scratch.join("quickstart-target"))
         .env_remove("REDIS_URL")
+        // Built as a user's project is: without the Clippy that `scripts/test` wraps the
+        // workspace's builds in.
+        .env_remove("RUSTC_WORKSPACE_WRAPPER")
+        .env_remove("CLIPPY_ARGS")
         // lock-runtime as crates.io users build it (its features off) shows no warning.
         .env("RUSTFLAGS", "-D warnings")
         .env("LOCK_REDIS_URL", server.url())
