@@ -120,7 +120,8 @@ pub enum Command {
         every: u64,
     },
     /// Show who leads an election (`Registry::election`): the identity it campaigned with,
-    /// its term and its remaining lease.
+    /// its term and its remaining lease; then the candidates in line, the next leader first
+    /// (where candidates queue: not on Redlock).
     Leader {
         /// The election's key, without the prefix.
         key: String,

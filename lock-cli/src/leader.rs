@@ -30,10 +30,16 @@ pub fn line(leader: Option<&Leader>) -> String {
     }
 }
 
-/// Prints who leads `key` now.
+/// Prints who leads `key` now, and the candidates in line after it, the next first (those a
+/// leader can hand its term to: `Election::hand_over`).
 pub async fn show(registry: &Registry, key: &str) -> Result<(), Failure> {
-    let leader = registry.election(key).leader().await?;
+    let election = registry.election(key);
+    let leader = election.leader().await?;
     println!("{}", line(leader.as_ref()));
+    let candidates = election.in_line().await?;
+    if !candidates.is_empty() {
+        println!("in line: {}", candidates.join(", "));
+    }
     Ok(())
 }
 

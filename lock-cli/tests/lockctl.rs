@@ -992,6 +992,7 @@ async fn leader_is_shown_and_followed(on: &[&str], registry: &Registry) {
         out.starts_with(&format!("leader web-1:8080, term {term}, ")),
         "{out}"
     );
+    assert_eq!(out.lines().count(), 1, "nobody in line: {out}");
 
     let mut printing = Printing::spawn(leader(&["leader", "scheduler", "--watch"]));
 
@@ -1002,7 +1003,12 @@ async fn leader_is_shown_and_followed(on: &[&str], registry: &Registry) {
     assert!(printing.next().await.contains("leader web-1:8080"));
     first.resign().await.unwrap();
     assert!(printing.next().await.ends_with("no leader"));
-    let second = election.identity("web-2:8080").campaign().await.unwrap();
+    let second = election
+        .clone()
+        .identity("web-2:8080")
+        .campaign()
+        .await
+        .unwrap();
     let line = printing.next().await;
     let term = second.term().unwrap();
     assert!(
@@ -1010,7 +1016,28 @@ async fn leader_is_shown_and_followed(on: &[&str], registry: &Registry) {
         "{line}"
     );
     printing.stop().await;
+
+    // The candidates in line, the next first: whom the leader can hand its term to.
+    let mut standbys = Vec::new();
+    for identity in ["web-3:8080", "web-4:8080"] {
+        standbys.push(tokio::spawn(election.clone().identity(identity).campaign()));
+        queued(
+            registry,
+            "scheduler",
+            u32::try_from(standbys.len()).unwrap(),
+        )
+        .await;
+    }
+    let out = succeeded(&run(&mut leader(&["leader", "scheduler"])).await);
+    assert_eq!(
+        out.lines().nth(1),
+        Some("in line: web-3:8080, web-4:8080"),
+        "{out}"
+    );
     second.resign().await.unwrap();
+    for standby in standbys {
+        standby.await.unwrap().unwrap().resign().await.unwrap();
+    }
 
     // A lock's key is not an election's: said so, and nothing is touched.
     let held = hold(registry, "deploy:1", false).await;

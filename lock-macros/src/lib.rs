@@ -395,7 +395,10 @@ use proc_macro::TokenStream;
 /// is dropped before the lease can expire), until the registry shuts down; then the call
 /// returns `Ok(())`. Each term runs the body afresh on clones of the arguments (so they must be
 /// `Clone`: `&self` and shared references are), and `lock_runtime::current()` inside it gives the
-/// term (`fence()`) and whether it is at risk. The identity observers see is the registry's
+/// term (`fence()`), whether it is at risk, and whether the leader was asked to step down
+/// (`stepping_down()`: `Election::step_down` or `hand_over` on the same key, from anywhere in the
+/// process; the body then finishes what it has and returns, and the term goes to the next
+/// candidate). The identity observers see is the registry's
 /// (`RegistryBuilder::identity`), else `host:pid`. The fn returns `Result<(), E>` with
 /// `E: From<LockError> + Display` (a failed term is logged). Only `key`, `ttl` (default
 /// `"10s"`), `registry` and `crate` go with it: the others are compile errors.

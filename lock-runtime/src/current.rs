@@ -129,6 +129,21 @@ impl CurrentLock {
         self.frame.lease.wait_risk(false).await;
     }
 
+    /// Whether the work under this lock was asked to wind down: an election's leader asked to
+    /// step down ([`Election::step_down`](crate::Election::step_down)), as a `leader = true`
+    /// body sees it. Never for a lock.
+    #[must_use]
+    pub fn is_stepping_down(&self) -> bool {
+        self.frame.lease.state().stepping_down
+    }
+
+    /// Resolves when the work is asked to wind down (see
+    /// [`is_stepping_down`](Self::is_stepping_down)) or the lease is over; at once if either
+    /// already happened. A leader's loop `select!`s on it to stop taking new work.
+    pub async fn stepping_down(&self) {
+        self.frame.lease.stepping_down().await;
+    }
+
     /// Resolves when the lease is over (see [`is_lost`](Self::is_lost)), with the error that
     /// says why ([`LostReason::Released`](crate::LostReason::Released) once it ended here).
     /// With `on_lost = "continue"`, a body can `select!` on this to stop at a safe point.

@@ -95,6 +95,20 @@ impl Leader {
     }
 }
 
+/// How a term ended on purpose ([`Election::step_down`], [`Election::hand_over`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SteppedDown {
+    /// The term that ended (see [`Leader::term`]).
+    pub term: Option<u64>,
+    /// Whether its work ended within the grace (it returned, or its holder resigned); `false`
+    /// when the grace ran out and the work was dropped, as on a lost term.
+    pub finished: bool,
+    /// Whether the term went to the candidate named in [`Election::hand_over`]; `false` when
+    /// it went to the next candidate in line, or to nobody.
+    pub to_successor: bool,
+}
+
 /// A term of leadership, won by [`Election::campaign`]. The lease keeper renews it while it
 /// lives; [`resign`](Self::resign) hands it to the next candidate at once, and dropping it
 /// resigns in the background.
@@ -231,6 +245,21 @@ impl Term {
     /// Resolves when the term is no longer at risk (renewed, or lost).
     pub async fn out_of_risk(&self) {
         self.lease.wait_risk(false).await;
+    }
+
+    /// Whether the leader was asked to step down ([`Election::step_down`],
+    /// [`Election::hand_over`]): its work stops taking new work and finishes what it has
+    /// within the grace it was given, then returns (the term then goes to the next candidate).
+    #[must_use]
+    pub fn is_stepping_down(&self) -> bool {
+        self.lease.state().stepping_down
+    }
+
+    /// Resolves when the leader is asked to step down (see
+    /// [`is_stepping_down`](Self::is_stepping_down)), or when the term is over; at once if
+    /// either already happened.
+    pub async fn stepping_down(&self) {
+        self.lease.stepping_down().await;
     }
 
     /// Whether the term is over on this side: lost, resigned (also by its work returning), or
@@ -428,6 +457,10 @@ impl Election {
                     reason: LostReason::Shutdown,
                     ..
                 }) => return Ok(()),
+                Err(LockError::Lost {
+                    reason: LostReason::Released,
+                    ..
+                }) => tracing::info!(%key, term = number, "the leader's work ran past its grace"),
                 Err(error) => tracing::warn!(%key, term = number, %error, "leadership lost"),
             }
             if self.inner.ensure_open(&self.key).is_err() {
@@ -533,6 +566,131 @@ impl Election {
                 None => !lease.is_at_risk(),
                 Some(_) => !lease.state().body,
             })
+    }
+
+    /// Steps down from the term this process holds in this election (see
+    /// [`term`](Self::term)), on purpose: a rolling deploy's leader, say. Its work is told
+    /// ([`Term::stepping_down`]: stop taking new work, finish what it has, return); when it
+    /// returns, or when `grace` has passed (then work run by [`Leadership::run`] or
+    /// [`lead`](Self::lead) is dropped, as on a lost term, and a term held by hand is over for
+    /// its holder: [`Term::is_lost`]), the term is resigned and the next candidate in line leads
+    /// at once: never before the work returned or was dropped. Returns once the store has the
+    /// term back, with how it ended; `None` when this process did not lead. A
+    /// [`lead`](Self::lead) loop campaigns again afterwards, from the back of the line: stop it
+    /// (or shut the registry down) to leave.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lock_runtime::LockError> {
+    /// use std::time::Duration;
+    /// let registry = lock_runtime::Registry::in_memory();
+    /// let election = registry.election("scheduler").identity("replica-1");
+    /// let leading = tokio::spawn(election.campaign().await?.run(async {
+    ///     let term = lock_runtime::current().expect("leading");
+    ///     term.stepping_down().await; // ... serving until asked to stop ...
+    ///     Ok::<_, lock_runtime::LockError>("finished") // ... then finishing what it has
+    /// }));
+    /// let ended = election.step_down(Duration::from_secs(30)).await?.expect("it led");
+    /// assert!(ended.finished);
+    /// assert_eq!(leading.await.unwrap()?, "finished");
+    /// assert_eq!(election.leader().await?, None);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// None so far: the release is the term's own, retried in the background until the store
+    /// answers or the lease runs out. The `Result` leaves room for stores that must refuse.
+    pub async fn step_down(&self, grace: Duration) -> Result<Option<SteppedDown>, LockError> {
+        Ok(self.leave(None, grace).await)
+    }
+
+    /// As [`step_down`](Self::step_down), but the term goes to the candidate campaigning as
+    /// `successor` (its [`identity`](Self::identity)) ahead of the others in line, where it is
+    /// still in line when the term ends; otherwise to the next candidate, as a step-down
+    /// ([`SteppedDown::to_successor`] says which). `None` when this process did not lead.
+    ///
+    /// # Errors
+    /// [`LockError::NotInLine`] when `successor` is not waiting in line now (nothing was
+    /// changed: the leader goes on); [`LockError::InvalidOptions`] on Redlock, whose
+    /// candidates race rather than wait in a line; as [`in_line`](Self::in_line) when the look
+    /// at the line fails.
+    pub async fn hand_over(
+        &self,
+        successor: &str,
+        grace: Duration,
+    ) -> Result<Option<SteppedDown>, LockError> {
+        if !self.inner.backend.hands_over() {
+            return Err(LockError::InvalidOptions {
+                key: self.key.clone(),
+                reason: format!(
+                    "cannot hand the term to {successor:?}: on {}, candidates do not wait in a \
+                     line to hand it to; step down instead, and the candidates race for it",
+                    self.inner.backend.node()
+                ),
+            });
+        }
+        if self.term().is_none() {
+            return Ok(None);
+        }
+        if !self.in_line().await?.iter().any(|c| c == successor) {
+            return Err(LockError::NotInLine {
+                key: self.key.clone(),
+                candidate: successor.to_owned(),
+            });
+        }
+        Ok(self.leave(Some(successor), grace).await)
+    }
+
+    /// Ends the term held here: asks its work to wind down, waits for it up to `grace`, then
+    /// resigns (to `successor` where it is in line).
+    async fn leave(&self, successor: Option<&str>, grace: Duration) -> Option<SteppedDown> {
+        let lease = self.term()?.lease;
+        if let Some(successor) = successor {
+            // A second hand-over of the same term hands it to the first one named.
+            let _ = lease.successor.set(successor.to_owned());
+        }
+        lease.ask_to_step_down();
+        let finished = tokio::time::timeout(grace, lease.over()).await.is_ok();
+        if !finished {
+            // Over for every clone: a term's work is dropped, and its guard resigns.
+            lease.end();
+            if !lease.state().body {
+                // A term held without `run` or `lead`: nobody else resigns it now.
+                let keeper = &self.inner.keeper;
+                keeper.begin_release(lease.id);
+                keeper.release_in_background(lease.id);
+            }
+        }
+        lease.let_go().await;
+        tracing::info!(
+            key = %crate::error::shown(&self.key),
+            term = lease.fence,
+            finished,
+            successor,
+            to_successor = lease.went_to_successor(),
+            "stepped down"
+        );
+        Some(SteppedDown {
+            term: lease.fence,
+            finished,
+            to_successor: lease.went_to_successor(),
+        })
+    }
+
+    /// The identities of the candidates waiting in line, the next leader first: those a
+    /// [`hand_over`](Self::hand_over) can name. Empty on Redlock, whose candidates do not
+    /// queue.
+    ///
+    /// # Errors
+    /// As [`leader`](Self::leader).
+    pub async fn in_line(&self) -> Result<Vec<String>, LockError> {
+        let key = self.inner.lock_key(self.key.clone())?;
+        let info = self.inner.backend.inspect(&key).await?;
+        Ok(info
+            .queue
+            .iter()
+            .filter_map(|place| token::identity_of(&place.token))
+            .map(str::to_owned)
+            .collect())
     }
 
     /// Who leads now, in one look at the key; `None` while nobody does (a crashed leader's

@@ -98,6 +98,19 @@ pub enum LockError {
         /// What is wrong and how to fix it.
         reason: String,
     },
+    /// An election's leader named a successor ([`Election::hand_over`](crate::Election::hand_over))
+    /// that is not waiting in line: nothing changed, the leader leads on.
+    #[error(
+        "cannot hand the term of election `{}` to {candidate:?}: it is not waiting in line (see \
+         `Election::in_line`, or `lockctl leader`); name a candidate that campaigns, or step down",
+        shown(key)
+    )]
+    NotInLine {
+        /// The election's key.
+        key: String,
+        /// The identity named.
+        candidate: String,
+    },
     /// The registry's configuration cannot be used (a bad or empty URL, a zero timeout, a
     /// Redlock of too few or duplicate nodes, an option the deployment does not have): found
     /// while building the registry, before any server is contacted.
@@ -180,7 +193,8 @@ impl LockError {
             | Self::NotOwner { key }
             | Self::ShutDown { key }
             | Self::InvalidKey { key, .. }
-            | Self::InvalidOptions { key, .. } => Some(key),
+            | Self::InvalidOptions { key, .. }
+            | Self::NotInLine { key, .. } => Some(key),
             Self::Backend { key, .. } => key.as_deref(),
             Self::NotConfigured { .. } | Self::InvalidConfig { .. } => None,
         }
@@ -214,12 +228,11 @@ impl LockError {
             | Self::InvalidConfig { .. }
             | Self::InvalidKey { .. }
             | Self::ShutDown { .. }
-            | Self::InvalidOptions { .. } => false,
+            | Self::InvalidOptions { .. }
+            | Self::NotInLine { .. } => false,
         }
     }
 
-    /// Whether the operation certainly reached no server: no connection could be made to send
-    /// it on.
     /// The error's kind in one word, as traces show it (`error.type`).
     pub(crate) fn kind(&self) -> &'static str {
         match self {
@@ -232,9 +245,12 @@ impl LockError {
             Self::ShutDown { .. } => "shut_down",
             Self::InvalidOptions { .. } => "invalid_options",
             Self::InvalidConfig { .. } => "invalid_config",
+            Self::NotInLine { .. } => "not_in_line",
         }
     }
 
+    /// Whether the operation certainly reached no server: no connection could be made to send
+    /// it on.
     pub(crate) fn never_sent(&self) -> bool {
         matches!(self, Self::Backend { source: Some(e), .. } if e.never_sent)
     }

@@ -211,13 +211,7 @@ impl LockGuard {
                     Err(e) => Err(e),
                 }
             }
-            None => {
-                let share = lease.options.share();
-                self.inner
-                    .backend
-                    .release(&lease.key, &lease.token, share)
-                    .await
-            }
+            None => lease.give_back(&self.inner.backend).await,
         };
         unfinished.armed = false;
         match outcome {

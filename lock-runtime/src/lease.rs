@@ -1,14 +1,14 @@
 //! A held lease: its local deadline and the signal that tells everyone when it is lost.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tracing::Span;
 
-use crate::backend::{ttl_ms, Renewal};
+use crate::backend::{ttl_ms, Backend, Renewal, Store};
 use crate::key::LockKey;
 use crate::metrics::Labels;
 use crate::report;
@@ -28,6 +28,10 @@ pub(crate) struct LeaseState {
     /// A guarded body (or a term's work) runs under this lease: a shutdown lets the key go
     /// only once it is gone.
     pub body: bool,
+    /// The work under this lease was asked to wind down (an election's step-down).
+    pub stepping_down: bool,
+    /// The store answered this lease's release (see [`Lease::give_back`]).
+    pub let_go: bool,
 }
 
 pub(crate) struct Lease {
@@ -58,6 +62,11 @@ pub(crate) struct Lease {
     renewals: AtomicU64,
     /// Told once how the lease ended, the moment it does (see [`Self::on_end`]).
     on_end: Mutex<Option<OnEnd>>,
+    /// The identity of the candidate its release hands the lock to, where that one is in line
+    /// (an election's hand-over).
+    pub successor: OnceLock<String>,
+    /// Its release handed the lock to [`Self::successor`].
+    handed_to_successor: AtomicBool,
 }
 
 /// What a lease tells its end to: an election's count of the terms it leads.
@@ -78,6 +87,8 @@ impl Lease {
             lost: None,
             at_risk: false,
             body: false,
+            stepping_down: false,
+            let_go: false,
         });
         Arc::new(Self {
             id,
@@ -93,6 +104,8 @@ impl Lease {
             span: Mutex::new(None),
             renewals: AtomicU64::new(0),
             on_end: Mutex::new(None),
+            successor: OnceLock::new(),
+            handed_to_successor: AtomicBool::new(false),
         })
     }
 
@@ -353,12 +366,17 @@ impl Lease {
     /// Resolves once no guarded body runs under this lease, or its deadline has passed (the key
     /// may then be gone on the server, and a release changes nothing any more).
     pub(crate) async fn body_gone(&self) {
+        self.wait_for(|s| !s.body).await;
+    }
+
+    /// Resolves once `done` holds of the state, or the lease's deadline has passed.
+    async fn wait_for(&self, done: impl Fn(&LeaseState) -> bool) {
         loop {
             let changed = self.changed.notified();
             let mut changed = std::pin::pin!(changed);
             changed.as_mut().enable();
             let state = self.state();
-            if !state.body || Instant::now() >= state.deadline {
+            if done(&state) || Instant::now() >= state.deadline {
                 return;
             }
             tokio::select! {
@@ -366,6 +384,56 @@ impl Lease {
                 () = changed => {}
             }
         }
+    }
+
+    /// Asks the work under this lease to wind down: an election's step-down.
+    pub(crate) fn ask_to_step_down(&self) {
+        self.update(|s| !std::mem::replace(&mut s.stepping_down, true));
+    }
+
+    /// Resolves once the work was asked to wind down, or the lease is over.
+    pub(crate) async fn stepping_down(&self) {
+        self.wait_for(|s| s.stepping_down || s.lost.is_some()).await;
+    }
+
+    /// Resolves once the lease is over on this side (lost, or ended for its release).
+    pub(crate) async fn over(&self) {
+        self.wait_for(|s| s.lost.is_some()).await;
+    }
+
+    /// Resolves once the store answered the lease's release, or the lease ran out.
+    pub(crate) async fn let_go(&self) {
+        self.wait_for(|s| s.let_go).await;
+    }
+
+    /// Whether the lease's release handed the lock to its [`successor`](Self::successor).
+    pub(crate) fn went_to_successor(&self) -> bool {
+        self.handed_to_successor.load(Ordering::Acquire)
+    }
+
+    /// Releases the lease in the store (owner-checked): to its [`successor`](Self::successor)
+    /// where one is named and in line, else as every release, and says so to whoever waits in
+    /// [`Self::let_go`]. Whether the lock was still this lease's.
+    pub(crate) async fn give_back(&self, backend: &Backend) -> Result<bool, LockError> {
+        let released = match self.successor.get() {
+            Some(successor) => backend
+                .release_to(&self.key, &self.token, successor)
+                .await
+                .map(|to| {
+                    self.handed_to_successor
+                        .store(to == Some(true), Ordering::Release);
+                    to.is_some()
+                }),
+            None => {
+                backend
+                    .release(&self.key, &self.token, self.options.share())
+                    .await
+            }
+        };
+        if released.is_ok() {
+            self.update(|s| !std::mem::replace(&mut s.let_go, true));
+        }
+        released
     }
 
     pub(crate) fn lost_error(&self, reason: LostReason) -> LockError {

@@ -201,7 +201,7 @@ pub mod __private;
 pub use backend::{LockInfo, MemoryStore, Permits, Place};
 pub use current::{current, CurrentLock};
 pub use deployment::Deployment;
-pub use election::{Election, Leader, Leadership, Observer, Term};
+pub use election::{Election, Leader, Leadership, Observer, SteppedDown, Term};
 pub use error::{LockError, LostReason, StoreError};
 pub use fenced::{FencedKey, FencedWrite};
 pub use guard::LockGuard;

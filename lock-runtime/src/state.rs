@@ -129,12 +129,7 @@ impl RegistryInner {
         // Forgotten however this ends, also when the caller stops waiting for the release.
         let _forget = Forget(&self.keeper, lease.id);
         // A failed release leaves the lock to its ttl, as a shutdown does.
-        let _ = tokio::time::timeout(
-            self.timeouts.round(),
-            self.backend
-                .release(&lease.key, &lease.token, lease.options.share()),
-        )
-        .await;
+        let _ = tokio::time::timeout(self.timeouts.round(), lease.give_back(&self.backend)).await;
         Err(LockError::ShutDown {
             key: lease.key.name.clone(),
         })

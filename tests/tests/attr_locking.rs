@@ -582,7 +582,8 @@ impl std::fmt::Display for JobError {
 }
 
 /// A leader's loop: each term runs the body afresh (on clones of the arguments), with the
-/// term in `current()`; a failed term is followed by another, numbered higher.
+/// term in `current()`; a failed term is followed by another, numbered higher, and so is one
+/// that stepped down.
 #[distributed_lock(
     key = "scheduler:<region>",
     ttl = "2s",
@@ -599,11 +600,13 @@ async fn lead_region(
     terms
         .send((term.key().to_owned(), number))
         .expect("the test listens");
-    // The first term fails; the next leads until the registry shuts down.
+    // The first term fails; the next ones lead until asked to step down (or the registry shuts
+    // down), then return.
     if calls.fetch_add(1, Ordering::SeqCst) == 0 {
         return Err(JobError::Failed);
     }
-    std::future::pending().await
+    term.stepping_down().await;
+    Ok(())
 }
 
 /// The next term the leader's body reported.
@@ -615,7 +618,7 @@ async fn next(terms: &mut mpsc::UnboundedReceiver<(String, u64)>) -> (String, u6
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_leader_fn_runs_its_body_for_each_term_until_shutdown() {
+async fn a_leader_fn_runs_its_body_for_each_term_steps_down_and_ends_at_shutdown() {
     let server = RedisServer::start();
     let registry = Registry::builder()
         .url(server.url())
@@ -635,6 +638,20 @@ async fn a_leader_fn_runs_its_body_for_each_term_until_shutdown() {
     let leader = leader.expect("the second term leads on");
     assert_eq!(leader.identity, "replica-7", "the registry's identity");
     assert_eq!(leader.term, Some(second));
+    // Asked from outside the body, as a deploy's shutdown hook would: the body returns, and the
+    // loop, the only candidate, leads the next term.
+    let ended = registry
+        .election("scheduler:eu")
+        .step_down(Duration::from_secs(20))
+        .await
+        .expect("step down")
+        .expect("it led");
+    assert_eq!((ended.term, ended.finished), (Some(second), true));
+    let (_, third) = next(&mut terms).await;
+    assert!(
+        third > second,
+        "term {third} after the one stepped down, {second}"
+    );
     registry.shutdown().await;
     let ended = tokio::time::timeout(Duration::from_secs(20), leading)
         .await

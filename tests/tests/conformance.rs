@@ -1,6 +1,6 @@
 //! One contract, every store: each behaviour of `Store` (exclusion, owner-checked release and
 //! renewal, fencing, hand-over order, waiting without polling, leases lost and reported,
-//! permits, readers and writers, several keys, inspect, force-unlock, elections) is written once in
+//! permits, readers and writers, several keys, inspect, force-unlock, elections, stepping down) is written once in
 //! `conformance/behaviours.rs` and run on memory, a single node, a single node whose replica
 //! confirms every write, Sentinel, Cluster and Redlock: `conformance::<behaviour>::<store>`.
 //! What a store does not do it declares (`Store::lacks`), and the behaviour checks its refusal
@@ -47,5 +47,6 @@ mod conformance {
         inspect_shows_owner_lease_fence_and_queue,
         force_unlock_frees_any_holders_lock,
         an_election_has_one_leader_at_a_time,
+        a_leader_steps_down_and_hands_over_to_a_named_candidate,
     );
 }

@@ -454,6 +454,98 @@ async fn a_schema_that_disappeared_is_made_again() {
     );
 }
 
+/// A schema made by a library from before elections handed over by name (no `release_to`):
+/// a registry whose role may adds the function, and hands over by name; one whose role may
+/// not (it can only use the schema) still leads and steps down, its hand-over going to the
+/// next candidate in line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_without_hand_over_by_name_gains_it_or_steps_down_without() {
+    let server = PostgresServer::start();
+    let owner = registry(&server);
+    owner
+        .lock("k")
+        .acquire()
+        .await
+        .expect("free")
+        .release()
+        .await
+        .expect("release");
+    let has_release_to = || {
+        server.psql(
+            "SELECT to_regprocedure('distributed_lock.release_to(text, text, text, text)') \
+             IS NOT NULL",
+        )
+    };
+    let drop_release_to = "DROP FUNCTION distributed_lock.release_to(text, text, text, text)";
+    server.psql(drop_release_to);
+    assert_eq!(has_release_to(), "f");
+    // A new registry of the owner finds it missing, and adds it.
+    handed_over(&registry(&server), &registry(&server), "a", true).await;
+    assert_eq!(has_release_to(), "t");
+
+    // A role that can use the schema but not change it.
+    server.psql(drop_release_to);
+    server.psql(
+        "CREATE ROLE app LOGIN; \
+         GRANT USAGE ON SCHEMA distributed_lock TO app; \
+         GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA distributed_lock TO app; \
+         GRANT USAGE, SELECT, UPDATE ON ALL SEQUENCES IN SCHEMA distributed_lock TO app",
+    );
+    let app = || {
+        Registry::builder()
+            .postgres(server.url().replace("postgres@", "app@"))
+            .build()
+            .expect("a registry on Postgres")
+    };
+    handed_over(&app(), &app(), "b", false).await;
+    assert_eq!(has_release_to(), "f", "the role could not add it");
+}
+
+/// `leader` leads the election `key`, `first` then `second` (on `others`) queue, and the
+/// leader hands over to the second: which leads next says whether the store named it
+/// (`by_name`) or served the line in order.
+async fn handed_over(leader: &Registry, others: &Registry, key: &str, by_name: bool) {
+    let election = leader.election(key).identity("leader");
+    // Held by hand: nothing resigns it but the hand-over, when its short grace has passed.
+    let _held = election.campaign().await.expect("elected alone");
+    let first = tokio::spawn(others.election(key).identity("first").campaign());
+    queued(leader, key, 1).await;
+    let second = tokio::spawn(others.election(key).identity("second").campaign());
+    queued(leader, key, 2).await;
+    let ended = election
+        .hand_over("second", Duration::from_millis(100))
+        .await
+        .expect("hand over")
+        .expect("it led");
+    assert_eq!(ended.to_successor, by_name, "{ended:?}");
+    let (next, passed) = if by_name {
+        (second, first)
+    } else {
+        (first, second)
+    };
+    let next = tokio::time::timeout(LIMIT, next)
+        .await
+        .expect("elected in time")
+        .expect("task")
+        .expect("elected");
+    assert!(!passed.is_finished(), "the other waits on");
+    next.resign().await.expect("resign");
+    let last = tokio::time::timeout(LIMIT, passed)
+        .await
+        .expect("elected in time")
+        .expect("task")
+        .expect("elected");
+    last.resign().await.expect("resign");
+}
+
+/// Until `n` callers are queued for `key`.
+async fn queued(registry: &Registry, key: &str, n: u32) {
+    eventually(LIMIT, "the candidates queued", || async {
+        registry.inspect(key).await.expect("inspect").waiters == n
+    })
+    .await;
+}
+
 /// Keys Postgres cannot hold as text or index (a NUL byte; more than 2,000 bytes with the
 /// prefix) are refused before any statement, naming the key and what to do; Redis takes both.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

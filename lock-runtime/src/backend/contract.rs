@@ -280,6 +280,25 @@ pub(crate) trait Store: Send + Sync {
         share: Share,
     ) -> impl Future<Output = Result<bool, LockError>> + Send;
 
+    /// As [`release`](Self::release) of a lock held alone, but where the release hands the lock
+    /// over, it goes to the live queued candidate that campaigns as `successor` (the identity
+    /// of `token::identity_of`), ahead of any waiting before it; with no such candidate in
+    /// line, to the oldest live waiter as ever. `Ok(None)`: the lock was not ours;
+    /// `Ok(Some(true))`: it went to `successor`. A store that does not hand locks over only
+    /// releases.
+    fn release_to(
+        &self,
+        key: &LockKey,
+        token: &str,
+        successor: &str,
+    ) -> impl Future<Output = Result<Option<bool>, LockError>> + Send {
+        let _ = successor;
+        async move {
+            let released = self.release(key, token, Share::Exclusive).await?;
+            Ok(released.then_some(false))
+        }
+    }
+
     /// Sets the expiry of each lock that is still ours. Per lock: what the store found, or
     /// `None` when unknown (that part of the batch failed; retry). Each call to a node is
     /// bounded by `budget`, so one dead node cannot hold back what live nodes confirm.

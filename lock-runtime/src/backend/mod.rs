@@ -211,6 +211,15 @@ impl Store for Backend {
         each!(self, s => s.release(key, token, share).await)
     }
 
+    async fn release_to(
+        &self,
+        key: &LockKey,
+        token: &str,
+        successor: &str,
+    ) -> Result<Option<bool>, LockError> {
+        each!(self, s => s.release_to(key, token, successor).await)
+    }
+
     async fn renew(
         &self,
         batch: &[Renewal<'_>],

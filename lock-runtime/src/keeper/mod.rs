@@ -315,8 +315,7 @@ async fn let_go(backend: &Backend, lease: &Lease) {
     // A shutdown dropped midway hands over leases whose bodies may still run.
     lease.body_gone().await;
     let give_up = lease.state().deadline + lease.options.ttl;
-    let share = lease.options.share();
-    release_until(backend, &lease.key, &lease.token, share, give_up).await;
+    retry_release(&lease.key, give_up, || lease.give_back(backend)).await;
 }
 
 /// Releases `token`'s hold on `key` in the background, trying again after each failure until
@@ -328,9 +327,18 @@ pub(crate) async fn release_until(
     share: Share,
     give_up: Instant,
 ) {
+    retry_release(key, give_up, || backend.release(key, token, share)).await;
+}
+
+/// Sends `release` until the store answers, or until `give_up` (see [`release_until`]).
+async fn retry_release<F, Fut>(key: &LockKey, give_up: Instant, release: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<bool, crate::error::LockError>>,
+{
     let mut backoff = Backoff::new();
     loop {
-        match backend.release(key, token, share).await {
+        match release().await {
             Ok(released) => {
                 let key = crate::error::shown(&key.name).to_string();
                 report::tell(move || {

@@ -221,10 +221,7 @@ impl Registry {
         let bound = self.inner.timeouts.round();
         let releases = leases.iter().map(|lease| async {
             lease.body_gone().await;
-            let release =
-                self.inner
-                    .backend
-                    .release(&lease.key, &lease.token, lease.options.share());
+            let release = lease.give_back(&self.inner.backend);
             match tokio::time::timeout(bound, release).await {
                 // `Ok(false)`: not ours any more, which is what shutdown wants too.
                 Ok(Ok(_)) => drop(released.fetch_add(1, Ordering::Relaxed)),

@@ -489,3 +489,133 @@ async fn next_seen(s: &Store, observer: &mut Observer) -> Option<Leader> {
         .unwrap_or_else(|_| panic!("{s}: the observer heard nothing within {LIMIT:?}"))
         .expect("observe")
 }
+
+/// A leader steps down on purpose. Handing over by name: a name not in line is refused with
+/// nothing changed; the leader's work is told, finishes within its grace, and the named
+/// candidate leads next, ahead of one that queued before it. Stepping down with work that does
+/// not finish: the work is dropped when the grace runs out, and the next in line leads at once,
+/// long before any lease would end. Where candidates do not queue (Redlock, a replica-confirmed
+/// store), a hand-over is refused and a step-down lets the candidates race for the term.
+pub async fn a_leader_steps_down_and_hands_over_to_a_named_candidate(s: &Store) {
+    let (a, b) = s.pair();
+    let c = s.registry();
+    let leader = a.election("rota").identity("a").ttl(LONG);
+    let work = tokio::spawn(leader.campaign().await.expect("elected alone").run(async {
+        let term = lock_runtime::current().expect("leading");
+        term.stepping_down().await;
+        Ok::<_, LockError>("finished")
+    }));
+    let first = leader.term().expect("a leads").number();
+    let second = tokio::spawn(b.election("rota").identity("b").ttl(LONG).campaign());
+    s.until_queued(&a, "rota", 1).await;
+    let third = tokio::spawn(c.election("rota").identity("c").ttl(LONG).campaign());
+    s.until_queued(&a, "rota", 2).await;
+
+    if s.lacks(Lack::Queue).is_some() {
+        let refused = leader.hand_over("c", LIMIT).await.unwrap_err();
+        assert!(
+            matches!(&refused, LockError::InvalidOptions { reason, .. } if reason.contains("step down")),
+            "{s}: {refused:?}"
+        );
+        assert!(
+            leader.is_leader(),
+            "{s}: the refused hand-over changed nothing"
+        );
+        let ended = leader.step_down(LIMIT).await.expect("step down");
+        assert_eq!(ended.map(|e| e.finished), Some(true), "{s}");
+        assert_eq!(work.await.expect("task").expect("work"), "finished");
+        // One of the two wins the race, within the limit; the other follows its resignation.
+        let (mut second, mut third) = (second, third);
+        let (won, other) = tokio::select! {
+            won = &mut second => (won, third),
+            won = &mut third => (won, second),
+        };
+        let won = won.expect("task").expect("elected");
+        won.resign().await.expect("resign");
+        let next = tokio::time::timeout(LIMIT, other)
+            .await
+            .expect("elected in time");
+        next.expect("task")
+            .expect("elected")
+            .resign()
+            .await
+            .expect("resign");
+        return;
+    }
+
+    assert_eq!(leader.in_line().await.expect("the line"), ["b", "c"], "{s}");
+    let refused = leader.hand_over("d", LONG).await.unwrap_err();
+    assert!(
+        matches!(&refused, LockError::NotInLine { candidate, .. } if candidate == "d"),
+        "{s}: {refused:?}"
+    );
+    let term = leader.term().expect("still leading");
+    assert!(
+        !term.is_stepping_down(),
+        "{s}: a refused hand-over asks nothing"
+    );
+
+    let ended = leader
+        .hand_over("c", LIMIT)
+        .await
+        .expect("hand over")
+        .expect("a led");
+    assert!(ended.finished && ended.to_successor, "{s}: {ended:?}");
+    assert_eq!(ended.term, first);
+    assert_eq!(work.await.expect("task").expect("work"), "finished");
+    let third = tokio::time::timeout(LIMIT, third)
+        .await
+        .unwrap_or_else(|_| panic!("{s}: the named candidate leads within {LIMIT:?}"))
+        .expect("task")
+        .expect("elected");
+    let seen = leader.leader().await.expect("look").expect("a leader");
+    assert_eq!(
+        (seen.identity.as_str(), seen.term),
+        ("c", third.term()),
+        "{s}"
+    );
+    match (first, third.term()) {
+        (Some(old), Some(new)) => assert!(new > old, "{s}: term {new} after {old}"),
+        _ => assert!(s.lacks(Lack::Fencing).is_some(), "{s}: terms are numbered"),
+    }
+    assert!(!second.is_finished(), "{s}: b waits on, passed over");
+    assert_eq!(leader.in_line().await.expect("the line"), ["b"], "{s}");
+
+    // Work that ignores the request is dropped when the grace runs out; b leads next.
+    let stuck = tokio::spawn(third.run(std::future::pending::<Result<(), LockError>>()));
+    let ended = c
+        .election("rota")
+        .identity("c")
+        .step_down(Duration::from_millis(300))
+        .await
+        .expect("step down")
+        .expect("c led");
+    assert!(!ended.finished && !ended.to_successor, "{s}: {ended:?}");
+    let dropped = stuck.await.expect("task").unwrap_err();
+    assert!(
+        matches!(
+            dropped,
+            LockError::Lost {
+                reason: LostReason::Released,
+                ..
+            }
+        ),
+        "{s}: {dropped:?}"
+    );
+    let second = tokio::time::timeout(LIMIT, second)
+        .await
+        .unwrap_or_else(|_| panic!("{s}: the next in line leads within {LIMIT:?}"))
+        .expect("task")
+        .expect("elected");
+    assert_eq!(
+        leader.leader().await.expect("look").map(|l| l.identity),
+        Some("b".to_owned()),
+        "{s}"
+    );
+    assert_eq!(
+        leader.step_down(LIMIT).await.expect("step down"),
+        None,
+        "{s}: a no longer leads"
+    );
+    second.resign().await.expect("resign");
+}

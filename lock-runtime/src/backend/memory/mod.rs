@@ -74,6 +74,12 @@ impl Inner {
 impl MemoryStore {
     /// Releases one key, as `release.lua` does.
     fn release_key(&self, key: &LockKey, token: &str) -> bool {
+        self.release_key_to(key, token, None).is_some()
+    }
+
+    /// Releases one key, handing it to the candidate `successor` where it is in line: whether
+    /// it was ours (`None`: not), and whether it went to `successor`.
+    fn release_key_to(&self, key: &LockKey, token: &str, successor: Option<&str>) -> Option<bool> {
         let now = Instant::now();
         let mut data = self.inner.data();
         let left = data.leave_queue(&key.stored, token);
@@ -84,7 +90,7 @@ impl MemoryStore {
                     // A waiter for the whole lock left: whoever it held off may enter.
                     self.inner.hub.notify(key.channel());
                 }
-                return false;
+                return None;
             }
             let handed = if data.pool(&key.stored, now).is_none() {
                 data.hand_over(key, now)
@@ -93,7 +99,7 @@ impl MemoryStore {
             };
             drop(data);
             self.announce(key, handed);
-            return true;
+            return Some(false);
         }
         let owner = data.live(&key.stored, now).map(|e| e.token == token);
         if owner != Some(true) {
@@ -101,13 +107,14 @@ impl MemoryStore {
             if left && owner.is_none() {
                 self.inner.hub.notify(key.channel());
             }
-            return false;
+            return None;
         }
         data.locks.remove(&key.stored);
-        let handed = data.hand_over(key, now);
+        let handed = data.hand_over_to(key, now, successor);
         drop(data);
+        let named = handed.as_ref().is_some_and(|to| to.named);
         self.announce(key, handed);
-        true
+        Some(named)
     }
 
     /// Tells the waiters a release happened: the lock went to `handed`, or it is free.
@@ -254,6 +261,19 @@ impl Store for MemoryStore {
             all &= self.release_key(key, token);
         }
         Ok(all)
+    }
+
+    async fn release_to(
+        &self,
+        key: &LockKey,
+        token: &str,
+        successor: &str,
+    ) -> Result<Option<bool>, LockError> {
+        if key.is_multi() {
+            let released = self.release(key, token, Share::Exclusive).await?;
+            return Ok(released.then_some(false));
+        }
+        Ok(self.release_key_to(key, token, Some(successor)))
     }
 
     async fn renew(

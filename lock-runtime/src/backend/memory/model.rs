@@ -46,6 +46,8 @@ pub(super) struct Waiter {
 
 /// Who the lock went to in a handoff, for the notification sent once the data is unlocked.
 pub(super) struct HandedOver {
+    /// It went to the candidate named as the successor.
+    pub(super) named: bool,
     pub(super) token: String,
     /// When the handed lock expires: with the waiter's place.
     pub(super) deadline: Instant,
@@ -256,8 +258,28 @@ impl Data {
     /// The lock expires with the waiter's place: a waiter that died in the queue keeps it no
     /// longer than its place had left.
     pub(super) fn hand_over(&mut self, key: &LockKey, now: Instant) -> Option<HandedOver> {
+        self.hand_over_to(key, now, None)
+    }
+
+    /// As [`Self::hand_over`], but to the first live place of the candidate campaigning as
+    /// `successor` where it is in line, leaving the places before it (`named_live_waiter` in
+    /// `queue.lua`).
+    pub(super) fn hand_over_to(
+        &mut self,
+        key: &LockKey,
+        now: Instant,
+        successor: Option<&str>,
+    ) -> Option<HandedOver> {
         let queue = self.queues.get_mut(&key.stored)?;
-        let waiter = std::iter::from_fn(|| queue.pop_front()).find(|w| w.deadline > now);
+        let named = successor.and_then(|successor| {
+            queue.iter().position(|w| {
+                w.deadline > now && crate::token::identity_of(&w.token) == Some(successor)
+            })
+        });
+        let waiter = match named {
+            Some(at) => queue.remove(at),
+            None => std::iter::from_fn(|| queue.pop_front()).find(|w| w.deadline > now),
+        };
         if queue.is_empty() {
             self.queues.remove(&key.stored);
         }
@@ -275,6 +297,7 @@ impl Data {
             0
         };
         Some(HandedOver {
+            named: named.is_some(),
             token: waiter.token,
             deadline: waiter.deadline,
             grant: Grant {

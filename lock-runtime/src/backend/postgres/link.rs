@@ -35,6 +35,8 @@ pub(crate) struct Link {
     /// Held while a connection is being made, so callers meanwhile wait for that one.
     connecting: tokio::sync::Mutex<()>,
     schema_checked: AtomicBool,
+    /// The schema has `release_to`, which elections hand over by name with.
+    names_successors: AtomicBool,
 }
 
 /// What went wrong on the way to an answer.
@@ -59,7 +61,14 @@ impl Link {
             current: Mutex::new(None),
             connecting: tokio::sync::Mutex::new(()),
             schema_checked: AtomicBool::new(false),
+            names_successors: AtomicBool::new(false),
         }
+    }
+
+    /// Whether the schema has `release_to` (a schema made by an earlier version of this
+    /// library, which this role could not add it to, does not).
+    pub(crate) fn names_successors(&self) -> bool {
+        self.names_successors.load(Ordering::Acquire)
     }
 
     /// Runs `statement` on the connection within the command timeout (`budget` when given).
@@ -153,28 +162,59 @@ impl Link {
         let checked = tokio::time::timeout(bound, async {
             let found = client
                 .query_typed(
-                    "SELECT max(version) FROM distributed_lock.schema_version",
+                    "SELECT max(version), to_regprocedure(\
+                     'distributed_lock.release_to(text, text, text, text)') IS NOT NULL \
+                     FROM distributed_lock.schema_version",
                     &[],
                 )
                 .await;
-            let version: Option<i32> = match found {
-                Ok(rows) => rows.first().and_then(|row| row.get(0)),
-                Err(e) if schema_missing(&e) => None,
+            let (version, complete): (Option<i32>, bool) = match found {
+                Ok(rows) => rows
+                    .first()
+                    .map_or((None, false), |row| (row.get(0), row.get(1))),
+                Err(e) if schema_missing(&e) => (None, false),
                 Err(e) => return Err(Failure::Statement(e)),
             };
+            let create = format!(
+                "BEGIN; SET LOCAL synchronous_commit = on; \
+                 SELECT pg_advisory_xact_lock({SCHEMA_LOCK}); {SCHEMA} COMMIT;"
+            );
             match version {
-                Some(v) if v == SCHEMA_VERSION => Ok(()),
+                Some(v) if v == SCHEMA_VERSION => {
+                    let mut names = complete;
+                    if !complete {
+                        // A function added within this version (the latest is checked): made
+                        // where this role may; elsewhere what needs it does without.
+                        match client.batch_execute(&create).await {
+                            Ok(()) => names = true,
+                            Err(e) => {
+                                let _ = client.batch_execute("ROLLBACK").await;
+                                tracing::warn!(
+                                    node = %self.node,
+                                    error = %described(&e),
+                                    "the schema `distributed_lock` lacks a function this \
+                                     library added: an election's hand-over by name goes to \
+                                     the next candidate instead; run `lockctl schema | psql` \
+                                     as the schema's owner"
+                                );
+                            }
+                        }
+                    }
+                    self.names_successors.store(names, Ordering::Release);
+                    Ok(())
+                }
                 Some(v) if v > SCHEMA_VERSION => Err(Failure::Schema(format!(
                     "the schema `distributed_lock` is at version {v}, newer than this \
                      library's ({SCHEMA_VERSION}): upgrade lock-runtime in this service"
                 ))),
-                _ => client
-                    .batch_execute(&format!(
-                        "BEGIN; SET LOCAL synchronous_commit = on; \
-                         SELECT pg_advisory_xact_lock({SCHEMA_LOCK}); {SCHEMA} COMMIT;"
-                    ))
-                    .await
-                    .map_err(Failure::Statement),
+                _ => {
+                    client
+                        .batch_execute(&create)
+                        .await
+                        .map_err(Failure::Statement)?;
+                    self.names_successors.store(true, Ordering::Release);
+                    Ok(())
+                }
             }
         })
         .await;
@@ -191,6 +231,12 @@ impl Link {
             Failure::Statement(e) => {
                 let transient = transient(&e);
                 let mut message = described(&e);
+                if e.code() == Some(&SqlState::UNDEFINED_FUNCTION) {
+                    message.push_str(
+                        " (the schema `distributed_lock` lacks a function this library added: \
+                         run `lockctl schema | psql` as its owner)",
+                    );
+                }
                 if e.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) {
                     message.push_str(
                         " (the lock's role needs USAGE on the schema `distributed_lock`, and \

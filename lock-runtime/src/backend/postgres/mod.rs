@@ -41,6 +41,7 @@ const ACQUIRE: &str = "SELECT acquired, fence, retry_after_ms, holder, mismatch 
 const ACQUIRE_ALL: &str = "SELECT acquired, fence, retry_after_ms, holder, at \
      FROM distributed_lock.acquire_all($1, $2, $3, $4, $5)";
 const RELEASE: &str = "SELECT distributed_lock.release($1, $2, $3)";
+const RELEASE_TO: &str = "SELECT distributed_lock.release_to($1, $2, $3, $4)";
 const RENEW: &str = "SELECT distributed_lock.renew($1, $2, $3, $4)";
 const INSPECT: &str =
     "SELECT kind, token, share, remaining_ms, fence FROM distributed_lock.inspect($1)";
@@ -314,6 +315,36 @@ impl Store for PostgresStore {
             })
             .await?;
         Ok(row.get(0))
+    }
+
+    async fn release_to(
+        &self,
+        key: &LockKey,
+        token: &str,
+        successor: &str,
+    ) -> Result<Option<bool>, LockError> {
+        if key.is_multi() || !self.link.names_successors() {
+            let released = self.release(key, token, Share::Exclusive).await?;
+            return Ok(released.then_some(false));
+        }
+        let stored = key.stored.as_str();
+        let tenure = tenure_name(token);
+        let row = self
+            .call("release", Some(key), |c| async move {
+                c.query_typed_one(
+                    RELEASE_TO,
+                    &[
+                        (&stored, Type::TEXT),
+                        (&token, Type::TEXT),
+                        (&tenure, Type::TEXT),
+                        (&successor, Type::TEXT),
+                    ],
+                )
+                .await
+            })
+            .await?;
+        let outcome: i32 = row.get(0);
+        Ok((outcome > 0).then_some(outcome == 3))
     }
 
     async fn renew(

@@ -4,7 +4,9 @@
 -- deadlock) and reads the database's clock after taking them: a lease's deadline is the
 -- server's, never a client's. Each call is one statement in its own transaction, which is what
 -- PgBouncer's transaction mode allows. Notifications go out at commit, on one channel per key
--- (`channel`), in the Redis scripts' format (see `backend/notification.rs`).
+-- (`channel`), in the Redis scripts' format (see `backend/notification.rs`). Every statement
+-- can run again: a function added within a version (`release_to`) is created by running the
+-- whole schema once more, which a library that finds it missing does.
 CREATE SCHEMA IF NOT EXISTS distributed_lock;
 
 CREATE TABLE IF NOT EXISTS distributed_lock.schema_version (
@@ -119,14 +121,35 @@ END $$;
 CREATE OR REPLACE FUNCTION distributed_lock.hand_over(k text, t timestamptz, released text,
     OUT token text, OUT expires_at timestamptz)
 LANGUAGE plpgsql AS $$
+BEGIN
+    SELECT h.token, h.expires_at INTO token, expires_at
+    FROM distributed_lock.hand_over_to(k, t, released, NULL) AS h;
+END $$;
+
+-- As `hand_over`, but to the first live place of the candidate that campaigns as `successor`
+-- (a candidate's token is `<identity>@<host>:<pid>:<random>`, and no host has an `@`) where one
+-- is in line, leaving the places before it; `named` says whether it went to that candidate.
+CREATE OR REPLACE FUNCTION distributed_lock.hand_over_to(k text, t timestamptz, released text,
+    successor text, OUT token text, OUT expires_at timestamptz, OUT named boolean)
+LANGUAGE plpgsql AS $$
 DECLARE
     w distributed_lock.waiters;
     f bigint := 0;
 BEGIN
     DELETE FROM distributed_lock.waiters AS q WHERE q.key = k AND q.expires_at <= t;
-    SELECT * INTO w FROM distributed_lock.waiters AS q WHERE q.key = k ORDER BY q.arrived LIMIT 1;
-    IF NOT FOUND THEN
-        RETURN;
+    named := false;
+    IF successor IS NOT NULL THEN
+        SELECT * INTO w FROM distributed_lock.waiters AS q
+        WHERE q.key = k AND substring(q.token FROM '^(.*)@[^@]*$') = successor
+        ORDER BY q.arrived LIMIT 1;
+        named := FOUND;
+    END IF;
+    IF NOT named THEN
+        SELECT * INTO w FROM distributed_lock.waiters AS q WHERE q.key = k
+        ORDER BY q.arrived LIMIT 1;
+        IF NOT FOUND THEN
+            RETURN;
+        END IF;
     END IF;
     DELETE FROM distributed_lock.waiters AS q WHERE q.key = k AND q.token = w.token;
     IF w.fencing THEN
@@ -310,6 +333,34 @@ BEGIN
         PERFORM pg_notify(distributed_lock.channel(k), ten);
     END LOOP;
     RETURN mine;
+END $$;
+
+-- As `release` of one key held alone, but a freed lock goes to the candidate that campaigns as
+-- `successor` where one is in line (`hand_over_to`): 0 when `tok` did not hold it, 3 when it
+-- went to `successor`, else 1.
+CREATE OR REPLACE FUNCTION distributed_lock.release_to(k text, tok text, ten text, successor text)
+RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    t timestamptz := distributed_lock.enter(ARRAY[k]);
+    was distributed_lock.holders;
+    handed record;
+BEGIN
+    DELETE FROM distributed_lock.waiters AS q WHERE q.key = k AND q.token = tok;
+    DELETE FROM distributed_lock.holders AS h WHERE h.key = k AND h.token = tok
+    RETURNING * INTO was;
+    IF was.token IS NULL OR was.expires_at <= t THEN
+        RETURN 0;
+    END IF;
+    IF NOT EXISTS (SELECT FROM distributed_lock.holders AS h
+            WHERE h.key = k AND h.expires_at > t) THEN
+        SELECT * INTO handed FROM distributed_lock.hand_over_to(k, t, ten, successor);
+        IF handed.token IS NOT NULL THEN
+            RETURN CASE WHEN handed.named THEN 3 ELSE 1 END;
+        END IF;
+    END IF;
+    PERFORM pg_notify(distributed_lock.channel(k), ten);
+    RETURN 1;
 END $$;
 
 -- Sets the lease of each (key, token) still held to its ttl: 'yes', 'gone' (no live lock, or

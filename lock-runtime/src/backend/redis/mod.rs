@@ -492,6 +492,32 @@ impl Store for RedisBackend {
         every_key(join_all(key.keys().iter().map(|k| self.release_key(k, token, share))).await)
     }
 
+    async fn release_to(
+        &self,
+        key: &LockKey,
+        token: &str,
+        successor: &str,
+    ) -> Result<Option<bool>, LockError> {
+        if key.is_multi() || !self.hands_over {
+            let released = self.release(key, token, Share::Exclusive).await?;
+            return Ok(released.then_some(false));
+        }
+        let mut con = self.con("release", Some(&key.name)).await?;
+        let publish = self.publish_command();
+        match scripts::release::call_to(key, token, publish, successor)
+            .run(&mut con)
+            .await
+        {
+            Ok(reply) => Ok(scripts::release::released_to(reply)),
+            // A slot in migration has no queue to pick from: a plain release.
+            Err(e) if migrating(&e) => {
+                let released = self.release_by_script(&mut con, key, token).await?;
+                Ok(released.then_some(false))
+            }
+            Err(e) => Err(self.error("release", Some(&key.name), e)),
+        }
+    }
+
     /// One flag per lock: renewed, not ours, or unknown (`None`: that call failed).
     async fn renew(
         &self,

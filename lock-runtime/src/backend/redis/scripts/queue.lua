@@ -107,6 +107,20 @@ local function oldest_live_waiter(skip)
   local deadline, _, fencing, place = read_place(redis.call('HGET', KEYS[4], head))
   return before, head, deadline, fencing, place
 end
+-- The first live place of the candidate campaigning as `identity` (a candidate's token is
+-- `<identity>@<host>:<pid>:<random>`, and no host has an `@`), with what `hand_over` needs, or
+-- nothing when it is not in line.
+local function named_live_waiter(identity)
+  if #KEYS < 4 then return nil end
+  local now = now_ms()
+  for _, waiter in ipairs(redis.call('ZRANGE', KEYS[3], 0, -1)) do
+    if string.match(waiter, '^(.*)@[^@]*$') == identity then
+      local deadline, _, fencing, place = read_place(redis.call('HGET', KEYS[4], waiter))
+      if deadline and deadline > now then return waiter, deadline, fencing, place end
+    end
+  end
+  return nil
+end
 local function drop_places(count)
   if count == 0 then return end
   for _, waiter in ipairs(redis.call('ZRANGE', KEYS[3], 0, count - 1)) do leave_queue(waiter) end

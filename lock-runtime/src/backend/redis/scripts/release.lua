@@ -16,6 +16,13 @@ local released = redis.sha1hex(token)
 local before = 0
 if #KEYS >= 4 and redis.call('EXISTS', KEYS[3]) == 1 then
   local waiter, deadline, fencing, place
+  if successor and successor ~= '' then
+    waiter, deadline, fencing, place = named_live_waiter(successor)
+    if waiter then
+      hand_over(waiter, deadline, fencing, place, 0, released, publish, token)
+      return 3
+    end
+  end
   before, waiter, deadline, fencing, place = oldest_live_waiter(token)
   if waiter then
     hand_over(waiter, deadline, fencing, place, before, released, publish, token)

@@ -5,7 +5,9 @@ use crate::key::LockKey;
 
 /// `KEYS` as for [`ACQUIRE_LUA`](super::ACQUIRE_LUA); `ARGV[1]` token, `ARGV[2]` the publish
 /// command, `ARGV[3]` `1` when the token is one that waiters mark and not a candidate's
-/// (optional: see `marks::silent_when_bare`). Lets go of
+/// (optional: see `marks::silent_when_bare`), `ARGV[4]` the identity of a candidate to hand
+/// the lock to ahead of the others where it is in line (optional: an election's hand-over;
+/// then 3 is returned when it went to that candidate). Lets go of
 /// the token: takes it out of the waiters' queue, and if it holds the lock, hands the lock to
 /// the oldest live waiter or deletes it; of readers or a semaphore (a sorted set, see
 /// [`ACQUIRE_LUA`](super::ACQUIRE_LUA)), removes the token's place, and with the last live one gone deletes the set
@@ -52,6 +54,22 @@ pub(crate) fn call(key: &LockKey, token: &str, queued: bool, publish: &str) -> C
         } else {
             "0"
         })
+}
+
+/// The script's call letting `token` go of `key`, handing the lock to the candidate that
+/// campaigns as `successor` where it is in line (the queue named).
+pub(crate) fn call_to(key: &LockKey, token: &str, publish: &str, successor: &str) -> Call {
+    locking(&SCRIPT, key, true, false)
+        .arg(token)
+        .arg(publish)
+        .arg("0")
+        .arg(successor)
+}
+
+/// Whether the reply to [`call_to`] says the lock went to the successor (`Some(true)`), to
+/// someone else or nobody (`Some(false)`), or was not ours (`None`).
+pub(crate) fn released_to(reply: i64) -> Option<bool> {
+    released(reply).then_some(reply == 3)
 }
 
 /// One call of [`RELEASE_BARE_LUA`] for `locks` (lock key, token).
