@@ -132,3 +132,26 @@ where
     };
     R::from_result(result)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    /// The attribute checks options at compile time against its own copies of the runtime's
+    /// default and bounds: they must agree.
+    #[test]
+    fn the_attributes_default_ttl_and_bounds_are_the_runtimes() {
+        let (default, min, max): (u64, u64, u64) = lock_macros::__limits!();
+        assert_eq!(
+            Duration::from_millis(default),
+            crate::LockOptions::new().get_ttl(),
+            "default ttl"
+        );
+        assert_eq!(Duration::from_millis(min), super::MIN_TTL, "shortest ttl");
+        assert_eq!(
+            Duration::from_millis(max),
+            super::MAX_TTL,
+            "longest duration"
+        );
+    }
+}

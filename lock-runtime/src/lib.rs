@@ -207,6 +207,10 @@ pub use fenced::{FencedKey, FencedWrite};
 pub use guard::LockGuard;
 pub use key::{KeyBuilder, MAX_KEYS_PER_LOCK, MAX_KEY_BYTES};
 pub use lock::LockRequest;
+// The attribute's guide lives here, beside the runtime its examples run on: as a doc test of
+// lock-macros, they made it build a second copy of lock-runtime and its dependencies.
+#[doc(inline)]
+#[doc = include_str!("docs/attribute.md")]
 pub use lock_macros::distributed_lock;
 pub use options::{LockOptions, Mode, OnLost};
 pub use registry::{named, registry, HeldLock, Registry, RegistryBuilder};
