@@ -134,7 +134,7 @@ impl CurrentLock {
     /// body sees it. Never for a lock.
     #[must_use]
     pub fn is_stepping_down(&self) -> bool {
-        self.frame.lease.state().stepping_down
+        self.frame.lease.is_stepping_down()
     }
 
     /// Resolves when the work is asked to wind down (see
@@ -151,6 +151,22 @@ impl CurrentLock {
         let reason = self.frame.lease.wait_lost().await;
         self.frame.lease.lost_error(reason)
     }
+}
+
+/// Whether the running task runs inside `lease`'s guarded body (at any depth).
+pub(crate) fn runs_inside(lease: &Arc<Lease>) -> bool {
+    FRAME
+        .try_with(|frame| {
+            let mut frame = Some(frame);
+            while let Some(f) = frame {
+                if Arc::ptr_eq(&f.lease, lease) {
+                    return true;
+                }
+                frame = f.parent.as_ref();
+            }
+            false
+        })
+        .unwrap_or(false)
 }
 
 /// What the running task already holds, through one registry, of the keys it asks for.

@@ -252,7 +252,7 @@ impl Term {
     /// within the grace it was given, then returns (the term then goes to the next candidate).
     #[must_use]
     pub fn is_stepping_down(&self) -> bool {
-        self.lease.state().stepping_down
+        self.lease.is_stepping_down()
     }
 
     /// Resolves when the leader is asked to step down (see
@@ -575,9 +575,15 @@ impl Election {
     /// [`lead`](Self::lead) is dropped, as on a lost term, and a term held by hand is over for
     /// its holder: [`Term::is_lost`]), the term is resigned and the next candidate in line leads
     /// at once: never before the work returned or was dropped. Returns once the store has the
-    /// term back, with how it ended; `None` when this process did not lead. A
-    /// [`lead`](Self::lead) loop campaigns again afterwards, from the back of the line: stop it
-    /// (or shut the registry down) to leave.
+    /// term back (or its lease ran out), with how it ended; `None` when this process did not
+    /// lead. A [`lead`](Self::lead) loop campaigns again afterwards, from the back of the line:
+    /// stop it (or shut the registry down) to leave.
+    ///
+    /// A term steps down once. A second call for the same term (a step-down or a hand-over)
+    /// joins the first: the earliest end of a grace applies, the first successor named wins,
+    /// and each call returns when the term is over. Dropping the returned future stops waiting,
+    /// not the step-down, which goes on in the background. Called from inside the term's own
+    /// work, which it would wait for, it is refused: return from the work instead.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lock_runtime::LockError> {
@@ -597,12 +603,12 @@ impl Election {
     /// ```
     ///
     /// # Errors
-    /// None so far: the release is the term's own, retried in the background until the store
-    /// answers or the lease runs out. The `Result` leaves room for stores that must refuse.
+    /// [`LockError::InvalidOptions`] when called from inside the term's own work (nothing is
+    /// asked). A failed release is retried in the background until the store answers or the
+    /// lease runs out, as every release is.
     pub async fn step_down(&self, grace: Duration) -> Result<Option<SteppedDown>, LockError> {
-        Ok(self.leave(None, grace).await)
+        self.leave(None, grace).await
     }
-
     /// As [`step_down`](Self::step_down), but the term goes to the candidate campaigning as
     /// `successor` (its [`identity`](Self::identity)) ahead of the others in line, where it is
     /// still in line when the term ends; otherwise to the next candidate, as a step-down
@@ -611,8 +617,8 @@ impl Election {
     /// # Errors
     /// [`LockError::NotInLine`] when `successor` is not waiting in line now (nothing was
     /// changed: the leader goes on); [`LockError::InvalidOptions`] on Redlock, whose
-    /// candidates race rather than wait in a line; as [`in_line`](Self::in_line) when the look
-    /// at the line fails.
+    /// candidates race rather than wait in a line, and as [`step_down`](Self::step_down); as
+    /// [`in_line`](Self::in_line) when the look at the line fails.
     pub async fn hand_over(
         &self,
         successor: &str,
@@ -637,43 +643,57 @@ impl Election {
                 candidate: successor.to_owned(),
             });
         }
-        Ok(self.leave(Some(successor), grace).await)
+        self.leave(Some(successor), grace).await
     }
 
-    /// Ends the term held here: asks its work to wind down, waits for it up to `grace`, then
-    /// resigns (to `successor` where it is in line).
-    async fn leave(&self, successor: Option<&str>, grace: Duration) -> Option<SteppedDown> {
-        let lease = self.term()?.lease;
-        if let Some(successor) = successor {
-            // A second hand-over of the same term hands it to the first one named.
-            let _ = lease.successor.set(successor.to_owned());
+    /// Ends the term held here: asks its work to wind down by the end of `grace`, then waits
+    /// for the term's end, which the first call's [`drive_step_down`] brings about.
+    async fn leave(
+        &self,
+        successor: Option<&str>,
+        grace: Duration,
+    ) -> Result<Option<SteppedDown>, LockError> {
+        let Some(lease) = self.term().map(|term| term.lease) else {
+            return Ok(None);
+        };
+        if crate::current::runs_inside(&lease) {
+            return Err(LockError::InvalidOptions {
+                key: self.key.clone(),
+                reason: "a step-down was asked from inside the term's own work, which it would \
+                         wait for: return from the work instead (the term is resigned then), or \
+                         spawn the step-down (`tokio::spawn`) and then return"
+                    .to_owned(),
+            });
         }
-        lease.ask_to_step_down();
-        let finished = tokio::time::timeout(grace, lease.over()).await.is_ok();
-        if !finished {
-            // Over for every clone: a term's work is dropped, and its guard resigns.
-            lease.end();
-            if !lease.state().body {
-                // A term held without `run` or `lead`: nobody else resigns it now.
-                let keeper = &self.inner.keeper;
-                keeper.begin_release(lease.id);
-                keeper.release_in_background(lease.id);
-            }
+        // The first name given is the successor: a later hand-over of the same term joins it.
+        let named = successor.is_some_and(|successor| {
+            let _ = lease.successor.set(successor.to_owned());
+            lease.successor.get().map(String::as_str) == Some(successor)
+        });
+        let now = Instant::now();
+        let by = now
+            .checked_add(grace)
+            .unwrap_or(now + crate::options::NO_DEADLINE);
+        if lease.ask_to_step_down(by) {
+            // Its own task: a caller that stops waiting stops waiting, not the step-down.
+            tokio::spawn(drive_step_down(self.inner.clone(), lease.clone()));
         }
         lease.let_go().await;
+        let state = lease.state();
+        let ended = SteppedDown {
+            term: lease.fence,
+            finished: state.lost == Some(LostReason::Released) && !state.forced,
+            to_successor: named && lease.went_to_successor(),
+        };
         tracing::info!(
             key = %crate::error::shown(&self.key),
-            term = lease.fence,
-            finished,
-            successor,
+            term = ended.term,
+            finished = ended.finished,
+            successor = lease.successor.get(),
             to_successor = lease.went_to_successor(),
             "stepped down"
         );
-        Some(SteppedDown {
-            term: lease.fence,
-            finished,
-            to_successor: lease.went_to_successor(),
-        })
+        Ok(Some(ended))
     }
 
     /// The identities of the candidates waiting in line, the next leader first: those a
@@ -797,6 +817,28 @@ impl Observer {
                 () = tokio::time::sleep_until(wake_at) => {}
             }
         }
+    }
+}
+
+/// Brings a step-down about: once the term is over (its work returned, its holder resigned, or
+/// it was lost) there is nothing to do; when the earliest grace asked runs out first, the term
+/// is ended here, so that its work is dropped and its guard resigns it (a term held by hand,
+/// with no work to drop, the keeper resigns).
+async fn drive_step_down(inner: Arc<RegistryInner>, lease: Arc<Lease>) {
+    loop {
+        let Some(by) = lease.state().step_down_by else {
+            return;
+        };
+        tokio::select! {
+            () = lease.over() => return,
+            () = lease.step_down_moved(by) => {}
+            () = tokio::time::sleep_until(by) => break,
+        }
+    }
+    lease.force_end();
+    if !lease.state().body {
+        inner.keeper.begin_release(lease.id);
+        inner.keeper.release_in_background(lease.id);
     }
 }
 

@@ -1,6 +1,6 @@
 //! A held lease: its local deadline and the signal that tells everyone when it is lost.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
@@ -28,10 +28,19 @@ pub(crate) struct LeaseState {
     /// A guarded body (or a term's work) runs under this lease: a shutdown lets the key go
     /// only once it is gone.
     pub body: bool,
-    /// The work under this lease was asked to wind down (an election's step-down).
-    pub stepping_down: bool,
-    /// The store answered this lease's release (see [`Lease::give_back`]).
+    /// The work under this lease was asked to wind down (an election's step-down) and must
+    /// have returned by then, or be dropped.
+    pub step_down_by: Option<Instant>,
+    /// This side ended the lease because a step-down's grace ran out, not because its work
+    /// returned or its holder let go.
+    pub forced: bool,
+    /// The store answered a release of this lease (see [`Lease::give_back`]).
     pub let_go: bool,
+    /// Releases of this lease on their way to the store (the holder's and the keeper's can
+    /// meet): [`Lease::let_go`] waits for the last, so that what one found is not missed.
+    pub releasing: u32,
+    /// A release handed the lock to [`Lease::successor`].
+    pub to_successor: bool,
 }
 
 pub(crate) struct Lease {
@@ -65,8 +74,6 @@ pub(crate) struct Lease {
     /// The identity of the candidate its release hands the lock to, where that one is in line
     /// (an election's hand-over).
     pub successor: OnceLock<String>,
-    /// Its release handed the lock to [`Self::successor`].
-    handed_to_successor: AtomicBool,
 }
 
 /// What a lease tells its end to: an election's count of the terms it leads.
@@ -87,8 +94,11 @@ impl Lease {
             lost: None,
             at_risk: false,
             body: false,
-            stepping_down: false,
+            step_down_by: None,
+            forced: false,
             let_go: false,
+            releasing: 0,
+            to_successor: false,
         });
         Arc::new(Self {
             id,
@@ -105,7 +115,6 @@ impl Lease {
             renewals: AtomicU64::new(0),
             on_end: Mutex::new(None),
             successor: OnceLock::new(),
-            handed_to_successor: AtomicBool::new(false),
         })
     }
 
@@ -386,14 +395,38 @@ impl Lease {
         }
     }
 
-    /// Asks the work under this lease to wind down: an election's step-down.
-    pub(crate) fn ask_to_step_down(&self) {
-        self.update(|s| !std::mem::replace(&mut s.stepping_down, true));
+    /// Asks the work under this lease to wind down (an election's step-down) and be done by
+    /// `by`, or sooner if an earlier call asked for sooner. Whether this call asked first.
+    pub(crate) fn ask_to_step_down(&self, by: Instant) -> bool {
+        let mut first = false;
+        self.update(|s| {
+            first = s.step_down_by.is_none();
+            let by = s.step_down_by.map_or(by, |asked| asked.min(by));
+            s.step_down_by.replace(by) != Some(by)
+        });
+        first
+    }
+
+    /// Whether the work was asked to wind down.
+    pub(crate) fn is_stepping_down(&self) -> bool {
+        self.state().step_down_by.is_some()
     }
 
     /// Resolves once the work was asked to wind down, or the lease is over.
     pub(crate) async fn stepping_down(&self) {
-        self.wait_for(|s| s.stepping_down || s.lost.is_some()).await;
+        self.wait_for(|s| s.step_down_by.is_some() || s.lost.is_some())
+            .await;
+    }
+
+    /// Resolves once a step-down asks for its work by another time than `by`.
+    pub(crate) async fn step_down_moved(&self, by: Instant) {
+        self.wait_for(|s| s.step_down_by != Some(by)).await;
+    }
+
+    /// Ends the lease because a step-down's grace ran out (see [`LeaseState::forced`]).
+    pub(crate) fn force_end(&self) {
+        self.update(|s| !std::mem::replace(&mut s.forced, true));
+        self.end();
     }
 
     /// Resolves once the lease is over on this side (lost, or ended for its release).
@@ -401,39 +434,47 @@ impl Lease {
         self.wait_for(|s| s.lost.is_some()).await;
     }
 
-    /// Resolves once the store answered the lease's release, or the lease ran out.
+    /// Resolves once the store answered a release of the lease and no other is on its way, or
+    /// the lease ran out.
     pub(crate) async fn let_go(&self) {
-        self.wait_for(|s| s.let_go).await;
+        self.wait_for(|s| s.let_go && s.releasing == 0).await;
     }
 
-    /// Whether the lease's release handed the lock to its [`successor`](Self::successor).
+    /// Whether a release handed the lock to the lease's [`successor`](Self::successor).
     pub(crate) fn went_to_successor(&self) -> bool {
-        self.handed_to_successor.load(Ordering::Acquire)
+        self.state().to_successor
     }
 
     /// Releases the lease in the store (owner-checked): to its [`successor`](Self::successor)
     /// where one is named and in line, else as every release, and says so to whoever waits in
     /// [`Self::let_go`]. Whether the lock was still this lease's.
     pub(crate) async fn give_back(&self, backend: &Backend) -> Result<bool, LockError> {
+        self.update(|s| {
+            s.releasing += 1;
+            false
+        });
+        // Counted out however this ends, also when the caller stops waiting.
+        let _on_its_way = Releasing(self);
         let released = match self.successor.get() {
             Some(successor) => backend
                 .release_to(&self.key, &self.token, successor)
                 .await
-                .map(|to| {
-                    self.handed_to_successor
-                        .store(to == Some(true), Ordering::Release);
-                    to.is_some()
-                }),
-            None => {
-                backend
-                    .release(&self.key, &self.token, self.options.share())
-                    .await
-            }
+                .map(|to| (to.is_some(), to == Some(true))),
+            None => backend
+                .release(&self.key, &self.token, self.options.share())
+                .await
+                .map(|released| (released, false)),
         };
-        if released.is_ok() {
-            self.update(|s| !std::mem::replace(&mut s.let_go, true));
+        if let Ok((_, to_successor)) = released {
+            self.update(|s| {
+                s.let_go = true;
+                // Never taken back: a second release (the holder's, after the keeper's) finds
+                // the lease gone, which says nothing of where it went.
+                s.to_successor |= to_successor;
+                false
+            });
         }
-        released
+        released.map(|(released, _)| released)
     }
 
     pub(crate) fn lost_error(&self, reason: LostReason) -> LockError {
@@ -492,6 +533,19 @@ impl Drop for Lease {
         let reason = self.lost_reason();
         self.end_span(reason);
         self.ended(reason.unwrap_or(LostReason::Released));
+    }
+}
+
+/// A release of the lease is on its way to the store while this lives (see
+/// [`Lease::give_back`]).
+struct Releasing<'a>(&'a Lease);
+
+impl Drop for Releasing<'_> {
+    fn drop(&mut self) {
+        self.0.update(|s| {
+            s.releasing -= 1;
+            true
+        });
     }
 }
 

@@ -19,6 +19,7 @@ mod runtime {
     mod reporting;
     mod semaphore;
     mod spans;
+    mod stepping_down;
     mod support;
     mod waiting;
 }

@@ -91,7 +91,12 @@ impl Store {
         let builder = match &self.fixture {
             Fixture::Memory(store) => builder.memory(store.clone()),
             Fixture::SingleNode(server) => builder.url(server.url()),
-            Fixture::Confirmed { master, .. } => builder.url(master.url()).confirm_replicas(1),
+            // Each write waits for the replica's `WAIT` answer, which a loaded machine (the
+            // suite's other lanes, builds) delayed past the default's 1 s once: 5 s here.
+            Fixture::Confirmed { master, .. } => builder
+                .url(master.url())
+                .confirm_replicas(1)
+                .command_timeout(Duration::from_secs(10)),
             Fixture::Sentinel(deployment) => builder.sentinel(SERVICE, deployment.urls()),
             Fixture::Cluster(cluster) => builder.cluster(cluster.seeds()),
             Fixture::Redlock(nodes) => builder.redlock(nodes.iter().map(RedisServer::url)),
