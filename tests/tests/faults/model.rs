@@ -434,16 +434,25 @@ impl Builder<'_> {
             t.ended_us = Some(unseen_us.min((previous.expiry_ms + 1) * 1000));
             t.ended_by = "ended unseen";
         }
-        self.acquired(key, token, at_us, px_ms, "a restored key");
+        self.acquired(key, token, at_us, at_us, px_ms, "a restored key");
     }
 
-    /// A `SET` of `key` to `value` (a token, marked or not) took effect.
-    fn acquired(&mut self, key: &[u8], value: &str, at_us: i64, px_ms: i64, how: &str) {
+    /// A `SET` of `key` to `value` (a token, marked or not) took effect, logged at `at_us`, on
+    /// the server's clock at `clock_us` (a script's runs frozen at the call's start).
+    fn acquired(
+        &mut self,
+        key: &[u8],
+        value: &str,
+        at_us: i64,
+        clock_us: i64,
+        px_ms: i64,
+        how: &str,
+    ) {
         let token = unmarked(value);
         let doubted = self.in_doubt(key, at_us);
         self.written_since_loss.insert(key.to_vec());
         if let Some(previous) = self.live.remove(key) {
-            let now_ms = at_us / 1000;
+            let now_ms = clock_us / 1000;
             let t = &mut self.history.tenures[previous.index];
             let unknown_end = previous.lost_at.is_some() || previous.bounded || doubted;
             if unknown_end {
@@ -470,7 +479,7 @@ impl Builder<'_> {
             }
         }
         self.longest_ms = self.longest_ms.max(px_ms);
-        let expiry_ms = at_us / 1000 + px_ms;
+        let expiry_ms = clock_us / 1000 + px_ms;
         self.history.tenures.push(Tenure {
             key: String::from_utf8_lossy(key).into_owned(),
             place: false,
@@ -493,13 +502,15 @@ impl Builder<'_> {
     }
 
     /// The owner extended live lock `key` at `at_us` by `ms`.
-    fn renewed(&mut self, key: &[u8], at_us: i64, ms: i64) {
+    /// A renewal of `key` for `ms` took effect, logged at `at_us`, on the server's clock at
+    /// `clock_us` (see [`Self::acquired`]).
+    fn renewed(&mut self, key: &[u8], at_us: i64, clock_us: i64, ms: i64) {
         self.longest_ms = self.longest_ms.max(ms);
         self.survived(key);
         self.written_since_loss.insert(key.to_vec());
         let live = self.live.get_mut(key).expect("owned, so live");
         live.bounded = false;
-        let new_expiry = at_us / 1000 + ms;
+        let new_expiry = clock_us / 1000 + ms;
         if new_expiry + SLACK_MS < live.expiry_ms {
             self.history.violations.push(format!(
                 "(d) a renewal shortened live lock {} at {} from {} to {} ms",
@@ -559,7 +570,7 @@ impl Builder<'_> {
                         && self.owner(&key) == Some(expected.as_str())
                         && !self.live.get(&key).is_some_and(|l| l.marked)
                     {
-                        self.renewed(&key, e.at_us, px);
+                        self.renewed(&key, e.at_us, e.at_us, px);
                         self.history.renewals += 1;
                     } else if renewal
                         && self.in_doubt(&key, e.at_us)
@@ -580,7 +591,7 @@ impl Builder<'_> {
                     || !self.live_places(&key, e.at_us).is_empty();
                 if !nx || !(refused || taken) {
                     self.end_places(&key, e.at_us, "overwritten");
-                    self.acquired(&key, &e.arg_str(2), e.at_us, px, "plain SET");
+                    self.acquired(&key, &e.arg_str(2), e.at_us, e.at_us, px, "plain SET");
                 } else {
                     self.survived(&key);
                     self.refused(&key, &e.arg_str(2));
@@ -738,9 +749,9 @@ impl Builder<'_> {
                     {
                         // The owner's release, handing the lock to the oldest waiter.
                         self.end(&key, cmd.at_us, "handed over");
-                        self.acquired(&key, &token, cmd.at_us, px, "handoff");
+                        self.acquired(&key, &token, cmd.at_us, frozen, px, "handoff");
                     } else {
-                        self.acquired(&key, &token, cmd.at_us, px, "acquire script");
+                        self.acquired(&key, &token, cmd.at_us, frozen, px, "acquire script");
                     }
                 }
                 // On a set of places: the script's last command on the key before it was one
@@ -830,7 +841,7 @@ impl Builder<'_> {
                             cmd.at_us
                         ));
                     }
-                    self.renewed(&key, cmd.at_us, ms);
+                    self.renewed(&key, cmd.at_us, frozen, ms);
                     renewed_here = true;
                 }
                 "DEL" | "UNLINK" => {
@@ -1140,6 +1151,38 @@ mod tests {
         assert_eq!(
             history.renewals, 1,
             "the owner's renewal counts, the other one not"
+        );
+    }
+
+    /// Redis runs a script on the clock frozen when the call began: a lock a slow script sets
+    /// (here 6 ms into a release that hands it to B) expires `PX` after the call began, however
+    /// late its `SET` is logged. A caller that takes it after that took nothing held; one that
+    /// takes it before did.
+    #[test]
+    fn a_lock_set_late_in_a_slow_script_expires_as_of_the_scripts_start() {
+        let taken_at = |at: &str| {
+            let mut stream = events(&[
+                r#"10.000000 [0 127.0.0.1:1] "SET" "lock:k" "A" "NX" "PX" "1000""#,
+                r#"10.500000 [0 127.0.0.1:1] "evalsha" "r" "1" "lock:k" "A" "PUBLISH""#,
+                r#"10.500010 [0 lua] "GET" "lock:k""#,
+                r#"10.506000 [0 lua] "SET" "lock:k" "B" "PX" "977""#,
+            ]);
+            stream.extend(events(&[
+                &format!(r#"{at} [0 127.0.0.1:3] "evalsha" "s" "1" "lock:k" "C" "1000" "0""#),
+                r#"11.479010 [0 lua] "GET" "lock:k""#,
+                r#"11.479020 [0 lua] "SET" "lock:k" "C" "PX" "1000""#,
+            ]));
+            rebuild(&[stream], "lock:", true).violations
+        };
+        // B's lock ran out at 11.477 (10.500 + 977 ms), not 11.483.
+        let after = taken_at("11.479000");
+        assert!(after.is_empty(), "{after:?}");
+        let before = taken_at("11.470000");
+        assert!(
+            before
+                .iter()
+                .any(|v| v.contains("while B held it until 11477 ms")),
+            "{before:?}"
         );
     }
 
