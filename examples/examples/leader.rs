@@ -6,7 +6,8 @@
 //! `LOCK_REDIS_URL`/`REDIS_URL` it starts a throwaway redis-server.
 //!
 //! - A killed leader's lease runs out (ttl 2 s), and the next candidate leads within ttl and a
-//!   small bound; a leader that stops cleanly (`Registry::shutdown`) hands over at once.
+//!   small bound; a leader that stops cleanly steps down (`Election::step_down`: its loop
+//!   finishes its tick and returns) and hands over at once, then leaves (`Registry::shutdown`).
 //! - The observer (`Election::observe`) sees each change, woken by the election's
 //!   notifications and by the end of a crashed leader's lease.
 //! - Each leader's loop appends its term to a Redis list every 50 ms. From that history, in
@@ -46,15 +47,21 @@ async fn schedule(
 ) -> Result<(), redis::RedisError> {
     let number = term.number().unwrap_or_default();
     println!("elected: term {number}");
-    loop {
+    // Until asked to step down: then the tick under way finishes, and returning resigns.
+    while !term.is_stepping_down() {
         // A real scheduler would also hold back new work while `term.is_at_risk()`, and hand
         // `number` to the storage it writes as a fence. An error ends the term: the next
         // candidate leads, and this one campaigns again.
         let () = con
             .rpush(&history, format!("{number} {}", term.identity()))
             .await?;
-        tokio::time::sleep(TICK).await;
+        tokio::select! {
+            () = tokio::time::sleep(TICK) => {}
+            () = term.stepping_down() => {}
+        }
     }
+    println!("term {number}: stepping down");
+    Ok(())
 }
 
 /// A replica: leads whenever elected, until told to stop on stdin.
@@ -69,16 +76,27 @@ async fn replica(n: u32, run: &str, url: &str) -> Result<(), Box<dyn std::error:
         .ttl(TTL);
     let history = history_key(run);
     println!("READY");
-    let lead = election.lead(|term| schedule(term, con.clone(), history.clone()));
-    let mut stdin = BufReader::new(tokio::io::stdin()).lines();
-    tokio::select! {
-        outcome = lead => outcome?,
-        _ = stdin.next_line() => {
-            // Told to stop (or the parent went away): hand the leadership over at once.
-            registry.shutdown().await;
-            println!("stopped cleanly");
+    let leading = tokio::spawn({
+        let election = election.clone();
+        async move {
+            election
+                .lead(|term| schedule(term, con.clone(), history.clone()))
+                .await
         }
+    });
+    let mut stdin = BufReader::new(tokio::io::stdin()).lines();
+    // Told to stop (or the parent went away): step down, so that the next candidate leads at
+    // once, then leave the line.
+    let _ = stdin.next_line().await;
+    if let Some(ended) = election.step_down(Duration::from_secs(5)).await? {
+        println!(
+            "stepped down from term {:?} (finished: {})",
+            ended.term, ended.finished
+        );
     }
+    registry.shutdown().await;
+    leading.await??;
+    println!("stopped cleanly");
     Ok(())
 }
 
@@ -203,7 +221,7 @@ async fn main() {
     stdin.write_all(b"stop\n").await.expect("tell it to stop");
     let stopped = Instant::now();
     println!(
-        "{:>7.3}s  parent: stopping {} cleanly (it hands over)",
+        "{:>7.3}s  parent: stopping {} cleanly (it steps down)",
         started.elapsed().as_secs_f64(),
         second.identity
     );

@@ -769,7 +769,15 @@ async fn every_attempt_of_a_redlock_acquisition_has_a_token_of_its_own() {
     use futures_util::StreamExt;
 
     let nodes = nodes(3);
-    let (holder, waiter) = (registry(&nodes), registry(&nodes));
+    // No fault here: timeouts a loaded machine cannot run out (with 300 ms, two nodes' answers
+    // came late beside a build, and the waiter's error was not `Busy`).
+    let patient = || {
+        with_timeouts(
+            Registry::builder().redlock(nodes.iter().map(RedisServer::url)),
+            Duration::from_secs(10),
+        )
+    };
+    let (holder, waiter) = (patient(), patient());
     let held = hold(&holder, "retries").await;
     let monitor = nodes[0].client().get_async_monitor().await.unwrap();
     let mut lines = monitor.into_on_message::<String>();

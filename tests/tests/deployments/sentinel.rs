@@ -583,7 +583,16 @@ fn subscribers_on(server: &RedisServer, channel: &str) -> i64 {
 async fn a_lock_is_taken_renewed_and_handed_over_through_tls_sentinels_on_a_tls_master() {
     let deployment = RedisSentinels::start_tls();
     assert!(deployment.urls().iter().all(|u| u.starts_with("rediss://")));
-    let (a, b) = (registry(&deployment), registry(&deployment));
+    let a = registry(&deployment);
+    // The waiter connects (TLS to a sentinel, then to the master, then its subscription) with
+    // timeouts a loaded machine cannot run out: with 300 ms, beside a build, it had not
+    // subscribed after 10 s. No fault is injected here.
+    let b = with_timeouts(
+        Registry::builder()
+            .sentinel(SERVICE, deployment.urls())
+            .tls_root_cert(deployment.ca_pem()),
+        Duration::from_secs(10),
+    );
     let ttl = Duration::from_secs(1);
     // Its first connection (TLS to a sentinel, then to the master) may take longer than the
     // 300 ms connect timeout on a loaded machine: tried again within `wait`.
