@@ -428,19 +428,25 @@ async fn a_granted_lock_survives_a_crash_of_a_server_that_commits_asynchronously
     next.release().await.expect("release");
 }
 
-/// A schema that disappeared (dropped by an operator, lost in a restore) is made again at the
-/// next attempt, not refused for good.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_schema_that_disappeared_is_made_again() {
-    let server = PostgresServer::start();
-    let a = registry(&server);
-    a.lock("k")
+/// Takes and releases a free lock: the schema is made on first use.
+async fn lock_once(registry: &Registry) {
+    registry
+        .lock("k")
         .acquire()
         .await
         .expect("free")
         .release()
         .await
         .expect("release");
+}
+
+/// A schema that disappeared (dropped by an operator, lost in a restore) is made again at the
+/// next attempt, not refused for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_that_disappeared_is_made_again() {
+    let server = PostgresServer::start();
+    let a = registry(&server);
+    lock_once(&a).await;
     server.psql("DROP SCHEMA distributed_lock CASCADE");
     let again = a.lock("k").wait(LIMIT).acquire().await;
     again
@@ -461,15 +467,7 @@ async fn a_schema_that_disappeared_is_made_again() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_schema_without_hand_over_by_name_gains_it_or_steps_down_without() {
     let server = PostgresServer::start();
-    let owner = registry(&server);
-    owner
-        .lock("k")
-        .acquire()
-        .await
-        .expect("free")
-        .release()
-        .await
-        .expect("release");
+    lock_once(&registry(&server)).await;
     let has_release_to = || {
         server.psql(
             "SELECT to_regprocedure('distributed_lock.release_to(text, text, text, text)') \

@@ -280,7 +280,7 @@ pub(crate) trait Store: Send + Sync {
         share: Share,
     ) -> impl Future<Output = Result<bool, LockError>> + Send;
 
-    /// As [`release`](Self::release) of a lock held alone, but where the release hands the lock
+    /// As [`release`](Self::release) of a lock of one key held alone, but where the release hands the lock
     /// over, it goes to the live queued candidate that campaigns as `successor` (the identity
     /// of `token::identity_of`), ahead of any waiting before it; with no such candidate in
     /// line, to the oldest live waiter as ever. `Ok(None)`: the lock was not ours;

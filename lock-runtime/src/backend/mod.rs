@@ -217,6 +217,11 @@ impl Store for Backend {
         token: &str,
         successor: &str,
     ) -> Result<Option<bool>, LockError> {
+        if key.is_multi() {
+            // Elections hold one key: a lock of several has no successor to name.
+            let released = self.release(key, token, Share::Exclusive).await?;
+            return Ok(released.then_some(false));
+        }
         each!(self, s => s.release_to(key, token, successor).await)
     }
 

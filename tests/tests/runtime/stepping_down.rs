@@ -20,6 +20,21 @@ async fn in_line(election: &Election, n: usize) {
     .await;
 }
 
+/// Steps `a` down in a task of its own, and returns once the step-down has asked the work.
+async fn stepping_down(a: &Election) -> tokio::task::JoinHandle<StepDown> {
+    let stepping = tokio::spawn({
+        let a = a.clone();
+        async move { a.step_down(LIMIT).await }
+    });
+    eventually(LIMIT, "the step-down asked", || async {
+        a.term().is_some_and(|term| term.is_stepping_down())
+    })
+    .await;
+    stepping
+}
+
+type StepDown = Result<Option<lock_runtime::SteppedDown>, LockError>;
+
 /// A candidate for `key` on `registry`, campaigning in a task of its own.
 fn campaign(
     registry: &Registry,
@@ -100,14 +115,7 @@ async fn work_dropped_when_any_grace_ran_out_is_not_finished_for_any_caller() {
             .expect("elected alone")
             .run(std::future::pending::<Result<(), LockError>>()),
     );
-    let patient = tokio::spawn({
-        let a = a.clone();
-        async move { a.step_down(LIMIT).await }
-    });
-    eventually(LIMIT, "the first step-down asked", || async {
-        a.term().is_some_and(|term| term.is_stepping_down())
-    })
-    .await;
+    let patient = stepping_down(&a).await;
     let hasty = tokio::time::timeout(LIMIT, a.step_down(Duration::ZERO))
         .await
         .expect("no grace: the term ends at once")
@@ -146,14 +154,7 @@ async fn a_term_lost_during_the_grace_did_not_finish() {
             .expect("elected alone")
             .run(std::future::pending::<Result<(), LockError>>()),
     );
-    let stepping = tokio::spawn({
-        let a = a.clone();
-        async move { a.step_down(LIMIT).await }
-    });
-    eventually(LIMIT, "the step-down asked", || async {
-        a.term().is_some_and(|term| term.is_stepping_down())
-    })
-    .await;
+    let stepping = stepping_down(&a).await;
     assert!(registry.force_unlock("rota").await.expect("force-unlock"));
     let ended = tokio::time::timeout(LIMIT, stepping)
         .await

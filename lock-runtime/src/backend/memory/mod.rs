@@ -269,10 +269,6 @@ impl Store for MemoryStore {
         token: &str,
         successor: &str,
     ) -> Result<Option<bool>, LockError> {
-        if key.is_multi() {
-            let released = self.release(key, token, Share::Exclusive).await?;
-            return Ok(released.then_some(false));
-        }
         Ok(self.release_key_to(key, token, Some(successor)))
     }
 

@@ -323,7 +323,7 @@ impl Store for PostgresStore {
         token: &str,
         successor: &str,
     ) -> Result<Option<bool>, LockError> {
-        if key.is_multi() || !self.link.names_successors() {
+        if !self.link.names_successors() {
             let released = self.release(key, token, Share::Exclusive).await?;
             return Ok(released.then_some(false));
         }

@@ -498,7 +498,7 @@ impl Store for RedisBackend {
         token: &str,
         successor: &str,
     ) -> Result<Option<bool>, LockError> {
-        if key.is_multi() || !self.hands_over {
+        if !self.hands_over {
             let released = self.release(key, token, Share::Exclusive).await?;
             return Ok(released.then_some(false));
         }
