@@ -93,10 +93,28 @@ pub enum Command {
     ///
     /// Uses SCAN with MATCH (never KEYS, which blocks the server), on every master of a
     /// cluster and on every Redlock node.
+    ///
+    /// During an incident: `--owner web-1:4242` lists every lock one process holds, `--queued`
+    /// the locks callers wait for, the longest queue first.
     List {
         /// Only keys starting with this, e.g. `deploy:` (matched literally, not as a glob).
         #[arg(value_name = "KEY_PREFIX", default_value = "")]
         key_prefix: String,
+        /// Only the locks OWNER holds (alone, or as a reader or permit holder): an election
+        /// candidate's identity, a `host:pid`, a host, or an owner as `list` shows it.
+        #[arg(long, value_name = "OWNER")]
+        owner: Option<String>,
+        /// Only the locks callers are queued for, the longest queue first.
+        #[arg(long)]
+        queued: bool,
+        /// At most N rows (with --queued: the N longest queues).
+        #[arg(long, value_name = "N")]
+        top: Option<usize>,
+        /// One JSON object for scripts: `locks`, each with its owner taken apart (identity,
+        /// host, pid), durations in milliseconds, and its queue; `unscanned`, the nodes that
+        /// could not be read.
+        #[arg(long)]
+        json: bool,
     },
     /// Print the Postgres store's schema (the tables and functions of `distributed_lock`), for
     /// a database owner to apply where the services' role may not create it on first use:
@@ -106,6 +124,9 @@ pub enum Command {
     Show {
         /// The lock's key as the code names it, without the prefix (`deploy:42`).
         key: String,
+        /// One JSON object, as each of `list --json`'s locks.
+        #[arg(long)]
+        json: bool,
     },
     /// Print a lock's changes (taken, renewed, released, taken over) until Ctrl-C or --for.
     Watch {
@@ -133,6 +154,10 @@ pub enum Command {
         /// With --watch: stop after this long (`30s`, `2m`, or seconds).
         #[arg(long = "for", value_name = "DURATION", value_parser = duration, requires = "watch")]
         duration: Option<Duration>,
+        /// One JSON object: `leader` (its identity, term and remaining lease in milliseconds,
+        /// or null) and `in_line`.
+        #[arg(long, conflicts_with = "watch")]
+        json: bool,
     },
     /// Run CMD under a lock: take it, renew it while the job runs, release it when the job
     /// has ended.

@@ -31,12 +31,16 @@ pub fn line(leader: Option<&Leader>) -> String {
 }
 
 /// Prints who leads `key` now, and the candidates in line after it, the next first (those a
-/// leader can hand its term to: `Election::hand_over`).
-pub async fn show(registry: &Registry, key: &str) -> Result<(), Failure> {
+/// leader can hand its term to: `Election::hand_over`); as one JSON object with `json`.
+pub async fn show(registry: &Registry, key: &str, json: bool) -> Result<(), Failure> {
     let election = registry.election(key);
     let leader = election.leader().await?;
-    println!("{}", line(leader.as_ref()));
     let candidates = election.in_line().await?;
+    if json {
+        println!("{}", crate::json::leader(key, leader.as_ref(), &candidates));
+        return Ok(());
+    }
+    println!("{}", line(leader.as_ref()));
     if !candidates.is_empty() {
         println!("in line: {}", candidates.join(", "));
     }

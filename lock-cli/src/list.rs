@@ -1,45 +1,126 @@
-//! `lockctl list`: the held locks under a key prefix, one row each.
+//! `lockctl list`: the held locks under a key prefix, one row each, or those of one owner, or
+//! the longest queues, as a table or as JSON.
 
 use futures_util::StreamExt;
-use lock_runtime::Registry;
+use lock_runtime::{LockError, LockInfo, Registry};
+use serde_json::json;
 
 use crate::scan::{self, Found};
 use crate::target::Target;
-use crate::{render, Failure};
+use crate::{json, render, Failure};
 
 const INSPECT_AT_ONCE: usize = 32;
 
-/// Lists the locks whose key starts with `key_prefix`: the keys come from a scan of every node,
-/// their state from `Registry::inspect` (so Redlock rows show the majority's owner).
+/// Which of the held locks to list, and how.
+#[derive(Debug, Default)]
+pub struct Listing {
+    /// Only those held by this owner (see [`render::owned_by`]).
+    pub owner: Option<String>,
+    /// Only those with callers queued, the longest queue first.
+    pub queued: bool,
+    /// At most this many rows.
+    pub top: Option<usize>,
+    /// JSON for scripts instead of a table.
+    pub json: bool,
+}
+
+/// A key the scan found, read through the registry.
+struct Lock {
+    key: String,
+    found: Found,
+    info: Result<LockInfo, LockError>,
+}
+
+/// Lists the locks whose key starts with `key_prefix` that `listing` asks for: the keys come
+/// from a scan of every node, their state from `Registry::inspect` (so Redlock rows show the
+/// majority's owner).
 ///
 /// # Errors
 /// When no node could be scanned.
-pub async fn list(target: &Target, registry: &Registry, key_prefix: &str) -> Result<(), Failure> {
+pub async fn list(
+    target: &Target,
+    registry: &Registry,
+    key_prefix: &str,
+    listing: &Listing,
+) -> Result<(), Failure> {
     let under = registry.redis_key(key_prefix);
     let scan = scan::scan(target, &under).await?;
     for failed in &scan.failed {
         eprintln!("warning: could not scan {failed}");
     }
     let redlock = matches!(target, Target::Redlock(_));
+    // A few inspections in flight at once: thousands of locks would otherwise cost thousands
+    // of sequential round trips; a few dozen keep the server's load negligible.
+    let mut locks: Vec<Lock> = futures_util::stream::iter(&scan.keys)
+        .map(|found| read(registry, found))
+        .buffered(INSPECT_AT_ONCE)
+        .collect()
+        .await;
+    // Released since the scan saw them; on Redlock, a key on a minority of nodes is shown as
+    // held by no majority.
+    locks.retain(|l| {
+        redlock
+            || l.info
+                .as_ref()
+                .map_or(true, |info| render::holder(info).is_some())
+    });
+    if let Some(who) = &listing.owner {
+        locks.retain(|l| match &l.info {
+            Ok(info) => render::held_by(info, who),
+            Err(e) => {
+                eprintln!("warning: could not read {}: {e}", l.found.redis_key);
+                false
+            }
+        });
+    }
+    if listing.queued {
+        locks.retain(|l| l.info.as_ref().is_ok_and(|info| info.waiters > 0));
+        // Stable: ties stay in key order.
+        locks.sort_by_key(|l| std::cmp::Reverse(l.info.as_ref().map_or(0, |i| i.waiters)));
+    }
+    if let Some(top) = listing.top {
+        locks.truncate(top);
+    }
+    if listing.json {
+        let rows: Vec<_> = locks
+            .iter()
+            .map(|l| {
+                let mut row = match &l.info {
+                    Ok(info) => json::lock(&l.key, &l.found.redis_key, info),
+                    Err(e) => json!({
+                        "key": l.key, "store_key": l.found.redis_key, "error": e.to_string()
+                    }),
+                };
+                if redlock {
+                    row["nodes"] = json!({ "with_key": l.found.nodes, "of": target.urls().len() });
+                }
+                row
+            })
+            .collect();
+        let out = json!({ "under": under, "locks": rows, "unscanned": scan.failed });
+        println!("{out}");
+        return Ok(());
+    }
+    let what = match (&listing.owner, listing.queued) {
+        (Some(who), false) => format!(" held by {who}"),
+        (Some(who), true) => format!(" held by {who} with callers queued"),
+        (None, true) => " with callers queued".to_owned(),
+        (None, false) => String::new(),
+    };
+    if locks.is_empty() {
+        println!("no locks{what} under {under}");
+        return Ok(());
+    }
     let mut header = vec!["KEY", "OWNER", "TTL", "FENCE", "QUEUE"];
     if redlock {
         header.push("NODES");
     }
     let mut rows = vec![header.into_iter().map(str::to_owned).collect::<Vec<_>>()];
-    // A few inspections in flight at once: thousands of locks would otherwise cost thousands
-    // of sequential round trips; a few dozen keep the server's load negligible.
-    let nodes = redlock.then(|| target.urls().len());
-    let mut found = futures_util::stream::iter(&scan.keys)
-        .map(|found| row(registry, found, nodes))
-        .buffered(INSPECT_AT_ONCE);
-    while let Some(found) = found.next().await {
-        rows.extend(found);
-    }
-    let held = rows.len() - 1;
-    if held == 0 {
-        println!("no locks under {under}");
-        return Ok(());
-    }
+    rows.extend(
+        locks
+            .iter()
+            .map(|l| row(l, redlock.then(|| target.urls().len()))),
+    );
     print!("{}", render::table(&rows));
     let nodes = match target {
         Target::Redlock(urls) => format!(" on {} of {} nodes", scan.scanned, urls.len()),
@@ -50,34 +131,38 @@ pub async fn list(target: &Target, registry: &Registry, key_prefix: &str) -> Res
         ),
         _ => String::new(),
     };
+    let shown = locks.len();
     println!(
-        "{held} lock{} under {under}{nodes}",
-        if held == 1 { "" } else { "s" }
+        "{shown} lock{}{what} under {under}{nodes}",
+        if shown == 1 { "" } else { "s" }
     );
     Ok(())
 }
 
-/// One row, or `None` for a lock released since the scan saw it. `redlock_nodes` is the node
-/// count in Redlock mode, where a key on a minority of nodes is shown as not held.
-async fn row(
-    registry: &Registry,
-    found: &Found,
-    redlock_nodes: Option<usize>,
-) -> Option<Vec<String>> {
-    let prefix = registry.prefix();
+async fn read(registry: &Registry, found: &Found) -> Lock {
     let key = found
         .redis_key
-        .strip_prefix(prefix)
-        .unwrap_or(&found.redis_key);
-    let mut row = vec![key.to_owned()];
-    match registry.inspect(key).await {
-        Ok(info) if render::holder(&info).is_none() && redlock_nodes.is_none() => return None,
+        .strip_prefix(registry.prefix())
+        .unwrap_or(&found.redis_key)
+        .to_owned();
+    let info = registry.inspect(&key).await;
+    Lock {
+        key,
+        found: found.clone(),
+        info,
+    }
+}
+
+/// One row. `redlock_nodes` is the node count in Redlock mode.
+fn row(lock: &Lock, redlock_nodes: Option<usize>) -> Vec<String> {
+    let mut row = vec![lock.key.clone()];
+    match &lock.info {
         Ok(info) => {
-            let owner = render::holder(&info).unwrap_or_else(|| "(no majority)".to_owned());
+            let owner = render::holder(info).unwrap_or_else(|| "(no majority)".to_owned());
             row.extend([
                 owner,
-                render::remaining(&info),
-                render::fence(&info),
+                render::remaining(info),
+                render::fence(info),
                 info.waiters.to_string(),
             ]);
         }
@@ -91,7 +176,7 @@ async fn row(
         ]),
     }
     if let Some(total) = redlock_nodes {
-        row.push(format!("{}/{total}", found.nodes));
+        row.push(format!("{}/{total}", lock.found.nodes));
     }
-    Some(row)
+    row
 }

@@ -17,6 +17,7 @@ macro_rules! say {
 mod cli;
 mod confirm;
 mod job;
+mod json;
 mod leader;
 mod list;
 mod render;
@@ -105,10 +106,29 @@ async fn execute(cli: Cli) -> Result<ExitCode, Failure> {
     let registry = target.registry(&cli.prefix)?;
     match cli.command {
         Command::Run(args) => return Ok(run::run(&registry, args).await),
-        Command::List { key_prefix } => list::list(&target, &registry, &key_prefix).await?,
-        Command::Show { key } => {
+        Command::List {
+            key_prefix,
+            owner,
+            queued,
+            top,
+            json,
+        } => {
+            let listing = list::Listing {
+                owner,
+                queued,
+                top,
+                json,
+            };
+            list::list(&target, &registry, &key_prefix, &listing).await?;
+        }
+        Command::Show { key, json } => {
             let info = registry.inspect(&key).await?;
-            print!("{}", render::details(&registry.redis_key(&key), &info));
+            let store_key = registry.redis_key(&key);
+            if json {
+                println!("{}", json::lock(&key, &store_key, &info));
+            } else {
+                print!("{}", render::details(&store_key, &info));
+            }
         }
         Command::Watch {
             key,
@@ -120,8 +140,11 @@ async fn execute(cli: Cli) -> Result<ExitCode, Failure> {
             watch::watch(&registry, &key, Duration::from_millis(every), duration).await;
         }
         Command::Leader {
-            key, watch: false, ..
-        } => leader::show(&registry, &key).await?,
+            key,
+            watch: false,
+            json,
+            ..
+        } => leader::show(&registry, &key, json).await?,
         Command::Leader { key, duration, .. } => leader::watch(&registry, &key, duration).await?,
         Command::Unlock { key, yes } => unlock(&registry, &key, yes).await?,
         Command::ExecJob(_) | Command::Schema => {

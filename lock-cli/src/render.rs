@@ -34,6 +34,31 @@ pub fn owner(token: &str) -> String {
     }
 }
 
+/// Whether `token` belongs to `who`, as an operator names an owner: a candidate's identity,
+/// `host:pid`, a host alone, or the owner as the tables show it (`host:pid:0123abcd`, with or
+/// without its `…`).
+#[must_use]
+pub fn owned_by(token: &str, who: &str) -> bool {
+    let Some(owner) = TokenOwner::parse(token) else {
+        return false;
+    };
+    let who = who.trim_end_matches('…');
+    let process = format!("{}:{}", owner.host, owner.pid);
+    owner.identity == Some(who)
+        || owner.host == who
+        || process == who
+        || format!("{process}:{}", owner.short) == who
+        || owner.to_string().trim_end_matches('…') == who
+}
+
+/// Whether `who` (see [`owned_by`]) holds the key: as its one owner, or as one of the readers
+/// or permit holders sharing it.
+#[must_use]
+pub fn held_by(info: &LockInfo, who: &str) -> bool {
+    info.owner.as_deref().is_some_and(|t| owned_by(t, who))
+        || info.holders.iter().any(|p| owned_by(&p.token, who))
+}
+
 /// Who holds the key: the owner (see [`owner`]), how many readers, or how many of a semaphore's
 /// permits are held.
 #[must_use]
@@ -256,6 +281,35 @@ mod tests {
         info.readers = Some(3);
         assert_eq!(holder(&info).as_deref(), Some("3 readers"));
         assert!(details("lock:catalog", &info).contains("state:  held"));
+    }
+
+    #[test]
+    fn an_owner_is_named_by_identity_process_host_or_as_shown() {
+        let token = format!("eu@web-1:4242:{}", "ab".repeat(16));
+        for who in [
+            "eu",
+            "web-1",
+            "web-1:4242",
+            "web-1:4242:abababab",
+            "web-1:4242:abababab…",
+            "eu@web-1:4242:abababab…",
+        ] {
+            assert!(owned_by(&token, who), "{who}");
+        }
+        for who in [
+            "e",
+            "web",
+            "web-1:424",
+            "web-1:42420",
+            "web-1:4242:abab",
+            "",
+        ] {
+            assert!(!owned_by(&token, who), "{who}");
+        }
+        assert!(!owned_by("9f0c2a4e-uuid-of-redis-py", "9f0c2a4e"));
+        let mut info = LockInfo::default();
+        info.holders = vec![Place::new(token, Duration::from_secs(1))];
+        assert!(held_by(&info, "web-1:4242") && !held_by(&info, "web-2"));
     }
 
     #[test]

@@ -1034,6 +1034,16 @@ async fn leader_is_shown_and_followed(on: &[&str], registry: &Registry) {
         Some("in line: web-3:8080, web-4:8080"),
         "{out}"
     );
+    let out = succeeded(&run(&mut leader(&["leader", "scheduler", "--json"])).await);
+    let json: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    assert_eq!(json["leader"]["identity"], "web-2:8080", "{out}");
+    assert_eq!(json["leader"]["term"], second.term().unwrap(), "{out}");
+    assert!(json["leader"]["remaining_ms"].as_u64() > Some(0), "{out}");
+    assert_eq!(
+        json["in_line"],
+        serde_json::json!(["web-3:8080", "web-4:8080"]),
+        "{out}"
+    );
     second.resign().await.unwrap();
     for standby in standbys {
         standby.await.unwrap().unwrap().resign().await.unwrap();
@@ -1896,4 +1906,152 @@ async fn run_with_its_stderr_gone_still_holds_the_lock_for_the_job() {
         renewed,
         "the lock was let go of while the job's worker ran (lockctl: {status})"
     );
+}
+
+/// What an operator asks during an incident, one command each, on Redis: every lock one owner
+/// holds (by process, or by a candidate's identity), the longest queues, and the same as JSON.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_finds_one_owners_locks_and_the_longest_queues() {
+    let server = RedisServer::start();
+    let registry = Registry::from_url(&server.url()).unwrap();
+    incident_questions(&["--url", &server.url()], &registry).await;
+}
+
+/// The same on Postgres, whose `list` reads the store's table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_on_postgres_finds_one_owners_locks_and_the_longest_queues() {
+    let server = PostgresServer::start();
+    let url = server.url();
+    let registry = Registry::builder().postgres(&url).build().unwrap();
+    incident_questions(&["--postgres", &url], &registry).await;
+}
+
+/// The keys of a `list` table's rows, in order.
+fn listed(listing: &str) -> Vec<&str> {
+    let mut lines = listing.lines();
+    assert!(
+        lines.next().is_some_and(|h| h.starts_with("KEY")),
+        "{listing}"
+    );
+    lines
+        .take_while(|l| !l.contains(" under "))
+        .filter_map(|l| l.split_whitespace().next())
+        .collect()
+}
+
+/// Whether `text` holds 32 hex digits in a row: the random part of a token, which must never be
+/// shown whole.
+fn has_a_whole_token(text: &str) -> bool {
+    text.as_bytes()
+        .split(|b| !b.is_ascii_hexdigit())
+        .any(|run| run.len() >= 32)
+}
+
+async fn incident_questions(on: &[&str], registry: &Registry) {
+    let list = |args: &[&str]| lockctl(&[on, &["list"], args].concat());
+    let first = hold(registry, "deploy:1", true).await;
+    let second = hold(registry, "deploy:2", false).await;
+    let leader = registry
+        .election("scheduler")
+        .ttl(TTL)
+        .identity("web-9")
+        .campaign()
+        .await
+        .unwrap();
+    // Another process's lock: a job under `lockctl run`.
+    let mut job = lockctl(&[on, &["run", "job:nightly", "--", "sleep", "600"]].concat());
+    let job = job.stdout(Stdio::null()).spawn().unwrap();
+    let job_pid = job.id().unwrap();
+    lock_tests::eventually(PATIENCE, "the job holds its lock", || async {
+        registry
+            .inspect("job:nightly")
+            .await
+            .unwrap()
+            .owner
+            .is_some()
+    })
+    .await;
+    // Queued one after the other, so that they are served in the order awaited below.
+    let mut waiters = Vec::new();
+    for (key, queued_then) in [("deploy:1", 1), ("deploy:1", 2), ("deploy:2", 1)] {
+        waiters.push(queue_for(registry, key));
+        queued(registry, key, queued_then).await;
+    }
+
+    let host = lock_runtime::protocol::TokenOwner::parse(first.token())
+        .unwrap()
+        .host
+        .to_owned();
+    let ours = format!("{host}:{}", std::process::id());
+    let out = succeeded(&run(&mut list(&["--owner", &ours])).await);
+    assert_eq!(listed(&out), ["deploy:1", "deploy:2", "scheduler"], "{out}");
+    assert!(
+        out.contains(&format!("3 locks held by {ours} under lock:")),
+        "{out}"
+    );
+    let theirs = format!("{host}:{job_pid}");
+    let out = succeeded(&run(&mut list(&["--owner", &theirs])).await);
+    assert_eq!(listed(&out), ["job:nightly"], "{out}");
+    let out = succeeded(&run(&mut list(&["--owner", "web-9"])).await);
+    assert_eq!(
+        listed(&out),
+        ["scheduler"],
+        "by the candidate's identity: {out}"
+    );
+    // An owner as `list` shows it, copied from its OWNER column.
+    let out = succeeded(&run(&mut list(&["--owner", &shown(second.token())])).await);
+    assert_eq!(listed(&out), ["deploy:2"], "{out}");
+    let out = succeeded(&run(&mut list(&["--owner", "web-8"])).await);
+    assert_eq!(out.trim(), "no locks held by web-8 under lock:", "{out}");
+
+    let out = succeeded(&run(&mut list(&["--queued"])).await);
+    assert_eq!(
+        listed(&out),
+        ["deploy:1", "deploy:2"],
+        "the longest first: {out}"
+    );
+    assert!(row(&out, "deploy:1").ends_with(" 2"), "{out}");
+    let out = succeeded(&run(&mut list(&["--queued", "--top", "1"])).await);
+    assert_eq!(listed(&out), ["deploy:1"], "{out}");
+
+    let out = succeeded(&run(&mut list(&["--owner", "web-9", "--json"])).await);
+    let json: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    let locks = json["locks"].as_array().expect("locks");
+    assert_eq!(locks.len(), 1, "{out}");
+    assert_eq!(locks[0]["key"], "scheduler", "{out}");
+    assert_eq!(locks[0]["owner"]["identity"], "web-9", "{out}");
+    assert_eq!(locks[0]["owner"]["host"], host.as_str(), "{out}");
+    assert_eq!(locks[0]["owner"]["pid"], std::process::id(), "{out}");
+    assert_eq!(locks[0]["fence"], leader.term().unwrap(), "{out}");
+    assert!(!has_a_whole_token(&out), "never a whole token: {out}");
+    let out = succeeded(&run(&mut list(&["--queued", "--json"])).await);
+    let json: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    let waiting: Vec<_> = json["locks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| (l["key"].as_str().unwrap(), l["waiters"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(waiting, [("deploy:1", 2), ("deploy:2", 1)], "{out}");
+    assert_eq!(json["locks"][0]["queue"].as_array().map(Vec::len), Some(2));
+
+    let out = succeeded(
+        &run(&mut lockctl(
+            &[on, &["show", "deploy:1", "--json"]].concat(),
+        ))
+        .await,
+    );
+    let json: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    assert_eq!(json["state"], "held", "{out}");
+    assert_eq!(json["fence"], first.fence().unwrap(), "{out}");
+    assert_eq!(json["owner"]["shown"], shown(first.token()), "{out}");
+    assert!(json["remaining_ms"].as_u64() > Some(0), "{out}");
+
+    drop(job);
+    first.release().await.unwrap();
+    second.release().await.unwrap();
+    for waiter in waiters {
+        waiter.await.unwrap().release().await.unwrap();
+    }
+    leader.resign().await.unwrap();
 }
