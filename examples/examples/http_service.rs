@@ -29,7 +29,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use lock_runtime::{distributed_lock, Election, LockError, Registry};
-use metrics_exporter_prometheus::PrometheusBuilder;
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -135,6 +135,51 @@ async fn pay(State(app): State<App>, Path(order_id): Path<u64>) -> Result<String
     Ok(format!("paid order {order_id} (fence {fence})\n"))
 }
 
+/// With `HTTP_SERVICE_LOAD_FOR=SECONDS`, after the checks: keeps serving for that long while
+/// eight clients pay four orders (they queue, some wait past `WAIT` and get 409) and the
+/// sweeper's leader steps down every 20 s, so that a dashboard scraping `/metrics` has
+/// something to show (`scripts/dashboard-picture`).
+async fn load(addr: SocketAddr, sweeper: &Election, duration: Duration) {
+    println!(
+        "load: serving on http://{addr} for {} s",
+        duration.as_secs()
+    );
+    let until = Instant::now() + duration;
+    let clients: Vec<_> = (0..8u64)
+        .map(|client| {
+            tokio::spawn(async move {
+                let mut order = client;
+                while Instant::now() < until {
+                    order = (order * 7 + 3) % 4;
+                    let _ = http_post(addr, &format!("/orders/{}/pay", 10 + order)).await;
+                }
+            })
+        })
+        .collect();
+    let standby = sweeper.clone().identity("replica-3");
+    let standing_by = tokio::spawn({
+        let standby = standby.clone();
+        async move {
+            standby
+                .lead(|_term| std::future::pending::<Result<(), std::io::Error>>())
+                .await
+        }
+    });
+    while Instant::now() + Duration::from_secs(20) < until {
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        // Whichever of the two leads hands the term to the other.
+        for candidate in [sweeper, &standby] {
+            if let Ok(Some(_)) = candidate.step_down(Duration::from_secs(1)).await {
+                break;
+            }
+        }
+    }
+    for client in clients {
+        let _ = client.await;
+    }
+    standing_by.abort();
+}
+
 /// An orchestrator's probe of the sweeper's election: 200 when `check` holds, else 503. Ready:
 /// this replica leads (a standby is healthy, never restarted for being one). Live: not at risk,
 /// and no term's work outlived its term.
@@ -215,7 +260,14 @@ async fn post_all(addr: SocketAddr, paths: &[String]) -> Vec<Answer> {
 async fn main() {
     let (_server, url) = lock_examples::redis_url();
     // Installed before the first lock: the library reports through whatever recorder is.
+    // Buckets for the `*_seconds` histograms, so that a dashboard can sum quantiles over
+    // replicas (`dashboards/distributed-lock.json` reads the `_bucket` series).
     let metrics = PrometheusBuilder::new()
+        .set_buckets_for_metric(
+            Matcher::Prefix("distributed_lock_".to_owned()),
+            lock_runtime::SECONDS_BUCKETS,
+        )
+        .expect("buckets")
         .install_recorder()
         .expect("the process's only metrics recorder");
     let registry = Registry::from_url(&url).expect("a valid Redis URL");
@@ -486,6 +538,12 @@ async fn main() {
         failures.push(format!(
             "/metrics: expected this replica leading the sweeper after one term won:\n{scrape}"
         ));
+    }
+    if let Some(seconds) = std::env::var("HTTP_SERVICE_LOAD_FOR")
+        .ok()
+        .and_then(|s| s.parse().ok())
+    {
+        load(addr, &sweeper, Duration::from_secs(seconds)).await;
     }
     leading.abort();
 

@@ -212,6 +212,7 @@ pub use lock::LockRequest;
 #[doc(inline)]
 #[doc = include_str!("docs/attribute.md")]
 pub use lock_macros::distributed_lock;
+pub use metrics::SECONDS_BUCKETS;
 pub use options::{LockOptions, Mode, OnLost};
 pub use registry::{named, registry, HeldLock, Registry, RegistryBuilder};
 pub use transaction::TransactionCheck;

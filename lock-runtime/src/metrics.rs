@@ -15,6 +15,23 @@ use crate::error::LostReason;
 #[cfg(feature = "metrics")]
 use crate::report;
 
+/// Histogram buckets, in seconds, for the library's `*_seconds` metrics: from a millisecond (an
+/// uncontended lock near its store) to ten minutes (a long job's hold). Give them to the
+/// exporter, so that quantiles can be summed over replicas (the dashboard in `dashboards/`
+/// reads `_bucket` series), as with `metrics-exporter-prometheus`:
+///
+/// ```ignore
+/// use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+/// let prefix = Matcher::Prefix("distributed_lock_".into());
+/// PrometheusBuilder::new()
+///     .set_buckets_for_metric(prefix, lock_runtime::SECONDS_BUCKETS)?
+///     .install_recorder()?;
+/// ```
+pub const SECONDS_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+    300.0, 600.0,
+];
+
 /// The `lock` label of a request without a template.
 #[cfg(feature = "metrics")]
 const UNTEMPLATED: &str = "untemplated";

@@ -6,14 +6,14 @@
 //! Its own test binary: a metrics recorder is process-wide, and each test here keeps to its own
 //! registry names, so the counts it reads are its own.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use lock_runtime::{distributed_lock, LockError, LostReason, Registry};
 use lock_tests::{eventually, fast_registry, RedisServer, SilentServer};
 use metrics::{Key, KeyName, Metadata, SharedString, Unit};
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use redis::AsyncCommands;
 
 const LIMIT: Duration = Duration::from_secs(10);
@@ -29,7 +29,14 @@ fn recorder() -> &'static PrometheusHandle {
         // never see it. A second, global one makes it ask every subscriber.
         tracing::subscriber::set_global_default(tracing::subscriber::NoSubscriber::default())
             .expect("the only global subscriber");
-        let prometheus = PrometheusBuilder::new().build_recorder();
+        // Buckets, as the metrics guide says, for the dashboard's `_bucket` queries.
+        let prometheus = PrometheusBuilder::new()
+            .set_buckets_for_metric(
+                Matcher::Prefix("distributed_lock_".to_owned()),
+                lock_runtime::SECONDS_BUCKETS,
+            )
+            .expect("buckets")
+            .build_recorder();
         let handle = prometheus.handle();
         metrics::set_global_recorder(GatedRecorder(prometheus))
             .expect("the only metrics recorder of this test binary");
@@ -762,5 +769,280 @@ fn the_leader_gauge_is_back_to_zero_once_every_term_ended() {
         (during_second_term, after),
         (Some(1.0), Some(0.0)),
         "the leader gauge while the second term was led, and after all {TERMS} terms ended"
+    );
+}
+
+/// The dashboard in `dashboards/` asks only for series the library exports, with the labels
+/// they carry, and shows every metric the library exports: each of its queries is checked
+/// against a scrape taken after this test made the library report every metric.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_queries_what_the_library_exports_and_shows_all_of_it() {
+    let metrics = recorder();
+    report_every_metric().await;
+    let exported = exported(&metrics.render());
+    let families: BTreeSet<&str> = exported.keys().map(|name| family(name)).collect();
+    let described: BTreeSet<&str> = [
+        "distributed_lock_acquisitions_total",
+        "distributed_lock_wait_seconds",
+        "distributed_lock_handoffs_total",
+        "distributed_lock_hold_seconds",
+        "distributed_lock_held",
+        "distributed_lock_renewals_total",
+        "distributed_lock_at_risk_total",
+        "distributed_lock_lost_total",
+        "distributed_lock_leader",
+        "distributed_lock_terms_won_total",
+        "distributed_lock_terms_ended_total",
+        "distributed_lock_leaderless_seconds",
+    ]
+    .into();
+    assert_eq!(families, described, "every metric was reported here");
+    for histogram in ["wait", "hold", "leaderless"] {
+        let buckets = format!("distributed_lock_{histogram}_seconds_bucket");
+        assert!(exported[buckets.as_str()].contains("le"), "{buckets}");
+    }
+
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../dashboards/distributed-lock.json"
+    );
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).expect("the dashboard")).unwrap();
+    let mut queries: Vec<String> = Vec::new();
+    for panel in dashboard["panels"].as_array().expect("panels") {
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            assert_eq!(
+                target["datasource"]["uid"], "${datasource}",
+                "{}: the dashboard's own data source",
+                panel["title"]
+            );
+            queries.push(target["expr"].as_str().expect("a query").to_owned());
+        }
+    }
+    for variable in dashboard["templating"]["list"]
+        .as_array()
+        .expect("variables")
+    {
+        if let Some(query) = variable["query"]["query"].as_str() {
+            queries.push(query.to_owned());
+        }
+    }
+    let mut shown = BTreeSet::new();
+    for query in &queries {
+        let problems = check_query(query, &exported);
+        assert!(problems.is_empty(), "{query}:\n{}", problems.join("\n"));
+        shown.extend(metric_names(query).into_iter().map(family));
+    }
+    assert_eq!(shown, described, "every metric is on the dashboard");
+}
+
+/// Makes the library report every metric under the registries `metrics-dashboard` and
+/// `metrics-dashboard-watcher`: a handoff, a busy request, renewals, a lease at risk, one lost,
+/// and an election's term won, its leaderless time and its end.
+async fn report_every_metric() {
+    let server = RedisServer::start();
+    let registry = named(&server, "metrics-dashboard");
+    let lock = |key: &'static str| registry.lock(key).template("dash:<n>");
+    let held = lock("dash:1").acquire().await.unwrap();
+    assert!(matches!(
+        lock("dash:1").acquire().await,
+        Err(LockError::Busy { .. })
+    ));
+    let waiter = tokio::spawn(lock("dash:1").wait(LIMIT).acquire());
+    eventually(LIMIT, "a waiter queued", || async {
+        registry.inspect("dash:1").await.unwrap().waiters == 1
+    })
+    .await;
+    held.release().await.unwrap();
+    waiter
+        .await
+        .unwrap()
+        .expect("handed over")
+        .release()
+        .await
+        .unwrap();
+
+    // Renewed every second; put at risk by a pause, and lost to a deletion.
+    let guard = lock("dash:2")
+        .ttl(Duration::from_secs(3))
+        .acquire()
+        .await
+        .unwrap();
+    server.pause();
+    tokio::time::timeout(Duration::from_secs(3), guard.at_risk())
+        .await
+        .expect("at risk within the ttl");
+    server.resume();
+    tokio::time::timeout(Duration::from_secs(3), guard.out_of_risk())
+        .await
+        .expect("out of risk within the ttl");
+    assert!(registry.force_unlock("dash:2").await.unwrap());
+    tokio::time::timeout(LIMIT, guard.lost())
+        .await
+        .expect("lost at the next renewal");
+    drop(guard);
+
+    let watcher = named(&server, "metrics-dashboard-watcher");
+    let mut observer = watcher.election("dash").observe();
+    assert_eq!(observer.next().await.expect("observe"), None);
+    let leadership = registry.election("dash").campaign().await.unwrap();
+    tokio::time::timeout(LIMIT, observer.next())
+        .await
+        .expect("the observer sees the leader")
+        .expect("observe");
+    leadership.resign().await.unwrap();
+
+    let labels = [("registry", "metrics-dashboard"), ("election", "dash")];
+    eventually(LIMIT, "every report told", || async {
+        let scrape = recorder().render();
+        sample(
+            &scrape,
+            "distributed_lock_terms_ended_total",
+            &and(&labels, ("reason", "resigned")),
+        ) == Some(1.0)
+            && sample(
+                &scrape,
+                "distributed_lock_lost_total",
+                &[
+                    ("registry", "metrics-dashboard"),
+                    ("lock", "dash:<n>"),
+                    ("reason", "gone"),
+                ],
+            ) == Some(1.0)
+            && sample(
+                &scrape,
+                "distributed_lock_leaderless_seconds_count",
+                &[
+                    ("registry", "metrics-dashboard-watcher"),
+                    ("election", "dash"),
+                ],
+            ) == Some(1.0)
+    })
+    .await;
+}
+
+/// Each series name of a Prometheus scrape with the label names it carries.
+fn exported(scrape: &str) -> BTreeMap<String, BTreeSet<String>> {
+    let mut exported: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for line in scrape
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+    {
+        let series = line.rsplit_once(' ').map_or(line, |(series, _)| series);
+        let (name, labels) = series.split_once('{').unwrap_or((series, ""));
+        let names = exported.entry(name.to_owned()).or_default();
+        for pair in labels.trim_end_matches('}').split("\",") {
+            if let Some((label, _)) = pair.split_once("=\"") {
+                names.insert(label.to_owned());
+            }
+        }
+    }
+    exported
+}
+
+/// A histogram's or summary's family (`x_bucket`, `x_sum`, `x_count`: `x`), else the name.
+fn family(name: &str) -> &str {
+    ["_bucket", "_sum", "_count"]
+        .iter()
+        .find_map(|suffix| name.strip_suffix(suffix))
+        .unwrap_or(name)
+}
+
+/// The library's metric names a PromQL query reads.
+fn metric_names(query: &str) -> Vec<&str> {
+    read_series(query)
+        .into_iter()
+        .map(|(name, _)| name)
+        .collect()
+}
+
+/// Each of the library's series a PromQL query reads, with what follows its name.
+fn read_series(query: &str) -> Vec<(&str, &str)> {
+    let mut series = Vec::new();
+    let mut rest = query;
+    while let Some(at) = rest.find("distributed_lock_") {
+        let name = &rest[at..];
+        let end = name
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(name.len());
+        series.push((&name[..end], &name[end..]));
+        rest = &name[end..];
+    }
+    series
+}
+
+/// What is wrong with `query` against `exported`: a series the library does not export, a
+/// label matched, grouped by or asked for that the series it reads do not carry. Labels a
+/// Prometheus server adds to every target (`instance`, `job`) are allowed in groupings.
+fn check_query(query: &str, exported: &BTreeMap<String, BTreeSet<String>>) -> Vec<String> {
+    let mut problems = Vec::new();
+    let mut carried: BTreeSet<String> = ["instance", "job"].map(str::to_owned).into();
+    for (name, after) in read_series(query) {
+        let Some(labels) = exported.get(name) else {
+            problems.push(format!("{name} is not exported"));
+            continue;
+        };
+        carried.extend(labels.iter().cloned());
+        // The matchers right after the name: `name{label="..", label=~".."}`.
+        if let Some(matchers) = after.strip_prefix('{') {
+            let matchers = &matchers[..matchers.find('}').expect("a closed selector")];
+            for matcher in matchers.split(',') {
+                let label = matcher.split(['=', '!']).next().unwrap().trim();
+                if !labels.contains(label) {
+                    problems.push(format!("{name} carries no label {label}"));
+                }
+            }
+        }
+    }
+    // Groupings (`by (a, b)`) and a variable's `label_values(series, label)`.
+    let mut grouped = Vec::new();
+    for clause in query.split("by (").skip(1) {
+        grouped.extend(
+            clause[..clause.find(')').unwrap()]
+                .split(',')
+                .map(str::trim),
+        );
+    }
+    if let Some(args) = query.strip_prefix("label_values(") {
+        grouped.push(
+            args.rsplit_once(',')
+                .unwrap()
+                .1
+                .trim_end_matches(')')
+                .trim(),
+        );
+    }
+    for label in grouped {
+        if !carried.contains(label) {
+            problems.push(format!("no series read carries {label}"));
+        }
+    }
+    problems
+}
+
+#[test]
+fn a_query_that_asks_for_what_is_not_exported_is_found() {
+    let exported: BTreeMap<String, BTreeSet<String>> = [(
+        "distributed_lock_held".to_owned(),
+        ["registry", "lock"].map(str::to_owned).into(),
+    )]
+    .into();
+    let check = |query| check_query(query, &exported);
+    assert!(check("sum by (lock, instance) (distributed_lock_held{registry=~\"$r\"})").is_empty());
+    assert_eq!(
+        check("sum by (election) (distributed_lock_held)"),
+        ["no series read carries election"]
+    );
+    assert_eq!(
+        check("distributed_lock_held{outcome=\"busy\"}"),
+        ["distributed_lock_held carries no label outcome"]
+    );
+    assert_eq!(
+        check("rate(distributed_lock_hold_seconds_bucket[5m])"),
+        ["distributed_lock_hold_seconds_bucket is not exported"]
+    );
+    assert_eq!(
+        check("label_values(distributed_lock_held, outcome)"),
+        ["no series read carries outcome"]
     );
 }
