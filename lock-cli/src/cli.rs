@@ -141,8 +141,8 @@ pub enum Command {
         every: u64,
     },
     /// Show who leads an election (`Registry::election`): the identity it campaigned with,
-    /// its term and its remaining lease; then the candidates in line, the next leader first
-    /// (where candidates queue: not on Redlock).
+    /// its term and its remaining lease; then the candidates in line, the next leader first,
+    /// and those standing aside in their places (where candidates queue: not on Redlock).
     Leader {
         /// The election's key, without the prefix.
         key: String,
@@ -155,7 +155,7 @@ pub enum Command {
         #[arg(long = "for", value_name = "DURATION", value_parser = duration, requires = "watch")]
         duration: Option<Duration>,
         /// One JSON object: `leader` (its identity, term and remaining lease in milliseconds,
-        /// or null) and `in_line`.
+        /// or null), `in_line` and `standing_aside`.
         #[arg(long, conflicts_with = "watch")]
         json: bool,
     },

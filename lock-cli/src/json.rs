@@ -23,7 +23,13 @@ pub fn owner(token: &str) -> Value {
 fn places(places: &[Place]) -> Value {
     places
         .iter()
-        .map(|p| json!({ "owner": owner(&p.token), "remaining_ms": millis(p.remaining) }))
+        .map(|p| {
+            json!({
+                "owner": owner(&p.token),
+                "remaining_ms": millis(p.remaining),
+                "aside": p.aside,
+            })
+        })
         .collect()
 }
 
@@ -51,9 +57,9 @@ pub fn lock(key: &str, store_key: &str, info: &LockInfo) -> Value {
     })
 }
 
-/// Who leads an election, and who is in line after it.
+/// Who leads an election, who is in line after it, and who stands aside in its place.
 #[must_use]
-pub fn leader(key: &str, leader: Option<&Leader>, in_line: &[String]) -> Value {
+pub fn leader(key: &str, leader: Option<&Leader>, in_line: &[String], aside: &[String]) -> Value {
     json!({
         "key": key,
         "leader": leader.map(|l| json!({
@@ -62,6 +68,7 @@ pub fn leader(key: &str, leader: Option<&Leader>, in_line: &[String]) -> Value {
             "remaining_ms": l.remaining.map(millis),
         })),
         "in_line": in_line,
+        "standing_aside": aside,
     })
 }
 

@@ -31,18 +31,26 @@ pub fn line(leader: Option<&Leader>) -> String {
 }
 
 /// Prints who leads `key` now, and the candidates in line after it, the next first (those a
-/// leader can hand its term to: `Election::hand_over`); as one JSON object with `json`.
+/// leader can hand its term to: `Election::hand_over`), and those standing aside in their
+/// places (`Election::stand_aside`); as one JSON object with `json`.
 pub async fn show(registry: &Registry, key: &str, json: bool) -> Result<(), Failure> {
     let election = registry.election(key);
     let leader = election.leader().await?;
     let candidates = election.in_line().await?;
+    let aside = election.standing_aside().await?;
     if json {
-        println!("{}", crate::json::leader(key, leader.as_ref(), &candidates));
+        println!(
+            "{}",
+            crate::json::leader(key, leader.as_ref(), &candidates, &aside)
+        );
         return Ok(());
     }
     println!("{}", line(leader.as_ref()));
     if !candidates.is_empty() {
         println!("in line: {}", candidates.join(", "));
+    }
+    if !aside.is_empty() {
+        println!("standing aside: {}", aside.join(", "));
     }
     Ok(())
 }

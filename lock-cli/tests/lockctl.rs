@@ -1044,6 +1044,27 @@ async fn leader_is_shown_and_followed(on: &[&str], registry: &Registry) {
         serde_json::json!(["web-3:8080", "web-4:8080"]),
         "{out}"
     );
+    // One stands aside: it keeps its place, shown apart, and no hand-over can name it.
+    let draining = election.clone().identity("web-4:8080");
+    draining.stand_aside();
+    lock_tests::eventually(PATIENCE, "web-4 stands aside", || async {
+        draining.standing_aside().await.unwrap() == ["web-4:8080"]
+    })
+    .await;
+    let out = succeeded(&run(&mut leader(&["leader", "scheduler"])).await);
+    assert_eq!(
+        out.lines().skip(1).collect::<Vec<_>>(),
+        ["in line: web-3:8080", "standing aside: web-4:8080"],
+        "{out}"
+    );
+    let out = succeeded(&run(&mut leader(&["leader", "scheduler", "--json"])).await);
+    let json: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    assert_eq!(
+        json["standing_aside"],
+        serde_json::json!(["web-4:8080"]),
+        "{out}"
+    );
+    draining.rejoin();
     second.resign().await.unwrap();
     for standby in standbys {
         standby.await.unwrap().unwrap().resign().await.unwrap();

@@ -13,6 +13,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{Instrument, Span};
 
@@ -115,6 +116,9 @@ async fn take_lease(
 ) -> Result<Arc<Lease>, LockError> {
     let mut attempts = Attempts::start(inner, keys, options, identity, labels, traced)?;
     loop {
+        if attempts.sits_out() {
+            attempts.rejoined().await?;
+        }
         let (sent_at, outcome) = attempts.attempt().await;
         let now = Instant::now();
         let step = match outcome {
@@ -140,6 +144,10 @@ async fn take_lease(
             handed,
         } = step
         {
+            if attempts.standing_aside() {
+                attempts.pass_on(handed).await;
+                continue;
+            }
             return attempts.take(fence, sent_at, handed).await;
         }
     }
@@ -185,6 +193,8 @@ struct Attempts<'a> {
     /// Unless the lock is acquired, it is let go of on the way out.
     let_go: LetGo,
     places: Places,
+    /// An election's candidate: whether it stands aside (see `Election::stand_aside`).
+    aside: Option<watch::Receiver<bool>>,
 }
 
 impl<'a> Attempts<'a> {
@@ -200,6 +210,8 @@ impl<'a> Attempts<'a> {
         let shown = keys.join(" + ");
         options.validate(&shown)?;
         inner.ensure_open(&shown)?;
+        // An election's one key, as given: its candidate follows its flag there.
+        let aside = identity.map(|identity| inner.aside(&shown, identity));
         let key = inner.lock_keys(keys)?;
         let share = options.share();
         if key.is_multi() && share.is_shared() {
@@ -240,7 +252,58 @@ impl<'a> Attempts<'a> {
             backoff: Backoff::new(),
             let_go: LetGo::default(),
             places: Places::default(),
+            aside,
         })
+    }
+
+    /// Whether this candidate stands aside now (marking the flag seen: a wait wakes on the next
+    /// change only).
+    fn standing_aside(&mut self) -> bool {
+        self.aside
+            .as_mut()
+            .is_some_and(|aside| *aside.borrow_and_update())
+    }
+
+    /// Whether this candidate stands aside where its store keeps no place for it: it sends
+    /// nothing until it rejoins.
+    fn sits_out(&mut self) -> bool {
+        !self.inner.backend.stands_aside() && self.standing_aside()
+    }
+
+    /// Waits until this candidate rejoins (or its wait is over).
+    async fn rejoined(&mut self) -> Result<(), LockError> {
+        if let Some(aside) = &mut self.aside {
+            let rejoined = aside.wait_for(|standing| !standing);
+            if tokio::time::timeout_at(self.give_up_at, rejoined)
+                .await
+                .is_err()
+            {
+                return Err(LockError::Busy {
+                    key: self.key.name.clone(),
+                    retry_after: None,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The lock came to this candidate as it stood aside. Handed over where its store keeps
+    /// places standing aside: the next attempt, standing aside, passes it on in the store and
+    /// keeps the place. Taken by an attempt sent before it stood aside (or where no place is
+    /// kept): given back, as a release would, and the place with it.
+    async fn pass_on(&mut self, handed: bool) {
+        if handed && self.inner.backend.stands_aside() {
+            return;
+        }
+        if let Err(error) = self
+            .inner
+            .backend
+            .release(&self.key, &self.token, self.share)
+            .await
+        {
+            // Its lease runs out by itself; its place, unrenewed, with it.
+            tracing::debug!(%error, "a lock taken while standing aside was not given back");
+        }
     }
 
     /// Sends one attempt; returns when it was sent, and its outcome.
@@ -258,6 +321,7 @@ impl<'a> Attempts<'a> {
             self.share,
             self.options.ttl,
         );
+        let aside = self.inner.backend.stands_aside() && self.standing_aside();
         let sent_at = Instant::now();
         if self.queue {
             self.places.sent(self.attempts, sent_at);
@@ -285,6 +349,7 @@ impl<'a> Attempts<'a> {
                 others_wait,
                 share: self.share,
                 give_up_at: self.give_up_at,
+                aside,
             })
             .await;
         (sent_at, outcome)
@@ -409,11 +474,26 @@ impl<'a> Attempts<'a> {
     /// Waits until `wake_at`, or a release, or a handoff of the lock to this waiter (taken,
     /// unless stale or already over).
     async fn wait(&mut self, wake_at: Instant) -> Result<Step, LockError> {
+        // A candidate that stands aside or rejoins tells the store at once.
+        let mut aside = self.aside.clone();
+        let flipped = async {
+            match &mut aside {
+                Some(aside) => {
+                    let _ = aside.changed().await;
+                }
+                None => std::future::pending().await,
+            }
+        };
         let Some(interest) = &self.interest else {
-            tokio::time::sleep_until(wake_at).await;
+            tokio::select! {
+                () = tokio::time::sleep_until(wake_at) => {}
+                () = flipped => {}
+            }
             return Ok(Step::Again);
         };
+        // A grant first: one that came to a candidate as it stood aside is passed on (`take_lease`).
         tokio::select! {
+            biased;
             grant = interest.handed_over() => {
                 // Only a place that no later attempt found taken: an attempt after it that was
                 // refused saw the handed key gone (it would have found its own token), so the
@@ -432,6 +512,7 @@ impl<'a> Attempts<'a> {
             }
             () = interest.released() => Ok(Step::Again),
             () = tokio::time::sleep_until(wake_at) => Ok(Step::Again),
+            () = flipped => Ok(Step::Again),
         }
     }
 

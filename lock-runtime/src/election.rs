@@ -703,14 +703,76 @@ impl Election {
     /// # Errors
     /// As [`leader`](Self::leader).
     pub async fn in_line(&self) -> Result<Vec<String>, LockError> {
+        Ok(self.line().await?.0)
+    }
+
+    /// The candidates standing aside ([`stand_aside`](Self::stand_aside)) with their places
+    /// kept, oldest first: in line, but passed over until they rejoin. Empty where candidates
+    /// do not queue.
+    ///
+    /// # Errors
+    /// As [`leader`](Self::leader).
+    pub async fn standing_aside(&self) -> Result<Vec<String>, LockError> {
+        Ok(self.line().await?.1)
+    }
+
+    /// The identities queued for the term: those that can be handed it, then those standing
+    /// aside.
+    async fn line(&self) -> Result<(Vec<String>, Vec<String>), LockError> {
         let key = self.inner.lock_key(self.key.clone())?;
         let info = self.inner.backend.inspect(&key).await?;
-        Ok(info
-            .queue
-            .iter()
-            .filter_map(|place| token::identity_of(&place.token))
-            .map(str::to_owned)
-            .collect())
+        let (mut ready, mut aside) = (Vec::new(), Vec::new());
+        for place in &info.queue {
+            if let Some(identity) = token::identity_of(&place.token) {
+                let line = if place.aside { &mut aside } else { &mut ready };
+                line.push(identity.to_owned());
+            }
+        }
+        Ok((ready, aside))
+    }
+
+    /// Stands aside: this registry's candidates in this election under this
+    /// [`identity`](Self::identity) (draining, or unhealthy) are not elected until they
+    /// [`rejoin`](Self::rejoin), from the moment this returns. Where candidates wait in a line
+    /// (not Redlock or `confirm_replicas`) each keeps its place, and every handoff passes it
+    /// over to the next candidate; elsewhere it stops campaigning until it rejoins. A term
+    /// handed to it as it stood aside goes on to the next candidate at once, and its work never
+    /// starts. A term it leads now goes on: end it with [`step_down`](Self::step_down) (a
+    /// [`lead`](Self::lead) loop then campaigns again, standing aside).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lock_runtime::LockError> {
+    /// use std::time::Duration;
+    /// let registry = lock_runtime::Registry::in_memory();
+    /// let leader = registry.election("scheduler").identity("replica-1").campaign().await?;
+    /// let draining = registry.election("scheduler").identity("replica-2");
+    /// let standby = tokio::spawn(draining.campaign());
+    /// # while draining.in_line().await?.is_empty() { tokio::task::yield_now().await; }
+    /// draining.stand_aside();
+    /// # while draining.standing_aside().await?.is_empty() { tokio::task::yield_now().await; }
+    /// assert_eq!(draining.standing_aside().await?, ["replica-2"]);
+    /// leader.resign().await?; // passed over: nobody else is in line, so nobody leads
+    /// assert_eq!(draining.leader().await?, None);
+    /// draining.rejoin();
+    /// let elected = standby.await.unwrap()?;
+    /// assert_eq!(elected.identity(), "replica-2");
+    /// # Ok(()) }
+    /// ```
+    pub fn stand_aside(&self) {
+        self.inner.set_aside(&self.key, &self.identity, true);
+    }
+
+    /// Ends [`stand_aside`](Self::stand_aside): this registry's candidates under this identity
+    /// take their places in line again at once (where their places were kept, where they
+    /// were), and may be elected.
+    pub fn rejoin(&self) {
+        self.inner.set_aside(&self.key, &self.identity, false);
+    }
+
+    /// Whether this registry's candidates under this identity stand aside.
+    #[must_use]
+    pub fn is_standing_aside(&self) -> bool {
+        *self.inner.aside(&self.key, &self.identity).borrow()
     }
 
     /// Who leads now, in one look at the key; `None` while nobody does (a crashed leader's

@@ -3,7 +3,9 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
+
+use tokio::sync::watch;
 
 use crate::backend::{Backend, Store};
 use crate::error::LockError;
@@ -24,6 +26,9 @@ pub(crate) struct RegistryInner {
     /// The terms its candidates won, by election key: what `Election::is_leader` and
     /// `Election::is_live` read, and the leader gauge counts.
     pub(crate) terms: Mutex<HashMap<String, HeldTerms>>,
+    /// Whether its candidates in an election stand aside, by election key and identity (see
+    /// `Election::stand_aside`): their campaigns follow the flag.
+    aside: Mutex<HashMap<(String, String), watch::Sender<bool>>>,
     next_id: AtomicU64,
     shut_down: AtomicBool,
 }
@@ -69,6 +74,7 @@ impl RegistryInner {
             prefix,
             timeouts,
             terms: Mutex::default(),
+            aside: Mutex::default(),
             next_id: AtomicU64::new(1),
             shut_down: AtomicBool::new(false),
         }
@@ -95,6 +101,26 @@ impl RegistryInner {
     /// Names an unnamed registry (installing it under `name`); a name it has stays.
     pub(crate) fn name_if_unnamed(&self, name: &str) {
         let _ = self.name.set(name.into());
+    }
+
+    /// Whether this registry's candidates in election `key` campaigning as `identity` stand
+    /// aside, as they follow it.
+    pub(crate) fn aside(&self, key: &str, identity: &str) -> watch::Receiver<bool> {
+        let mut aside = self.aside.lock().unwrap_or_else(PoisonError::into_inner);
+        aside
+            .entry((key.to_owned(), identity.to_owned()))
+            .or_insert_with(|| watch::channel(false).0)
+            .subscribe()
+    }
+
+    /// Makes this registry's candidates in election `key` campaigning as `identity` stand
+    /// aside, or rejoin the line.
+    pub(crate) fn set_aside(&self, key: &str, identity: &str, standing: bool) {
+        let mut aside = self.aside.lock().unwrap_or_else(PoisonError::into_inner);
+        aside
+            .entry((key.to_owned(), identity.to_owned()))
+            .or_insert_with(|| watch::channel(false).0)
+            .send_replace(standing);
     }
 
     pub(crate) fn next_lease_id(&self) -> u64 {

@@ -1,6 +1,6 @@
 //! One contract, every store: each behaviour of `Store` (exclusion, owner-checked release and
 //! renewal, fencing, hand-over order, waiting without polling, leases lost and reported,
-//! permits, readers and writers, several keys, inspect, force-unlock, elections, stepping down) is written once in
+//! permits, readers and writers, several keys, inspect, force-unlock, elections, stepping down, standing aside) is written once in
 //! `conformance/behaviours.rs` and run on memory, a single node, a single node whose replica
 //! confirms every write, Sentinel, Cluster and Redlock: `conformance::<behaviour>::<store>`.
 //! What a store does not do it declares (`Store::lacks`), and the behaviour checks its refusal
@@ -48,5 +48,6 @@ mod conformance {
         force_unlock_frees_any_holders_lock,
         an_election_has_one_leader_at_a_time,
         a_leader_steps_down_and_hands_over_to_a_named_candidate,
+        a_candidate_standing_aside_is_passed_over_until_it_rejoins,
     );
 }

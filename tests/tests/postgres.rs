@@ -472,9 +472,9 @@ async fn a_schema_that_disappeared_is_made_again() {
 /// A schema made by a library from before elections handed over by name (no `release_to`):
 /// a registry whose role may adds the function, and hands over by name; one whose role may
 /// not (it can only use the schema) still leads and steps down, its hand-over going to the
-/// next candidate in line.
+/// next candidate in line. Likewise without `stand_aside`, whose candidate leaves the line.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_schema_without_hand_over_by_name_gains_it_or_steps_down_without() {
+async fn a_schema_without_hand_over_by_name_or_standing_aside_gains_them_or_does_without() {
     let server = PostgresServer::start();
     lock_once(&registry(&server)).await;
     let has_release_to = || {
@@ -506,6 +506,29 @@ async fn a_schema_without_hand_over_by_name_gains_it_or_steps_down_without() {
     };
     handed_over(&app(), &app(), "b", false).await;
     assert_eq!(has_release_to(), "f", "the role could not add it");
+
+    // Nor `stand_aside`: a candidate standing aside leaves the line instead, and is not elected
+    // until it rejoins.
+    server.psql(
+        "DROP FUNCTION distributed_lock.stand_aside(text, text, text, bigint, boolean, integer)",
+    );
+    let (leader, other) = (app(), app());
+    let leading = leader.election("c").identity("leader").campaign().await;
+    let leading = leading.expect("elected alone");
+    let draining = other.election("c").identity("draining");
+    let standing = tokio::spawn(draining.campaign());
+    queued(&leader, "c", 1).await;
+    draining.stand_aside();
+    queued(&leader, "c", 0).await;
+    leading.resign().await.expect("resign");
+    assert_eq!(draining.leader().await.expect("look"), None);
+    draining.rejoin();
+    let elected = tokio::time::timeout(LIMIT, standing)
+        .await
+        .expect("elected in time once it rejoins")
+        .expect("task")
+        .expect("elected");
+    assert_eq!(elected.identity(), "draining");
 }
 
 /// `leader` leads the election `key`, `first` then `second` (on `others`) queue, and the

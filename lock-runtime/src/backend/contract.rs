@@ -93,13 +93,21 @@ pub(crate) struct Acquire<'a> {
     /// When the caller stops waiting: a store may hold an attempt back until then (Redlock's
     /// turns), never longer.
     pub give_up_at: Instant,
+    /// The caller is an election's candidate standing aside (see [`Store::stands_aside`]):
+    /// it keeps its place, passed over by every handoff, and never takes the lock; one handed
+    /// to it as it stood aside goes on to the next in line.
+    pub aside: bool,
 }
 
 impl Acquire<'_> {
     /// Whether the attempt starts with a plain `SET NX PX`: an exclusive lock's first attempt
     /// without fencing, which usually finds the lock free, unless others here wait for it.
     pub(crate) fn plain_set_first(&self) -> bool {
-        self.attempt == 1 && !self.fencing && self.share == Share::Exclusive && !self.others_wait
+        self.attempt == 1
+            && !self.fencing
+            && self.share == Share::Exclusive
+            && !self.others_wait
+            && !self.aside
     }
 }
 
@@ -174,6 +182,11 @@ pub struct Place {
     pub token: String,
     /// How long the place or lease holds without renewal.
     pub remaining: Duration,
+    /// A queued election candidate standing aside ([`Election::stand_aside`]): it keeps its
+    /// place, and every handoff passes it over until it rejoins.
+    ///
+    /// [`Election::stand_aside`]: crate::Election::stand_aside
+    pub aside: bool,
 }
 
 impl Place {
@@ -183,7 +196,15 @@ impl Place {
         Self {
             token: token.into(),
             remaining,
+            aside: false,
         }
+    }
+
+    /// This place, standing aside or not (see [`aside`](Self::aside)).
+    #[must_use]
+    pub fn standing_aside(mut self, aside: bool) -> Self {
+        self.aside = aside;
+        self
     }
 }
 
@@ -232,6 +253,12 @@ pub(crate) trait Store: Send + Sync {
     /// Whether a release hands the lock straight to the oldest waiter that queued up (see
     /// [`Acquire::queue`]); otherwise waiters are woken and race.
     fn hands_over(&self) -> bool {
+        false
+    }
+
+    /// Whether a queued candidate can stand aside ([`Acquire::aside`]): keep its place while
+    /// every handoff passes it over. Elsewhere a candidate standing aside leaves the line.
+    fn stands_aside(&self) -> bool {
         false
     }
 

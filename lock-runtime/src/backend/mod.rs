@@ -182,6 +182,10 @@ impl Store for Backend {
         each!(self, s => s.hands_over())
     }
 
+    fn stands_aside(&self) -> bool {
+        each!(self, s => s.stands_aside())
+    }
+
     fn undoes_failed_attempts(&self) -> bool {
         each!(self, s => s.undoes_failed_attempts())
     }

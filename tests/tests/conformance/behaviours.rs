@@ -619,3 +619,85 @@ pub async fn a_leader_steps_down_and_hands_over_to_a_named_candidate(s: &Store) 
     );
     second.resign().await.expect("resign");
 }
+
+/// A candidate standing aside is not elected until it rejoins. Where candidates queue it keeps
+/// its place, shown standing aside, every handoff passes it over, and a term left free stays
+/// free; elsewhere it stops campaigning meanwhile. Once it rejoins, it is elected.
+pub async fn a_candidate_standing_aside_is_passed_over_until_it_rejoins(s: &Store) {
+    let (a, b) = s.pair();
+    let c = s.registry();
+    let first = a.election("shift").identity("a").ttl(LONG);
+    let leader = first.campaign().await.expect("elected alone");
+    // Its place is kept by an attempt every second.
+    let draining = b
+        .election("shift")
+        .identity("b")
+        .ttl(Duration::from_secs(3));
+    let second = tokio::spawn(draining.campaign());
+    s.until_queued(&a, "shift", 1).await;
+    let third = tokio::spawn(c.election("shift").identity("c").ttl(LONG).campaign());
+    s.until_queued(&a, "shift", 2).await;
+
+    draining.stand_aside();
+    assert!(draining.is_standing_aside(), "{s}");
+    let queues = s.lacks(Lack::Queue).is_none();
+    if queues {
+        eventually(LIMIT, "b stands aside in its place", || async {
+            draining.standing_aside().await.expect("the line") == ["b"]
+        })
+        .await;
+        assert_eq!(draining.in_line().await.expect("the line"), ["c"], "{s}");
+        let queue = a.inspect("shift").await.expect("inspect").queue;
+        let places: Vec<_> = queue.iter().map(|p| p.aside).collect();
+        assert_eq!(places, [true, false], "{s}: b keeps its place ahead of c");
+    }
+    leader.resign().await.expect("resign");
+    let third = tokio::time::timeout(LIMIT, third)
+        .await
+        .unwrap_or_else(|_| panic!("{s}: c is elected within {LIMIT:?}, b passed over"))
+        .expect("task")
+        .expect("elected");
+    assert!(
+        !second.is_finished(),
+        "{s}: b is not elected standing aside"
+    );
+
+    // A term left free while b stands aside stays free: b's attempts after it leave it. One
+    // that renews b's place (3 s, renewed every second) is seen after the release: the place
+    // first seen past a renewal's due time, then renewed.
+    third.resign().await.expect("resign");
+    if queues {
+        let kept = || async {
+            let info = a.inspect("shift").await.expect("inspect");
+            info.queue.first().map(|p| p.remaining)
+        };
+        let due = Duration::from_millis(2500);
+        eventually(LIMIT, "b's place ages", || async {
+            kept().await.is_some_and(|left| left <= due)
+        })
+        .await;
+        eventually(LIMIT, "b keeps its place after the release", || async {
+            kept().await.is_some_and(|left| left > due)
+        })
+        .await;
+    }
+    assert_eq!(
+        first.leader().await.expect("look"),
+        None,
+        "{s}: nobody leads"
+    );
+    assert!(
+        !second.is_finished(),
+        "{s}: b is not elected standing aside"
+    );
+
+    draining.rejoin();
+    assert!(!draining.is_standing_aside(), "{s}");
+    let second = tokio::time::timeout(LIMIT, second)
+        .await
+        .unwrap_or_else(|_| panic!("{s}: b is elected within {LIMIT:?} once it rejoins"))
+        .expect("task")
+        .expect("elected");
+    assert_eq!(second.identity(), "b", "{s}");
+    second.resign().await.expect("resign");
+}

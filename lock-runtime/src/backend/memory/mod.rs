@@ -117,6 +117,70 @@ impl MemoryStore {
         Some(named)
     }
 
+    /// An attempt of a candidate standing aside (the `aside` branch of `acquire.lua`): its
+    /// place kept, marked, first; then a free lock, or one handed to it, goes on to the oldest
+    /// waiter that does not stand aside. Always busy.
+    fn stand_aside(
+        &self,
+        attempt: &Acquire<'_>,
+        mut data: std::sync::MutexGuard<'_, Data>,
+        now: Instant,
+    ) -> Attempt {
+        let key = attempt.key;
+        data.queue_up(attempt, now);
+        let owner = data.live(&key.stored, now).map(|e| e.token.clone());
+        let handed = match owner.as_deref() {
+            None if data.pool(&key.stored, now).is_none() => data.hand_over(key, now),
+            Some(token) if token == attempt.token => {
+                data.locks.remove(&key.stored);
+                let handed = data.hand_over(key, now);
+                if handed.is_none() {
+                    drop(data);
+                    self.inner.hub.notify(key.channel());
+                    return Attempt::Busy {
+                        retry_after: None,
+                        holder: None,
+                        at: 0,
+                    };
+                }
+                handed
+            }
+            _ => None,
+        };
+        let busy = match (&handed, owner) {
+            (Some(to), _) => Attempt::Busy {
+                retry_after: Some(to.deadline - now),
+                holder: Some(to.token.clone()),
+                at: 0,
+            },
+            (None, owner) => {
+                let pool = data
+                    .pool(&key.stored, now)
+                    .map(|p| (p.share.tag(), p.soonest()));
+                match pool {
+                    Some((tag, soonest)) => Attempt::Busy {
+                        retry_after: soonest.map(|t| t - now),
+                        holder: Some(tag),
+                        at: 0,
+                    },
+                    None => Attempt::Busy {
+                        retry_after: data
+                            .live(&key.stored, now)
+                            .and_then(|e| e.expires_at)
+                            .map(|t| t - now),
+                        holder: owner,
+                        at: 0,
+                    },
+                }
+            }
+        };
+        drop(data);
+        if let Some(to) = handed {
+            self.inner.hub.hand_over(key.channel(), &to.token, to.grant);
+        }
+        busy
+    }
+
     /// Tells the waiters a release happened: the lock went to `handed`, or it is free.
     fn announce(&self, key: &LockKey, handed: Option<HandedOver>) {
         match handed {
@@ -174,6 +238,10 @@ impl Store for MemoryStore {
         true
     }
 
+    fn stands_aside(&self) -> bool {
+        true
+    }
+
     async fn acquire(&self, attempt: &Acquire<'_>) -> Result<Attempt, LockError> {
         let now = Instant::now();
         let mut data = self.inner.data();
@@ -188,6 +256,9 @@ impl Store for MemoryStore {
                 self.inner.hub.hand_over(key.channel(), &to.token, to.grant);
             }
             return Ok(outcome);
+        }
+        if attempt.aside {
+            return Ok(self.stand_aside(attempt, data, now));
         }
         let mut handed = None;
         let pool = data
@@ -317,7 +388,7 @@ impl Store for MemoryStore {
             .into_iter()
             .flatten()
             .filter(|w| w.deadline > now)
-            .map(|w| Place::new(w.token.clone(), w.deadline - now))
+            .map(|w| Place::new(w.token.clone(), w.deadline - now).standing_aside(w.aside))
             .collect();
         let mut info = LockInfo {
             fence: data

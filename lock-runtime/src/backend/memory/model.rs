@@ -42,6 +42,8 @@ pub(super) struct Waiter {
     pub(super) deadline: Instant,
     /// The attempt that took or last kept the place.
     pub(super) place: u32,
+    /// Standing aside (`Acquire::aside`): passed over by every handoff, its place kept.
+    pub(super) aside: bool,
 }
 
 /// Who the lock went to in a handoff, for the notification sent once the data is unlocked.
@@ -243,18 +245,20 @@ impl Data {
             Some(waiter) => {
                 waiter.deadline = deadline;
                 waiter.place = attempt.attempt;
+                waiter.aside = attempt.aside;
             }
             None => queue.push_back(Waiter {
                 token: attempt.token.to_owned(),
                 fencing: attempt.fencing,
                 deadline,
                 place: attempt.attempt,
+                aside: attempt.aside,
             }),
         }
     }
 
-    /// Gives the free lock `key` to its oldest live waiter, dropping the stale ones before it
-    /// (`oldest_live_waiter` and `hand_over` in `queue.lua`).
+    /// Gives the free lock `key` to its oldest live waiter that does not stand aside, dropping
+    /// the stale ones before it (`oldest_live_waiter` and `hand_over` in `queue.lua`).
     /// The lock expires with the waiter's place: a waiter that died in the queue keeps it no
     /// longer than its place had left.
     pub(super) fn hand_over(&mut self, key: &LockKey, now: Instant) -> Option<HandedOver> {
@@ -273,12 +277,26 @@ impl Data {
         let queue = self.queues.get_mut(&key.stored)?;
         let named = successor.and_then(|successor| {
             queue.iter().position(|w| {
-                w.deadline > now && crate::token::identity_of(&w.token) == Some(successor)
+                w.deadline > now
+                    && !w.aside
+                    && crate::token::identity_of(&w.token) == Some(successor)
             })
         });
         let waiter = match named {
             Some(at) => queue.remove(at),
-            None => std::iter::from_fn(|| queue.pop_front()).find(|w| w.deadline > now),
+            None => {
+                // The lapsed places before the first that may be handed the lock go; places
+                // standing aside stay.
+                let first = queue.iter().position(|w| w.deadline > now && !w.aside);
+                let end = first.unwrap_or(queue.len());
+                let mut at = 0;
+                queue.retain(|w| {
+                    at += 1;
+                    at > end || w.deadline > now
+                });
+                let first = queue.iter().position(|w| w.deadline > now && !w.aside);
+                first.and_then(|at| queue.remove(at))
+            }
         };
         if queue.is_empty() {
             self.queues.remove(&key.stored);

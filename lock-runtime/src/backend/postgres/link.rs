@@ -37,6 +37,8 @@ pub(crate) struct Link {
     schema_checked: AtomicBool,
     /// The schema has `release_to`, which elections hand over by name with.
     names_successors: AtomicBool,
+    /// The schema has `stand_aside`, and its waiters the `aside` column.
+    keeps_aside: AtomicBool,
 }
 
 /// What went wrong on the way to an answer.
@@ -62,6 +64,7 @@ impl Link {
             connecting: tokio::sync::Mutex::new(()),
             schema_checked: AtomicBool::new(false),
             names_successors: AtomicBool::new(false),
+            keeps_aside: AtomicBool::new(false),
         }
     }
 
@@ -69,6 +72,12 @@ impl Link {
     /// library, which this role could not add it to, does not).
     pub(crate) fn names_successors(&self) -> bool {
         self.names_successors.load(Ordering::Acquire)
+    }
+
+    /// Whether the schema keeps a candidate's place while it stands aside (`stand_aside`; a
+    /// schema made by an earlier version, which this role could not add it to, does not).
+    pub(crate) fn keeps_aside(&self) -> bool {
+        self.keeps_aside.load(Ordering::Acquire)
     }
 
     /// Runs `statement` on the connection within the command timeout (`budget` when given).
@@ -160,19 +169,22 @@ impl Link {
     async fn ensure_schema(&self, client: &Client) -> Result<(), Failure> {
         let bound = self.timeouts.round();
         let checked = tokio::time::timeout(bound, async {
+            // The functions added within this version, each checked.
             let found = client
                 .query_typed(
                     "SELECT max(version), to_regprocedure(\
-                     'distributed_lock.release_to(text, text, text, text)') IS NOT NULL \
+                     'distributed_lock.release_to(text, text, text, text)') IS NOT NULL, \
+                     to_regprocedure('distributed_lock.stand_aside(text, text, text, bigint, \
+                     boolean, integer)') IS NOT NULL \
                      FROM distributed_lock.schema_version",
                     &[],
                 )
                 .await;
-            let (version, complete): (Option<i32>, bool) = match found {
-                Ok(rows) => rows
-                    .first()
-                    .map_or((None, false), |row| (row.get(0), row.get(1))),
-                Err(e) if schema_missing(&e) => (None, false),
+            let (version, names, aside): (Option<i32>, bool, bool) = match found {
+                Ok(rows) => rows.first().map_or((None, false, false), |row| {
+                    (row.get(0), row.get(1), row.get(2))
+                }),
+                Err(e) if schema_missing(&e) => (None, false, false),
                 Err(e) => return Err(Failure::Statement(e)),
             };
             let create = format!(
@@ -181,12 +193,12 @@ impl Link {
             );
             match version {
                 Some(v) if v == SCHEMA_VERSION => {
-                    let mut names = complete;
-                    if !complete {
-                        // A function added within this version (the latest is checked): made
-                        // where this role may; elsewhere what needs it does without.
+                    let (mut names, mut aside) = (names, aside);
+                    if !(names && aside) {
+                        // A function added within this version: made where this role may;
+                        // elsewhere what needs it does without.
                         match client.batch_execute(&create).await {
-                            Ok(()) => names = true,
+                            Ok(()) => (names, aside) = (true, true),
                             Err(e) => {
                                 let _ = client.batch_execute("ROLLBACK").await;
                                 tracing::warn!(
@@ -194,13 +206,15 @@ impl Link {
                                     error = %described(&e),
                                     "the schema `distributed_lock` lacks a function this \
                                      library added: an election's hand-over by name goes to \
-                                     the next candidate instead; run `lockctl schema | psql` \
-                                     as the schema's owner"
+                                     the next candidate instead, and a candidate standing \
+                                     aside leaves the line; run `lockctl schema | psql` as \
+                                     the schema's owner"
                                 );
                             }
                         }
                     }
                     self.names_successors.store(names, Ordering::Release);
+                    self.keeps_aside.store(aside, Ordering::Release);
                     Ok(())
                 }
                 Some(v) if v > SCHEMA_VERSION => Err(Failure::Schema(format!(
@@ -213,6 +227,7 @@ impl Link {
                         .await
                         .map_err(Failure::Statement)?;
                     self.names_successors.store(true, Ordering::Release);
+                    self.keeps_aside.store(true, Ordering::Release);
                     Ok(())
                 }
             }

@@ -40,6 +40,8 @@ const ACQUIRE: &str = "SELECT acquired, fence, retry_after_ms, holder, mismatch 
      FROM distributed_lock.acquire($1, $2, $3, $4, $5, $6, $7, $8, $9)";
 const ACQUIRE_ALL: &str = "SELECT acquired, fence, retry_after_ms, holder, at \
      FROM distributed_lock.acquire_all($1, $2, $3, $4, $5)";
+const STAND_ASIDE: &str = "SELECT retry_after_ms, holder \
+     FROM distributed_lock.stand_aside($1, $2, $3, $4, $5, $6)";
 const RELEASE: &str = "SELECT distributed_lock.release($1, $2, $3)";
 const RELEASE_TO: &str = "SELECT distributed_lock.release_to($1, $2, $3, $4)";
 const RENEW: &str = "SELECT distributed_lock.renew($1, $2, $3, $4)";
@@ -94,7 +96,45 @@ impl PostgresStore {
             .map_err(|f| self.link.error(command, key.map(|k| k.name.as_str()), f))
     }
 
+    /// An attempt of a candidate standing aside (`distributed_lock.stand_aside`). Where the
+    /// schema lacks it, the candidate leaves the line instead, passing on a lock handed to it.
+    async fn stand_aside(&self, attempt: &Acquire<'_>) -> Result<Attempt, LockError> {
+        let key = attempt.key;
+        let busy = |retry_after, holder| Attempt::Busy {
+            retry_after,
+            holder,
+            at: 0,
+        };
+        if !self.link.keeps_aside() {
+            self.release(key, attempt.token, Share::Exclusive).await?;
+            return Ok(busy(None, None));
+        }
+        let tenure = tenure_name(attempt.token);
+        let ttl = bigint(ttl_ms(attempt.ttl));
+        let place = i32::try_from(attempt.attempt).unwrap_or(i32::MAX);
+        let row = self
+            .call("acquire", Some(key), |c| async move {
+                c.query_typed_one(
+                    STAND_ASIDE,
+                    &[
+                        (&key.stored, Type::TEXT),
+                        (&attempt.token, Type::TEXT),
+                        (&tenure, Type::TEXT),
+                        (&ttl, Type::INT8),
+                        (&attempt.fencing, Type::BOOL),
+                        (&place, Type::INT4),
+                    ],
+                )
+                .await
+            })
+            .await?;
+        Ok(busy(millis(&row, 0), row.get(1)))
+    }
+
     async fn acquire_one(&self, attempt: &Acquire<'_>) -> Result<Attempt, LockError> {
+        if attempt.aside {
+            return self.stand_aside(attempt).await;
+        }
         let key = attempt.key;
         let tenure = tenure_name(attempt.token);
         let ttl = bigint(ttl_ms(attempt.ttl));
@@ -267,6 +307,11 @@ impl Store for PostgresStore {
         true
     }
 
+    /// Also on a schema without `stand_aside`, where its candidate leaves the line instead.
+    fn stands_aside(&self) -> bool {
+        true
+    }
+
     fn checks_transactions(&self) -> bool {
         true
     }
@@ -410,8 +455,9 @@ impl Store for PostgresStore {
                     shared = Share::from_tag(tag);
                     holders.push(Place::new(token, remaining));
                 }
-                ("waiter", Some(token), _, Some(remaining)) => {
-                    info.queue.push(Place::new(token, remaining));
+                (kind @ ("waiter" | "aside"), Some(token), _, Some(remaining)) => {
+                    let place = Place::new(token, remaining).standing_aside(kind == "aside");
+                    info.queue.push(place);
                 }
                 _ => {}
             }

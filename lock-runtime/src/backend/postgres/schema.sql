@@ -43,6 +43,9 @@ CREATE TABLE IF NOT EXISTS distributed_lock.waiters (
     PRIMARY KEY (key, token)
 );
 CREATE INDEX IF NOT EXISTS waiters_in_order ON distributed_lock.waiters (key, arrived);
+-- A candidate standing aside (`stand_aside`) keeps its place, passed over by every hand-over.
+-- Added within version 1: a schema made before it gains it here.
+ALTER TABLE distributed_lock.waiters ADD COLUMN IF NOT EXISTS aside boolean NOT NULL DEFAULT false;
 
 -- The last fencing token handed out for a key, for `inspect`, kept a day beyond its lease.
 CREATE TABLE IF NOT EXISTS distributed_lock.fences (
@@ -116,7 +119,7 @@ BEGIN
     RETURN f;
 END $$;
 
--- Gives the free lock `k` to its oldest live waiter and tells it (`released`: the tenure whose
+-- Gives the free lock `k` to its oldest live waiter not standing aside and tells it (`released`: the tenure whose
 -- release freed it, or ''); the new holder's token and lease, or NULLs with no waiter.
 CREATE OR REPLACE FUNCTION distributed_lock.hand_over(k text, t timestamptz, released text,
     OUT token text, OUT expires_at timestamptz)
@@ -140,12 +143,12 @@ BEGIN
     named := false;
     IF successor IS NOT NULL THEN
         SELECT * INTO w FROM distributed_lock.waiters AS q
-        WHERE q.key = k AND substring(q.token FROM '^(.*)@[^@]*$') = successor
+        WHERE q.key = k AND NOT q.aside AND substring(q.token FROM '^(.*)@[^@]*$') = successor
         ORDER BY q.arrived LIMIT 1;
         named := FOUND;
     END IF;
     IF NOT named THEN
-        SELECT * INTO w FROM distributed_lock.waiters AS q WHERE q.key = k
+        SELECT * INTO w FROM distributed_lock.waiters AS q WHERE q.key = k AND NOT q.aside
         ORDER BY q.arrived LIMIT 1;
         IF NOT FOUND THEN
             RETURN;
@@ -162,14 +165,50 @@ BEGIN
     expires_at := w.expires_at;
 END $$;
 
--- Takes or keeps a caller's place in `k`'s queue for one ttl.
+-- Takes or keeps a caller's place in `k`'s queue for one ttl (no longer standing aside).
 CREATE OR REPLACE FUNCTION distributed_lock.queue_up(k text, tok text, ten text, fencing boolean,
     place integer, until timestamptz) RETURNS void
 LANGUAGE sql AS $$
     INSERT INTO distributed_lock.waiters AS q (key, token, tenure, fencing, place, expires_at)
     VALUES (k, tok, ten, fencing, place, until)
-    ON CONFLICT (key, token) DO UPDATE SET expires_at = excluded.expires_at, place = excluded.place
+    ON CONFLICT (key, token) DO UPDATE SET expires_at = excluded.expires_at, place = excluded.place,
+        aside = false
 $$;
+
+-- An attempt of an election's candidate standing aside: it takes or keeps its place for one
+-- ttl, marked, and never takes the lock; a free lock, or one handed to it as it stood aside,
+-- goes to the oldest live waiter not standing aside (as a release would). Busy: the holder
+-- and the lease to wait for, or NULLs when the lock stays free.
+CREATE OR REPLACE FUNCTION distributed_lock.stand_aside(k text, tok text, ten text,
+    ttl_ms bigint, fencing boolean, place integer, OUT retry_after_ms bigint, OUT holder text)
+LANGUAGE plpgsql AS $$
+DECLARE
+    t timestamptz := distributed_lock.enter(ARRAY[k]);
+    was distributed_lock.holders;
+    owner distributed_lock.holders;
+    handed record;
+BEGIN
+    INSERT INTO distributed_lock.waiters AS q
+        (key, token, tenure, fencing, place, expires_at, aside)
+    VALUES (k, tok, ten, fencing, place, t + ttl_ms * interval '1 millisecond', true)
+    ON CONFLICT (key, token) DO UPDATE SET expires_at = excluded.expires_at,
+        place = excluded.place, aside = true;
+    DELETE FROM distributed_lock.holders AS h WHERE h.key = k AND h.expires_at <= t;
+    DELETE FROM distributed_lock.holders AS h WHERE h.key = k AND h.token = tok AND h.share = ''
+    RETURNING * INTO was;
+    IF NOT EXISTS (SELECT FROM distributed_lock.holders AS h WHERE h.key = k) THEN
+        SELECT * INTO handed FROM distributed_lock.hand_over(k, t, coalesce(was.tenure, ''));
+        IF handed.token IS NULL AND was.token IS NOT NULL THEN
+            PERFORM pg_notify(distributed_lock.channel(k), was.tenure);
+        END IF;
+    END IF;
+    SELECT * INTO owner FROM distributed_lock.holders AS h WHERE h.key = k
+    ORDER BY h.expires_at LIMIT 1;
+    IF owner.token IS NOT NULL THEN
+        holder := CASE WHEN owner.share = '' THEN owner.token ELSE owner.share END;
+        retry_after_ms := distributed_lock.ms(owner.expires_at - t);
+    END IF;
+END $$;
 
 -- One attempt on one key. `share`: '' for the lock itself, '#read', or '#permits=N' (`lim`
 -- permits). Acquired: `fence` (with `fencing`). Busy: the holder (a token, or a shared key's
@@ -207,6 +246,7 @@ BEGIN
         -- A free lock goes to the oldest live waiter, if that is not the caller.
         DELETE FROM distributed_lock.waiters AS q WHERE q.key = k AND q.expires_at <= t;
         SELECT q.token INTO head FROM distributed_lock.waiters AS q WHERE q.key = k
+            AND NOT q.aside
         ORDER BY q.arrived LIMIT 1;
         IF head.token IS NOT NULL AND head.token <> tok THEN
             SELECT * INTO handed FROM distributed_lock.hand_over(k, t, '');
@@ -393,14 +433,16 @@ BEGIN
 END $$;
 
 -- Who holds `k` and who waits for it, with the time each has left, and its last fence:
--- rows of ('holder' | 'waiter' | 'fence', token, share, remaining_ms, fence).
+-- rows of ('holder' | 'waiter' | 'aside' (a waiter standing aside) | 'fence', token, share,
+-- remaining_ms, fence).
 CREATE OR REPLACE FUNCTION distributed_lock.inspect(k text)
 RETURNS TABLE (kind text, token text, share text, remaining_ms bigint, fence bigint)
 LANGUAGE sql STABLE AS $$
     SELECT 'holder', h.token, h.share, distributed_lock.ms(h.expires_at - clock_timestamp()), h.fence
     FROM distributed_lock.holders AS h WHERE h.key = k AND h.expires_at > clock_timestamp()
     UNION ALL
-    (SELECT 'waiter', q.token, '', distributed_lock.ms(q.expires_at - clock_timestamp()), NULL
+    (SELECT CASE WHEN q.aside THEN 'aside' ELSE 'waiter' END, q.token, '',
+            distributed_lock.ms(q.expires_at - clock_timestamp()), NULL
      FROM distributed_lock.waiters AS q WHERE q.key = k AND q.expires_at > clock_timestamp()
      ORDER BY q.arrived)
     UNION ALL

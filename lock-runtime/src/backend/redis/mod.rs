@@ -439,6 +439,11 @@ impl Store for RedisBackend {
         self.hands_over
     }
 
+    /// Where waiters queue (see [`hands_over`](Self::hands_over)).
+    fn stands_aside(&self) -> bool {
+        self.hands_over
+    }
+
     fn confirm_replicas(&self) -> u32 {
         self.confirm.as_ref().map_or(0, Confirmer::replicas)
     }

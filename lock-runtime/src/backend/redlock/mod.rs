@@ -260,6 +260,7 @@ impl Redlock {
                     others_wait,
                     share,
                     give_up_at,
+                    aside: false,
                 };
                 let outcome = node.acquire(&attempt).await;
                 on_the_way.landed(&token, i);

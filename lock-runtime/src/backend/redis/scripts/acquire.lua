@@ -7,11 +7,55 @@
 --   queue up when busy, [5] the publish command (`PUBLISH`, or `SPUBLISH` in a cluster), [6] a
 --   semaphore's size or `read` (`0` or absent: the lock itself), [7] the number of the
 --   caller's attempt (its place in the queue), [8] `1` when the caller waits if busy, [9] `1`
---   when other waiters of the caller's process wait for the lock.
+--   when other waiters of the caller's process wait for the lock, [10] `1` when the caller
+--   stands aside (an election's candidate that must not lead now, see queue.lua): it keeps its
+--   place, marked, and never takes the lock; one handed to it as it stood aside goes on to the
+--   next in line, as its release would.
 local token, ttl, fenced, queue_up, publish = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local share, attempt, waits, others_wait = ARGV[6], ARGV[7], ARGV[8], ARGV[9]
+local aside = ARGV[10] == '1' and #KEYS >= 4
 local corrupt_key = corrupt_shared_key()
 if corrupt_key then return corrupt_key end
+-- Takes or keeps the caller's place for one ttl; `mark` follows the entry (' aside').
+local function keep_place(mark)
+  if not redis.call('ZSCORE', KEYS[3], token) then
+    local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')[2]
+    redis.call('ZADD', KEYS[3], (tonumber(last) or 0) + 1, token)
+  end
+  local entry = string.format('%d %s %s %s', now_ms() + tonumber(ttl), ttl, fenced, attempt or '0')
+  redis.call('HSET', KEYS[4], token, entry .. mark)
+  for i = 3, 4 do
+    if redis.call('PTTL', KEYS[i]) < tonumber(ttl) then redis.call('PEXPIRE', KEYS[i], ttl) end
+  end
+end
+if aside then
+  local kind = redis.call('TYPE', KEYS[1]).ok
+  if kind ~= 'string' and kind ~= 'none' then return {2, kind} end
+  local refused = publish_refused(publish)
+  if refused then return refused end
+  -- The place first: every handoff below passes it over.
+  keep_place(' aside')
+  local value = redis.call('GET', KEYS[1])
+  local owner = holder_of(value)
+  if not owner or owner == token then
+    local released = owner and redis.sha1hex(token) or ''
+    local before, waiter, deadline, fencing, place = oldest_live_waiter()
+    if waiter then
+      value = hand_over(waiter, deadline, fencing, place, before, released, publish)
+      owner = waiter
+    else
+      drop_places(before)
+      if owner then
+        redis.call('DEL', KEYS[1])
+        redis.call(publish, KEYS[1], released)
+        redis.call('HDEL', KEYS[4], UNQUEUED)
+      end
+      owner, value = false, false
+    end
+  end
+  if waits == '1' then mark_waited(KEYS[1], value) end
+  return {0, redis.call('PTTL', KEYS[1]), owner}
+end
 -- The caller's value once it takes the lock: marked when others wait (see prelude.lua), here
 -- (`others_wait`) or, where `queued` may hold anyone, in the queue.
 local function taken_as(queued)
@@ -105,16 +149,6 @@ if not owner then
   owner = waiter
 end
 if shared then settle_shared(now_ms()) end
-if queue_up == '1' and #KEYS >= 4 then
-  if not redis.call('ZSCORE', KEYS[3], token) then
-    local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')[2]
-    redis.call('ZADD', KEYS[3], (tonumber(last) or 0) + 1, token)
-  end
-  local entry = string.format('%d %s %s %s', now_ms() + tonumber(ttl), ttl, fenced, attempt or '0')
-  redis.call('HSET', KEYS[4], token, entry)
-  for i = 3, 4 do
-    if redis.call('PTTL', KEYS[i]) < tonumber(ttl) then redis.call('PEXPIRE', KEYS[i], ttl) end
-  end
-end
+if queue_up == '1' and #KEYS >= 4 then keep_place('') end
 if waits == '1' then mark_waited(KEYS[1], value) end
 return {0, redis.call('PTTL', KEYS[1]), owner}

@@ -81,6 +81,7 @@ pub(crate) fn call(attempt: &Acquire<'_>, queued: bool, publish: &str) -> Call {
         .arg(attempt.attempt)
         .arg(u8::from(attempt.waits))
         .arg(u8::from(attempt.others_wait))
+        .arg(u8::from(attempt.aside))
 }
 
 /// The plain `SET NX PX` an exclusive lock's first attempt starts with (see
@@ -181,6 +182,7 @@ mod tests {
             others_wait: false,
             share,
             give_up_at: tokio::time::Instant::now(),
+            aside: false,
         }
     }
 

@@ -18,12 +18,13 @@ if type(token) ~= 'string' then
     end
   end
 end
-local queue = {}
+local queue, aside = {}, {}
 for _, waiter in ipairs(redis.call('ZRANGE', KEYS[3], 0, -1)) do
-  local deadline = read_place(redis.call('HGET', KEYS[4], waiter))
+  local deadline, _, _, _, standing_aside = read_place(redis.call('HGET', KEYS[4], waiter))
   if deadline and deadline > now then
     queue[#queue + 1] = waiter
     queue[#queue + 1] = deadline - now
+    if standing_aside then aside[#aside + 1] = waiter end
   end
 end
-return {token, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2]), tag, queue, holders}
+return {token, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2]), tag, queue, holders, aside}

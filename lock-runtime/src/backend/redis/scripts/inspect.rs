@@ -8,10 +8,10 @@ use crate::key::LockKey;
 use crate::names::Companions;
 
 /// `KEYS[1]` lock, `KEYS[2]` fencing counter, `KEYS[3..4]` the waiters' queue. Returns `{token
-/// or false, pttl, fence or false, tag or false, queue, holders}` (tag for readers or a
+/// or false, pttl, fence or false, tag or false, queue, holders, aside}` (tag for readers or a
 /// semaphore: `#read` or `#permits=N`; queue: each live waiter's token and its place's ms left,
 /// oldest first; holders: each live reader's or permit holder's token and its ms left, longest
-/// first).
+/// first; aside: the queued waiters standing aside).
 pub const INSPECT_LUA: &str = concat!(
     include_str!("prelude.lua"),
     include_str!("queue.lua"),
@@ -34,11 +34,12 @@ pub(crate) type Reply = (
     Option<String>,
     Vec<(String, u64)>,
     Vec<(String, u64)>,
+    Vec<String>,
 );
 
 /// What the reply says. A set whose every place ran out is free, though its key has not
 /// expired yet.
-pub(crate) fn read((owner, pttl, fence, tag, queue, holders): Reply) -> LockInfo {
+pub(crate) fn read((owner, pttl, fence, tag, queue, holders, aside): Reply) -> LockInfo {
     let held = u32::try_from(holders.len()).unwrap_or(u32::MAX);
     let shared = tag
         .as_deref()
@@ -64,7 +65,13 @@ pub(crate) fn read((owner, pttl, fence, tag, queue, holders): Reply) -> LockInfo
             _ => None,
         },
         waiters: u32::try_from(queue.len()).unwrap_or(u32::MAX),
-        queue: places(queue),
+        queue: places(queue)
+            .into_iter()
+            .map(|place| {
+                let standing = aside.contains(&place.token);
+                place.standing_aside(standing)
+            })
+            .collect(),
         holders: if shared.is_some() {
             places(holders)
         } else {
@@ -82,7 +89,7 @@ mod tests {
     }
 
     #[test]
-    fn an_exclusive_holder_its_lease_fence_and_queue_are_read_in_order() {
+    fn an_exclusive_holder_its_lease_fence_and_queue_are_read_in_order_with_who_stands_aside() {
         let info = read((
             Some("h:1:aa".to_owned()),
             900,
@@ -90,6 +97,7 @@ mod tests {
             None,
             places(&[("w:1:01", 800), ("w:2:02", 600)]),
             Vec::new(),
+            vec!["w:2:02".to_owned()],
         ));
         assert_eq!(info.owner.as_deref(), Some("h:1:aa"));
         assert_eq!(info.remaining, Some(Duration::from_millis(900)));
@@ -100,7 +108,7 @@ mod tests {
             info.queue,
             vec![
                 Place::new("w:1:01", Duration::from_millis(800)),
-                Place::new("w:2:02", Duration::from_millis(600))
+                Place::new("w:2:02", Duration::from_millis(600)).standing_aside(true)
             ]
         );
         assert!(info.holders.is_empty());
@@ -116,6 +124,7 @@ mod tests {
             Some("#permits=3".to_owned()),
             Vec::new(),
             holders.clone(),
+            Vec::new(),
         ));
         assert_eq!(semaphore.permits, Some(Permits { held: 2, total: 3 }));
         assert_eq!(semaphore.readers, None);
@@ -127,6 +136,7 @@ mod tests {
             Some("#read".to_owned()),
             Vec::new(),
             holders,
+            Vec::new(),
         ));
         assert_eq!((readers.readers, readers.permits), (Some(2), None));
         // A set whose every place ran out is free, though its key has not expired yet.
@@ -137,6 +147,7 @@ mod tests {
             Some("#read".to_owned()),
             Vec::new(),
             Vec::new(),
+            Vec::new(),
         ));
         assert_eq!((spent.readers, spent.permits), (None, None));
         assert!(spent.holders.is_empty());
@@ -144,7 +155,7 @@ mod tests {
 
     #[test]
     fn a_free_key_has_no_owner_and_no_lease() {
-        let free = read((None, -2, None, None, Vec::new(), Vec::new()));
+        let free = read((None, -2, None, None, Vec::new(), Vec::new(), Vec::new()));
         assert_eq!(free, LockInfo::default());
     }
 }

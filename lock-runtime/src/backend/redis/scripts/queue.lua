@@ -6,7 +6,9 @@
 -- The waiters' queue is two keys beside the lock, in its slot: `queue:...` (a sorted set of
 -- waiters' tokens, scored by arrival) and `queued:...` (a hash from each token to
 -- "<deadline ms> <ttl ms> <fencing 0|1> <place>", the deadline on the server's clock, the place
--- the number of the waiter's attempt that last kept it; and the note of `note_unqueued`). A
+-- the number of the waiter's attempt that last kept it, followed by " aside" while the waiter
+-- stands aside: an election's candidate that keeps its place but must not lead now, passed
+-- over by every handoff; and the note of `note_unqueued`). A
 -- waiter whose deadline has passed (it stopped renewing its place: gone, or gave up without
 -- saying so) is dropped when it reaches the head, never handed the lock. A handed lock expires
 -- with the place it went to, so a waiter that died in the queue holds it no longer than its
@@ -81,23 +83,32 @@ local function waited_behind()
 end
 local function read_place(entry)
   if not entry then return nil end
-  local deadline, ttl, fencing, place = string.match(entry, '^(%d+) (%d+) ([01]) (%d+)$')
-  if not deadline then return nil end
-  return tonumber(deadline), ttl, fencing, place
+  local deadline, ttl, fencing, place, rest = string.match(entry, '^(%d+) (%d+) ([01]) (%d+)(.*)$')
+  if not deadline or (rest ~= '' and rest ~= ' aside') then return nil end
+  return tonumber(deadline), ttl, fencing, place, rest == ' aside'
 end
--- The oldest live waiter's place, found without writing: how many places come before it (past
--- their deadline, or `skip`'s, a caller that is leaving), then its token and deadline, or no
--- token when no place is live (every place counted). `drop_places` takes those out once the
--- script writes.
+-- The oldest live waiter's place that may be handed the lock, found without writing: the
+-- places before it that lapsed (past their deadline, or `skip`'s, a caller that is leaving),
+-- then its token and deadline, or no token when there is no such place. Places standing aside
+-- are passed over and kept. `drop_places` takes the lapsed ones out once the script writes.
 local function oldest_live_place(skip)
-  if #KEYS < 4 then return 0, nil end
+  local lapsed = {}
+  if #KEYS < 4 then return lapsed, nil end
   local now = now_ms()
   local at = 0
   while true do
     local head = redis.call('ZRANGE', KEYS[3], at, at)[1]
-    if not head then return at, nil end
-    local deadline = head ~= skip and read_place(redis.call('HGET', KEYS[4], head))
-    if deadline and deadline > now then return at, head, deadline end
+    if not head then return lapsed, nil end
+    local deadline, aside = nil, false
+    if head ~= skip then
+      local d, _, _, _, a = read_place(redis.call('HGET', KEYS[4], head))
+      deadline, aside = d, a
+    end
+    if not deadline or deadline <= now then
+      lapsed[#lapsed + 1] = head
+    elseif not aside then
+      return lapsed, head, deadline
+    end
     at = at + 1
   end
 end
@@ -115,20 +126,19 @@ local function named_live_waiter(identity)
   local now = now_ms()
   for _, waiter in ipairs(redis.call('ZRANGE', KEYS[3], 0, -1)) do
     if string.match(waiter, '^(.*)@[^@]*$') == identity then
-      local deadline, _, fencing, place = read_place(redis.call('HGET', KEYS[4], waiter))
-      if deadline and deadline > now then return waiter, deadline, fencing, place end
+      local deadline, _, fencing, place, aside = read_place(redis.call('HGET', KEYS[4], waiter))
+      if deadline and deadline > now and not aside then return waiter, deadline, fencing, place end
     end
   end
   return nil
 end
-local function drop_places(count)
-  if count == 0 then return end
-  for _, waiter in ipairs(redis.call('ZRANGE', KEYS[3], 0, count - 1)) do leave_queue(waiter) end
+local function drop_places(lapsed)
+  for _, waiter in ipairs(lapsed) do leave_queue(waiter) end
 end
 -- A handoff: the lock written in the waiter's name first (a `SET`: under `maxmemory` the first
 -- write of a script is the one Redis refuses, so a refused handoff changed nothing and told
--- nobody), then the counter, the queue (the `before` places ahead of the waiter, `leaving`, the
--- waiter's) and the lock's mark, and last the message (`<released>:<next>:<fence>:<place>`):
+-- nobody), then the counter, the queue (the lapsed places `before` the waiter, `leaving`, and
+-- the waiter's) and the lock's mark, and last the message (`<released>:<next>:<fence>:<place>`):
 -- a waiter is never told of a grant that was not written. A caller whose ACL lacks the publish
 -- command was refused at the script's start (`publish_refused`).
 local function hand_over(waiter, deadline, fencing, place, before, released, publish, leaving)
@@ -168,7 +178,7 @@ local function release_permit(token, publish)
   local now = now_ms()
   local ours = deadline > now
   local released = redis.sha1hex(token)
-  local before = 0
+  local before = {}
   if live_shared(now) <= (ours and 1 or 0) then
     local waiter, waiter_deadline, fencing, place
     before, waiter, waiter_deadline, fencing, place = oldest_live_waiter(token)

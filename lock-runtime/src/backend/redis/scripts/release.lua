@@ -13,13 +13,13 @@ if shared or owner ~= token then
   return released
 end
 local released = redis.sha1hex(token)
-local before = 0
+local before = {}
 if #KEYS >= 4 and redis.call('EXISTS', KEYS[3]) == 1 then
   local waiter, deadline, fencing, place
   if successor and successor ~= '' then
     waiter, deadline, fencing, place = named_live_waiter(successor)
     if waiter then
-      hand_over(waiter, deadline, fencing, place, 0, released, publish, token)
+      hand_over(waiter, deadline, fencing, place, {}, released, publish, token)
       return 3
     end
   end
