@@ -532,6 +532,19 @@ async fn renewals_and_a_lost_lease_are_counted_and_the_lease_stops_counting_as_h
     );
 }
 
+/// Pauses `server` until `guard`'s lease (3 s) is at risk, then lets it answer again until
+/// the lease is out of risk.
+async fn put_at_risk_and_back(server: &RedisServer, guard: &lock_runtime::LockGuard) {
+    server.pause();
+    tokio::time::timeout(Duration::from_secs(3), guard.at_risk())
+        .await
+        .expect("at risk within the ttl");
+    server.resume();
+    tokio::time::timeout(Duration::from_secs(3), guard.out_of_risk())
+        .await
+        .expect("out of risk within the ttl");
+}
+
 /// A lease whose renewal goes unanswered for a third of its ttl counts once as at risk; its
 /// late answer keeps it (nothing is counted lost).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -547,14 +560,7 @@ async fn a_lease_put_at_risk_is_counted_once() {
         .acquire()
         .await
         .unwrap();
-    server.pause();
-    tokio::time::timeout(Duration::from_secs(3), guard.at_risk())
-        .await
-        .expect("at risk within the ttl");
-    server.resume();
-    tokio::time::timeout(Duration::from_secs(3), guard.out_of_risk())
-        .await
-        .expect("out of risk within the ttl");
+    put_at_risk_and_back(&server, &guard).await;
     assert!(!guard.is_lost());
     eventually(LIMIT, "the risk counted", || async {
         sample(&metrics.render(), "distributed_lock_at_risk_total", &labels) == Some(1.0)
@@ -868,14 +874,7 @@ async fn report_every_metric() {
         .acquire()
         .await
         .unwrap();
-    server.pause();
-    tokio::time::timeout(Duration::from_secs(3), guard.at_risk())
-        .await
-        .expect("at risk within the ttl");
-    server.resume();
-    tokio::time::timeout(Duration::from_secs(3), guard.out_of_risk())
-        .await
-        .expect("out of risk within the ttl");
+    put_at_risk_and_back(&server, &guard).await;
     assert!(registry.force_unlock("dash:2").await.unwrap());
     tokio::time::timeout(LIMIT, guard.lost())
         .await
