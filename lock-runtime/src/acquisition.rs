@@ -116,6 +116,7 @@ async fn take_lease(
 ) -> Result<Arc<Lease>, LockError> {
     let mut attempts = Attempts::start(inner, keys, options, identity, labels, traced)?;
     loop {
+        attempts.ensure_open()?;
         if attempts.sits_out() {
             attempts.rejoined().await?;
         }
@@ -145,7 +146,7 @@ async fn take_lease(
         } = step
         {
             if attempts.standing_aside() {
-                attempts.pass_on(handed).await;
+                attempts.pass_on().await;
                 continue;
             }
             return attempts.take(fence, sent_at, handed).await;
@@ -270,10 +271,16 @@ impl<'a> Attempts<'a> {
         !self.inner.backend.stands_aside() && self.standing_aside()
     }
 
-    /// Waits until this candidate rejoins (or its wait is over).
+    /// Waits until this candidate rejoins (or its wait is over, or the registry shut down).
     async fn rejoined(&mut self) -> Result<(), LockError> {
+        let mut closed = self.inner.closed();
         if let Some(aside) = &mut self.aside {
-            let rejoined = aside.wait_for(|standing| !standing);
+            let rejoined = async {
+                tokio::select! {
+                    _ = aside.wait_for(|standing| !standing) => {}
+                    _ = closed.wait_for(|closed| *closed) => {}
+                }
+            };
             if tokio::time::timeout_at(self.give_up_at, rejoined)
                 .await
                 .is_err()
@@ -284,26 +291,35 @@ impl<'a> Attempts<'a> {
                 });
             }
         }
-        Ok(())
+        self.ensure_open()
     }
 
-    /// The lock came to this candidate as it stood aside. Handed over where its store keeps
-    /// places standing aside: the next attempt, standing aside, passes it on in the store and
-    /// keeps the place. Taken by an attempt sent before it stood aside (or where no place is
-    /// kept): given back, as a release would, and the place with it.
-    async fn pass_on(&mut self, handed: bool) {
-        if handed && self.inner.backend.stands_aside() {
-            return;
-        }
+    /// The lock came to this candidate as it stood aside (handed to it, or taken by an attempt
+    /// sent before it stood aside): given back at once, as a release would, to the next in
+    /// line; its work never starts. The token is retired with it: a release whose answer was
+    /// lost may still land later, and must find nothing of this candidate's to end. Its next
+    /// attempt queues again, with a fresh token.
+    async fn pass_on(&mut self) {
         if let Err(error) = self
             .inner
             .backend
             .release(&self.key, &self.token, self.share)
             .await
         {
-            // Its lease runs out by itself; its place, unrenewed, with it.
+            // Its lease runs out by itself.
             tracing::debug!(%error, "a lock taken while standing aside was not given back");
         }
+        self.token = token::new_token(self.identity);
+        self.places = Places::default();
+        if let (Some(interest), true) = (&mut self.interest, self.queue) {
+            interest.expect_handoff(&self.token);
+        }
+    }
+
+    /// Refuses to go on once the registry was shut down: a waiting candidate (one standing
+    /// aside too, which nothing else would end) leaves the line.
+    fn ensure_open(&self) -> Result<(), LockError> {
+        self.inner.ensure_open(&self.key.name)
     }
 
     /// Sends one attempt; returns when it was sent, and its outcome.
@@ -474,14 +490,19 @@ impl<'a> Attempts<'a> {
     /// Waits until `wake_at`, or a release, or a handoff of the lock to this waiter (taken,
     /// unless stale or already over).
     async fn wait(&mut self, wake_at: Instant) -> Result<Step, LockError> {
-        // A candidate that stands aside or rejoins tells the store at once.
+        // A candidate that stands aside or rejoins tells the store at once; a shutdown ends
+        // the wait (`take_lease` then refuses to go on).
         let mut aside = self.aside.clone();
+        let mut closed = self.inner.closed();
         let flipped = async {
             match &mut aside {
-                Some(aside) => {
-                    let _ = aside.changed().await;
+                Some(aside) => tokio::select! {
+                    _ = aside.changed() => {}
+                    _ = closed.wait_for(|closed| *closed) => {}
+                },
+                None => {
+                    let _ = closed.wait_for(|closed| *closed).await;
                 }
-                None => std::future::pending().await,
             }
         };
         let Some(interest) = &self.interest else {

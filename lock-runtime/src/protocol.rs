@@ -6,10 +6,13 @@
 //! - Our waiters queue up beside the lock, in its cluster slot: `queue:{<prefix><key>}`, a sorted
 //!   set of their tokens by arrival, and `queued:{<prefix><key>}`, a hash from each token to
 //!   `"<deadline ms> <ttl ms> <fencing 0|1> <place>"` (the deadline on the server's clock, one
-//!   ttl after the waiter's last attempt, and the number the waiter gave that attempt).
-//!   [`ACQUIRE_LUA`] takes or renews a place; a place past its deadline is dropped, never served.
+//!   ttl after the waiter's last attempt, and the number the waiter gave that attempt),
+//!   followed by `" aside"` for an election's candidate standing aside: its place is kept, and
+//!   passed over by every handoff. [`ACQUIRE_LUA`] takes or renews a place (`ARGV[10]` = `1`
+//!   standing aside: it never takes the lock); a place past its deadline is dropped, never
+//!   served.
 //! - A release is [`RELEASE_LUA`]: owner-checked, it hands the lock to the oldest live waiter
-//!   (`SET` to its token until its place's deadline) or deletes it, and publishes on the channel
+//!   not standing aside (`SET` to its token until its place's deadline) or deletes it, and publishes on the channel
 //!   named like the lock key (`SPUBLISH` in a cluster): a plain release before it deletes, a
 //!   handoff after it wrote the lock in the waiter's name (so a handoff that `maxmemory`
 //!   refuses tells no one), both after checking, where the server can say

@@ -31,6 +31,8 @@ pub(crate) struct RegistryInner {
     aside: Mutex<HashMap<(String, String), watch::Sender<bool>>>,
     next_id: AtomicU64,
     shut_down: AtomicBool,
+    /// Set with `shut_down`: what waiting acquisitions watch, to end at once.
+    closed: watch::Sender<bool>,
 }
 
 /// One election's terms won in a registry.
@@ -77,6 +79,7 @@ impl RegistryInner {
             aside: Mutex::default(),
             next_id: AtomicU64::new(1),
             shut_down: AtomicBool::new(false),
+            closed: watch::channel(false).0,
         }
     }
 
@@ -130,6 +133,12 @@ impl RegistryInner {
     /// Refuses every acquisition from now on; leases already admitted are the caller's to end.
     pub(crate) fn close(&self) {
         self.shut_down.store(true, Ordering::SeqCst);
+        self.closed.send_replace(true);
+    }
+
+    /// Whether [`close`](Self::close) was called, for a wait to end on.
+    pub(crate) fn closed(&self) -> watch::Receiver<bool> {
+        self.closed.subscribe()
     }
 
     /// Refuses a new acquisition once [`close`](Self::close) was called.

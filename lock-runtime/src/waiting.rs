@@ -303,8 +303,11 @@ impl Interest<'_> {
     }
 
     /// From now on, a release that hands the lock to `token` is delivered to
-    /// [`handed_over`](Self::handed_over).
+    /// [`handed_over`](Self::handed_over) (instead of one to the token expected before).
     pub(crate) fn expect_handoff(&mut self, token: &str) {
+        if let Some((tenure, _)) = self.handoff.take() {
+            self.slot.handoffs().remove(&tenure);
+        }
         let (tenure, handoff) = (tenure_name(token), Arc::<Handoff>::default());
         self.slot.handoffs().insert(tenure.clone(), handoff.clone());
         self.handoff = Some((tenure, handoff));

@@ -19,6 +19,7 @@ mod runtime {
     mod reporting;
     mod semaphore;
     mod spans;
+    mod standing_aside;
     mod stepping_down;
     mod support;
     mod waiting;

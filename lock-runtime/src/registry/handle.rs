@@ -201,8 +201,9 @@ impl Registry {
     /// releases); under `"continue"`, it waits for that body until its lease runs out.
     ///
     /// Afterwards this registry and all its clones take no new locks: acquisitions fail with
-    /// [`LockError::ShutDown`] (one already waiting for a busy lock fails when it would have
-    /// taken it, and gives it back). [`inspect`](Self::inspect) and the force-unlocks still
+    /// [`LockError::ShutDown`], and one already waiting for a busy lock (an election's
+    /// campaign too) fails at once, leaving the queue (one handed the lock meanwhile gives it
+    /// back). [`inspect`](Self::inspect) and the force-unlocks still
     /// work. A process that must keep locking builds a new registry.
     pub async fn shutdown(&self) -> usize {
         self.inner.close();

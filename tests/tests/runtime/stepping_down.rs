@@ -279,37 +279,3 @@ async fn a_hand_over_whose_caller_stopped_waiting_goes_on() {
         .expect("elected");
     c.resign().await.expect("resign");
 }
-
-/// A term handed to a candidate in the moment it stands aside, before its campaign could tell
-/// the store, goes on to the next candidate: its work never starts, and it keeps its place.
-/// (On one thread, the release runs before the candidate's task does.)
-#[tokio::test(flavor = "current_thread")]
-async fn a_term_handed_to_a_candidate_as_it_stands_aside_goes_on_to_the_next() {
-    let registry = Registry::in_memory();
-    let a = registry.election("rota").identity("a");
-    let leading = a.campaign().await.expect("elected alone");
-    let b = registry.election("rota").identity("b");
-    let second = tokio::spawn(b.campaign());
-    in_line(&a, 1).await;
-    let third = tokio::spawn(registry.election("rota").identity("c").campaign());
-    in_line(&a, 2).await;
-
-    b.stand_aside();
-    // Handed to b in the store: b's place is not yet marked.
-    leading.resign().await.expect("resign");
-    let third = tokio::time::timeout(LIMIT, third)
-        .await
-        .expect("c is elected in time")
-        .expect("task")
-        .expect("elected");
-    assert!(!second.is_finished(), "b is not elected standing aside");
-    assert_eq!(b.standing_aside().await.expect("the line"), ["b"]);
-    third.resign().await.expect("resign");
-    b.rejoin();
-    let second = tokio::time::timeout(LIMIT, second)
-        .await
-        .expect("b is elected in time once it rejoins")
-        .expect("task")
-        .expect("elected");
-    assert_eq!(second.identity(), "b");
-}

@@ -117,9 +117,9 @@ impl MemoryStore {
         Some(named)
     }
 
-    /// An attempt of a candidate standing aside (the `aside` branch of `acquire.lua`): its
-    /// place kept, marked, first; then a free lock, or one handed to it, goes on to the oldest
-    /// waiter that does not stand aside. Always busy.
+    /// An attempt of a candidate standing aside that does not hold the lock (the `aside`
+    /// branch of `acquire.lua`): its place kept, marked, first; then a free lock goes on to the
+    /// oldest waiter that does not stand aside. Always busy.
     fn stand_aside(
         &self,
         attempt: &Acquire<'_>,
@@ -129,22 +129,8 @@ impl MemoryStore {
         let key = attempt.key;
         data.queue_up(attempt, now);
         let owner = data.live(&key.stored, now).map(|e| e.token.clone());
-        let handed = match owner.as_deref() {
+        let handed = match owner {
             None if data.pool(&key.stored, now).is_none() => data.hand_over(key, now),
-            Some(token) if token == attempt.token => {
-                data.locks.remove(&key.stored);
-                let handed = data.hand_over(key, now);
-                if handed.is_none() {
-                    drop(data);
-                    self.inner.hub.notify(key.channel());
-                    return Attempt::Busy {
-                        retry_after: None,
-                        holder: None,
-                        at: 0,
-                    };
-                }
-                handed
-            }
             _ => None,
         };
         let busy = match (&handed, owner) {
@@ -257,7 +243,10 @@ impl Store for MemoryStore {
             }
             return Ok(outcome);
         }
-        if attempt.aside {
+        // Standing aside, unless its own token holds the lock: that attempt keeps it as any
+        // would, and the candidate decides.
+        let holds = matches!(data.live(&key.stored, now), Some(e) if e.token == attempt.token);
+        if attempt.aside && !holds {
             return Ok(self.stand_aside(attempt, data, now));
         }
         let mut handed = None;

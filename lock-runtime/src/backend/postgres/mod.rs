@@ -40,7 +40,7 @@ const ACQUIRE: &str = "SELECT acquired, fence, retry_after_ms, holder, mismatch 
      FROM distributed_lock.acquire($1, $2, $3, $4, $5, $6, $7, $8, $9)";
 const ACQUIRE_ALL: &str = "SELECT acquired, fence, retry_after_ms, holder, at \
      FROM distributed_lock.acquire_all($1, $2, $3, $4, $5)";
-const STAND_ASIDE: &str = "SELECT retry_after_ms, holder \
+const STAND_ASIDE: &str = "SELECT acquired, fence, retry_after_ms, holder \
      FROM distributed_lock.stand_aside($1, $2, $3, $4, $5, $6)";
 const RELEASE: &str = "SELECT distributed_lock.release($1, $2, $3)";
 const RELEASE_TO: &str = "SELECT distributed_lock.release_to($1, $2, $3, $4)";
@@ -96,18 +96,16 @@ impl PostgresStore {
             .map_err(|f| self.link.error(command, key.map(|k| k.name.as_str()), f))
     }
 
-    /// An attempt of a candidate standing aside (`distributed_lock.stand_aside`). Where the
-    /// schema lacks it, the candidate leaves the line instead, passing on a lock handed to it.
+    /// An attempt of a candidate standing aside (`distributed_lock.stand_aside`).
     async fn stand_aside(&self, attempt: &Acquire<'_>) -> Result<Attempt, LockError> {
         let key = attempt.key;
-        let busy = |retry_after, holder| Attempt::Busy {
-            retry_after,
-            holder,
-            at: 0,
-        };
         if !self.link.keeps_aside() {
-            self.release(key, attempt.token, Share::Exclusive).await?;
-            return Ok(busy(None, None));
+            // Not sent where the schema lacks it (`stands_aside`); refused, unchanged, if asked.
+            return Ok(Attempt::Busy {
+                retry_after: None,
+                holder: None,
+                at: 0,
+            });
         }
         let tenure = tenure_name(attempt.token);
         let ttl = bigint(ttl_ms(attempt.ttl));
@@ -128,7 +126,7 @@ impl PostgresStore {
                 .await
             })
             .await?;
-        Ok(busy(millis(&row, 0), row.get(1)))
+        Ok(outcome(&row, 0))
     }
 
     async fn acquire_one(&self, attempt: &Acquire<'_>) -> Result<Attempt, LockError> {
@@ -307,9 +305,10 @@ impl Store for PostgresStore {
         true
     }
 
-    /// Also on a schema without `stand_aside`, where its candidate leaves the line instead.
+    /// Where the schema has `stand_aside` (one made by an earlier version, which this role
+    /// could not add it to, does not: its candidate then stops campaigning meanwhile).
     fn stands_aside(&self) -> bool {
-        true
+        self.link.keeps_aside()
     }
 
     fn checks_transactions(&self) -> bool {

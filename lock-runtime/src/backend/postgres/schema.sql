@@ -176,31 +176,37 @@ LANGUAGE sql AS $$
 $$;
 
 -- An attempt of an election's candidate standing aside: it takes or keeps its place for one
--- ttl, marked, and never takes the lock; a free lock, or one handed to it as it stood aside,
--- goes to the oldest live waiter not standing aside (as a release would). Busy: the holder
--- and the lease to wait for, or NULLs when the lock stays free.
+-- ttl, marked, and never takes the lock; a free lock goes to the oldest live waiter not
+-- standing aside. Busy: the holder and the lease to wait for, or NULLs when the lock stays
+-- free. One that finds its own token holding the lock (handed to it as it stood aside, or a
+-- late attempt of a candidate that rejoined and leads since) keeps it, as `acquire` would:
+-- the candidate decides, and a late attempt never ends a term.
 CREATE OR REPLACE FUNCTION distributed_lock.stand_aside(k text, tok text, ten text,
-    ttl_ms bigint, fencing boolean, place integer, OUT retry_after_ms bigint, OUT holder text)
+    ttl_ms bigint, fencing boolean, place integer, OUT acquired boolean, OUT fence bigint,
+    OUT retry_after_ms bigint, OUT holder text)
 LANGUAGE plpgsql AS $$
 DECLARE
     t timestamptz := distributed_lock.enter(ARRAY[k]);
-    was distributed_lock.holders;
+    until timestamptz := t + ttl_ms * interval '1 millisecond';
     owner distributed_lock.holders;
     handed record;
 BEGIN
+    acquired := false;
+    DELETE FROM distributed_lock.holders AS h WHERE h.key = k AND h.expires_at <= t;
+    UPDATE distributed_lock.holders AS h SET expires_at = until
+    WHERE h.key = k AND h.token = tok AND h.share = '' RETURNING h.fence INTO fence;
+    IF FOUND THEN
+        DELETE FROM distributed_lock.waiters AS q WHERE q.key = k AND q.token = tok;
+        acquired := true;
+        RETURN;
+    END IF;
     INSERT INTO distributed_lock.waiters AS q
         (key, token, tenure, fencing, place, expires_at, aside)
-    VALUES (k, tok, ten, fencing, place, t + ttl_ms * interval '1 millisecond', true)
+    VALUES (k, tok, ten, fencing, place, until, true)
     ON CONFLICT (key, token) DO UPDATE SET expires_at = excluded.expires_at,
         place = excluded.place, aside = true;
-    DELETE FROM distributed_lock.holders AS h WHERE h.key = k AND h.expires_at <= t;
-    DELETE FROM distributed_lock.holders AS h WHERE h.key = k AND h.token = tok AND h.share = ''
-    RETURNING * INTO was;
     IF NOT EXISTS (SELECT FROM distributed_lock.holders AS h WHERE h.key = k) THEN
-        SELECT * INTO handed FROM distributed_lock.hand_over(k, t, coalesce(was.tenure, ''));
-        IF handed.token IS NULL AND was.token IS NOT NULL THEN
-            PERFORM pg_notify(distributed_lock.channel(k), was.tenure);
-        END IF;
+        PERFORM distributed_lock.hand_over(k, t, '');
     END IF;
     SELECT * INTO owner FROM distributed_lock.holders AS h WHERE h.key = k
     ORDER BY h.expires_at LIMIT 1;

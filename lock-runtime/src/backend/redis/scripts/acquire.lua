@@ -9,8 +9,10 @@
 --   caller's attempt (its place in the queue), [8] `1` when the caller waits if busy, [9] `1`
 --   when other waiters of the caller's process wait for the lock, [10] `1` when the caller
 --   stands aside (an election's candidate that must not lead now, see queue.lua): it keeps its
---   place, marked, and never takes the lock; one handed to it as it stood aside goes on to the
---   next in line, as its release would.
+--   place, marked, and never takes the lock. One that finds its own token holding the lock
+--   (handed to it as it stood aside, or a late copy of an attempt whose candidate has since
+--   rejoined and leads) keeps it as any attempt would: the candidate decides, and a late
+--   attempt never ends a term.
 local token, ttl, fenced, queue_up, publish = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local share, attempt, waits, others_wait = ARGV[6], ARGV[7], ARGV[8], ARGV[9]
 local aside = ARGV[10] == '1' and #KEYS >= 4
@@ -31,26 +33,24 @@ end
 if aside then
   local kind = redis.call('TYPE', KEYS[1]).ok
   if kind ~= 'string' and kind ~= 'none' then return {2, kind} end
+  local value = redis.call('GET', KEYS[1])
+  local owner = holder_of(value)
+  if owner == token then
+    redis.call('PEXPIRE', KEYS[1], ttl)
+    leave_queue(token)
+    return {1, own_fence(fenced, ttl)}
+  end
   local refused = publish_refused(publish)
   if refused then return refused end
   -- The place first: every handoff below passes it over.
   keep_place(' aside')
-  local value = redis.call('GET', KEYS[1])
-  local owner = holder_of(value)
-  if not owner or owner == token then
-    local released = owner and redis.sha1hex(token) or ''
+  if not owner then
     local before, waiter, deadline, fencing, place = oldest_live_waiter()
     if waiter then
-      value = hand_over(waiter, deadline, fencing, place, before, released, publish)
+      value = hand_over(waiter, deadline, fencing, place, before, '', publish)
       owner = waiter
     else
       drop_places(before)
-      if owner then
-        redis.call('DEL', KEYS[1])
-        redis.call(publish, KEYS[1], released)
-        redis.call('HDEL', KEYS[4], UNQUEUED)
-      end
-      owner, value = false, false
     end
   end
   if waits == '1' then mark_waited(KEYS[1], value) end
