@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use lock_runtime::{Election, Registry};
+use lock_runtime::{Election, Leadership, LockError, Registry};
 use lock_tests::proxy::Proxy;
 use lock_tests::{with_timeouts, RedisServer};
 
@@ -22,6 +22,33 @@ async fn in_line(election: &Election, n: usize) {
     .await;
 }
 
+type Campaign = tokio::task::JoinHandle<Result<Leadership, LockError>>;
+
+/// The line of election `rota`: `a` leads (its election and term), then `b` and `c` queue, in
+/// that order, each in a task of its own.
+async fn a_line(
+    a: &Registry,
+    b: &Registry,
+    c: &Registry,
+) -> (Election, Leadership, Campaign, Campaign) {
+    let first = a.election("rota").identity("a").ttl(LIMIT);
+    let leading = first.campaign().await.expect("elected alone");
+    let second = tokio::spawn(b.election("rota").identity("b").ttl(LIMIT).campaign());
+    in_line(&first, 1).await;
+    let third = tokio::spawn(c.election("rota").identity("c").ttl(LIMIT).campaign());
+    in_line(&first, 2).await;
+    (first, leading, second, third)
+}
+
+/// The term `campaign` wins within [`LIMIT`].
+async fn elected(campaign: Campaign, who: &str) -> Leadership {
+    tokio::time::timeout(LIMIT, campaign)
+        .await
+        .unwrap_or_else(|_| panic!("{who} is elected within {LIMIT:?}"))
+        .expect("task")
+        .expect("elected")
+}
+
 /// A stand-aside attempt that reaches the store late (held up on the network, its answer given
 /// up on), once its candidate has rejoined and leads with the same token, keeps the term: it
 /// finds its own token and ends nothing. Sent here by hand, as `ACQUIRE_LUA` with `ARGV[10]`.
@@ -29,18 +56,9 @@ async fn in_line(election: &Election, n: usize) {
 async fn a_late_stand_aside_attempt_never_ends_the_term_its_candidate_leads() {
     let server = RedisServer::start();
     let (a, b, c) = (registry(&server), registry(&server), registry(&server));
-    let first = a.election("rota").identity("a").ttl(LIMIT);
-    let leading = first.campaign().await.expect("elected alone");
-    let second = tokio::spawn(b.election("rota").identity("b").ttl(LIMIT).campaign());
-    in_line(&first, 1).await;
-    let third = tokio::spawn(c.election("rota").identity("c").ttl(LIMIT).campaign());
-    in_line(&first, 2).await;
+    let (first, leading, second, third) = a_line(&a, &b, &c).await;
     leading.resign().await.expect("resign");
-    let second = tokio::time::timeout(LIMIT, second)
-        .await
-        .expect("b is elected in time")
-        .expect("task")
-        .expect("elected");
+    let second = elected(second, "b").await;
     let token = a
         .inspect("rota")
         .await
@@ -77,11 +95,7 @@ async fn a_late_stand_aside_attempt_never_ends_the_term_its_candidate_leads() {
     assert_eq!(first.in_line().await.expect("the line"), ["c"]);
     assert!(first.standing_aside().await.expect("the line").is_empty());
     second.resign().await.expect("resign");
-    let third = tokio::time::timeout(LIMIT, third)
-        .await
-        .expect("c is elected in time")
-        .expect("task")
-        .expect("elected");
+    let third = elected(third, "c").await;
     third.resign().await.expect("resign");
 }
 
@@ -108,7 +122,7 @@ async fn a_shutdown_ends_a_campaign_standing_aside_and_its_place() {
         .expect("the campaign ends at the shutdown")
         .expect("task");
     assert!(
-        matches!(ended, Err(lock_runtime::LockError::ShutDown { .. })),
+        matches!(ended, Err(LockError::ShutDown { .. })),
         "{ended:?}"
     );
     eventually(LIMIT, "its place leaves the line", || async {
@@ -124,13 +138,8 @@ async fn a_shutdown_ends_a_campaign_standing_aside_and_its_place() {
 async fn a_hand_over_naming_a_candidate_standing_aside_is_refused() {
     let server = RedisServer::start();
     let (a, b, c) = (registry(&server), registry(&server), registry(&server));
-    let first = a.election("rota").identity("a").ttl(LIMIT);
-    let leading = first.campaign().await.expect("elected alone");
-    let draining = b.election("rota").identity("b").ttl(LIMIT);
-    let second = tokio::spawn(draining.campaign());
-    in_line(&first, 1).await;
-    let third = tokio::spawn(c.election("rota").identity("c").ttl(LIMIT).campaign());
-    in_line(&first, 2).await;
+    let (first, leading, second, third) = a_line(&a, &b, &c).await;
+    let draining = b.election("rota").identity("b");
     draining.stand_aside();
     eventually(LIMIT, "b stands aside", || async {
         first.standing_aside().await.expect("line") == ["b"]
@@ -138,16 +147,12 @@ async fn a_hand_over_naming_a_candidate_standing_aside_is_refused() {
     .await;
     let refused = first.hand_over("b", LIMIT).await;
     assert!(
-        matches!(refused, Err(lock_runtime::LockError::NotInLine { .. })),
+        matches!(refused, Err(LockError::NotInLine { .. })),
         "{refused:?}"
     );
     assert!(first.is_leader());
     leading.resign().await.expect("resign");
-    let third = tokio::time::timeout(LIMIT, third)
-        .await
-        .expect("c in time")
-        .expect("task")
-        .expect("elected");
+    let third = elected(third, "c").await;
     assert!(!second.is_finished());
     third.resign().await.expect("resign");
     second.abort();
@@ -216,11 +221,7 @@ async fn many_aside_places_with_lapsed_ones_among_them_pass_the_term_to_the_last
     })
     .await;
     leading.resign().await.expect("resign");
-    let z = tokio::time::timeout(LIMIT, last)
-        .await
-        .expect("z elected in time")
-        .expect("task")
-        .expect("elected");
+    let z = elected(last, "z").await;
     for (_, _, task, name) in &aside {
         assert!(!task.is_finished(), "{name} elected standing aside");
     }
@@ -237,11 +238,7 @@ async fn many_aside_places_with_lapsed_ones_among_them_pass_the_term_to_the_last
     );
     aside[1].1.rejoin();
     let (_, _, task, _) = aside.remove(1);
-    let s2 = tokio::time::timeout(LIMIT, task)
-        .await
-        .expect("s2 in time")
-        .expect("task")
-        .expect("elected");
+    let s2 = elected(task, "s2").await;
     assert_eq!(s2.identity(), "s2");
     s2.resign().await.expect("resign");
     for (_, _, task, _) in aside {
@@ -258,30 +255,17 @@ async fn many_aside_places_with_lapsed_ones_among_them_pass_the_term_to_the_last
 #[tokio::test(flavor = "current_thread")]
 async fn a_term_handed_to_a_candidate_as_it_stands_aside_goes_on_to_the_next() {
     let registry = Registry::in_memory();
-    let a = registry.election("rota").identity("a");
-    let leading = a.campaign().await.expect("elected alone");
+    let (_, leading, second, third) = a_line(&registry, &registry, &registry).await;
     let b = registry.election("rota").identity("b");
-    let second = tokio::spawn(b.campaign());
-    in_line(&a, 1).await;
-    let third = tokio::spawn(registry.election("rota").identity("c").campaign());
-    in_line(&a, 2).await;
 
     b.stand_aside();
     // Handed to b in the store: b's place is not yet marked.
     leading.resign().await.expect("resign");
-    let third = tokio::time::timeout(LIMIT, third)
-        .await
-        .expect("c is elected in time")
-        .expect("task")
-        .expect("elected");
+    let third = elected(third, "c").await;
     assert!(!second.is_finished(), "b is not elected standing aside");
     assert_eq!(b.standing_aside().await.expect("the line"), ["b"]);
     third.resign().await.expect("resign");
     b.rejoin();
-    let second = tokio::time::timeout(LIMIT, second)
-        .await
-        .expect("b is elected in time once it rejoins")
-        .expect("task")
-        .expect("elected");
+    let second = elected(second, "b").await;
     assert_eq!(second.identity(), "b");
 }
