@@ -2,7 +2,7 @@
 //! prefix, the lease keeper, the terms its candidates hold, and whether a shutdown began.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 
 use tokio::sync::watch;
@@ -30,8 +30,8 @@ pub(crate) struct RegistryInner {
     /// `Election::stand_aside`): their campaigns follow the flag.
     aside: Mutex<HashMap<(String, String), watch::Sender<bool>>>,
     next_id: AtomicU64,
-    shut_down: AtomicBool,
-    /// Set with `shut_down`: what waiting acquisitions watch, to end at once.
+    /// Whether a shutdown began: read by every acquisition, and watched by those waiting, to
+    /// end at once.
     closed: watch::Sender<bool>,
 }
 
@@ -78,7 +78,6 @@ impl RegistryInner {
             terms: Mutex::default(),
             aside: Mutex::default(),
             next_id: AtomicU64::new(1),
-            shut_down: AtomicBool::new(false),
             closed: watch::channel(false).0,
         }
     }
@@ -109,21 +108,28 @@ impl RegistryInner {
     /// Whether this registry's candidates in election `key` campaigning as `identity` stand
     /// aside, as they follow it.
     pub(crate) fn aside(&self, key: &str, identity: &str) -> watch::Receiver<bool> {
-        let mut aside = self.aside.lock().unwrap_or_else(PoisonError::into_inner);
-        aside
-            .entry((key.to_owned(), identity.to_owned()))
-            .or_insert_with(|| watch::channel(false).0)
-            .subscribe()
+        self.aside_flag(key, identity, watch::Sender::subscribe)
     }
 
     /// Makes this registry's candidates in election `key` campaigning as `identity` stand
     /// aside, or rejoin the line.
     pub(crate) fn set_aside(&self, key: &str, identity: &str, standing: bool) {
+        self.aside_flag(key, identity, |flag| flag.send_replace(standing));
+    }
+
+    /// `with` the stand-aside flag of election `key`'s candidates as `identity`.
+    fn aside_flag<T>(
+        &self,
+        key: &str,
+        identity: &str,
+        with: impl FnOnce(&watch::Sender<bool>) -> T,
+    ) -> T {
         let mut aside = self.aside.lock().unwrap_or_else(PoisonError::into_inner);
-        aside
-            .entry((key.to_owned(), identity.to_owned()))
-            .or_insert_with(|| watch::channel(false).0)
-            .send_replace(standing);
+        with(
+            aside
+                .entry((key.to_owned(), identity.to_owned()))
+                .or_insert_with(|| watch::channel(false).0),
+        )
     }
 
     pub(crate) fn next_lease_id(&self) -> u64 {
@@ -132,7 +138,6 @@ impl RegistryInner {
 
     /// Refuses every acquisition from now on; leases already admitted are the caller's to end.
     pub(crate) fn close(&self) {
-        self.shut_down.store(true, Ordering::SeqCst);
         self.closed.send_replace(true);
     }
 
@@ -143,7 +148,7 @@ impl RegistryInner {
 
     /// Refuses a new acquisition once [`close`](Self::close) was called.
     pub(crate) fn ensure_open(&self, key: &str) -> Result<(), LockError> {
-        if self.shut_down.load(Ordering::SeqCst) {
+        if *self.closed.borrow() {
             return Err(LockError::ShutDown {
                 key: key.to_owned(),
             });
@@ -156,8 +161,9 @@ impl RegistryInner {
     pub(crate) async fn admit(&self, lease: &Arc<Lease>) -> Result<(), LockError> {
         self.keeper.hold(lease.clone());
         // Held before reading the flag, and a shutdown sets the flag before collecting the
-        // leases: either the shutdown sees this lease, or this reads the flag set.
-        if !self.shut_down.load(Ordering::SeqCst) {
+        // leases (the flag's lock orders the two): either the shutdown sees this lease, or this
+        // reads the flag set.
+        if !*self.closed.borrow() {
             return Ok(());
         }
         self.keeper.begin_release(lease.id);

@@ -117,56 +117,6 @@ impl MemoryStore {
         Some(named)
     }
 
-    /// An attempt of a candidate standing aside that does not hold the lock (the `aside`
-    /// branch of `acquire.lua`): its place kept, marked, first; then a free lock goes on to the
-    /// oldest waiter that does not stand aside. Always busy.
-    fn stand_aside(
-        &self,
-        attempt: &Acquire<'_>,
-        mut data: std::sync::MutexGuard<'_, Data>,
-        now: Instant,
-    ) -> Attempt {
-        let key = attempt.key;
-        data.queue_up(attempt, now);
-        let owner = data.live(&key.stored, now).map(|e| e.token.clone());
-        let handed = match owner {
-            None if data.pool(&key.stored, now).is_none() => data.hand_over(key, now),
-            _ => None,
-        };
-        let busy = match (&handed, owner) {
-            (Some(to), _) => Attempt::Busy {
-                retry_after: Some(to.deadline - now),
-                holder: Some(to.token.clone()),
-                at: 0,
-            },
-            (None, owner) => {
-                let pool = data
-                    .pool(&key.stored, now)
-                    .map(|p| (p.share.tag(), p.soonest()));
-                match pool {
-                    Some((tag, soonest)) => Attempt::Busy {
-                        retry_after: soonest.map(|t| t - now),
-                        holder: Some(tag),
-                        at: 0,
-                    },
-                    None => Attempt::Busy {
-                        retry_after: data
-                            .live(&key.stored, now)
-                            .and_then(|e| e.expires_at)
-                            .map(|t| t - now),
-                        holder: owner,
-                        at: 0,
-                    },
-                }
-            }
-        };
-        drop(data);
-        if let Some(to) = handed {
-            self.inner.hub.hand_over(key.channel(), &to.token, to.grant);
-        }
-        busy
-    }
-
     /// Tells the waiters a release happened: the lock went to `handed`, or it is free.
     fn announce(&self, key: &LockKey, handed: Option<HandedOver>) {
         match handed {
@@ -243,11 +193,10 @@ impl Store for MemoryStore {
             }
             return Ok(outcome);
         }
-        // Standing aside, unless its own token holds the lock: that attempt keeps it as any
-        // would, and the candidate decides.
-        let holds = matches!(data.live(&key.stored, now), Some(e) if e.token == attempt.token);
-        if attempt.aside && !holds {
-            return Ok(self.stand_aside(attempt, data, now));
+        // Standing aside (the `aside` branch of `acquire.lua`): its place first, marked, so that
+        // the handoff below passes it over.
+        if attempt.aside {
+            data.queue_up(attempt, now);
         }
         let mut handed = None;
         let pool = data
@@ -281,6 +230,13 @@ impl Store for MemoryStore {
                     at: 0,
                 }
             }
+            // Free, and nobody in line may be handed it: standing aside, it stays free. (Its own
+            // token holding the lock keeps it, as any attempt would: the candidate decides.)
+            None if attempt.aside => Attempt::Busy {
+                retry_after: None,
+                holder: None,
+                at: 0,
+            },
             owner => {
                 let again = owner.is_some_and(|o| o == attempt.token);
                 data.leave_queue(&key.stored, attempt.token);

@@ -285,17 +285,17 @@ impl Data {
         let waiter = match named {
             Some(at) => queue.remove(at),
             None => {
-                // The lapsed places before the first that may be handed the lock go; places
-                // standing aside stay.
+                // The first place that may be handed the lock; the lapsed ones before it go, and
+                // places standing aside stay.
                 let first = queue.iter().position(|w| w.deadline > now && !w.aside);
-                let end = first.unwrap_or(queue.len());
+                let waiter = first.and_then(|at| queue.remove(at));
+                let before = first.unwrap_or(queue.len());
                 let mut at = 0;
                 queue.retain(|w| {
                     at += 1;
-                    at > end || w.deadline > now
+                    at > before || w.deadline > now
                 });
-                let first = queue.iter().position(|w| w.deadline > now && !w.aside);
-                first.and_then(|at| queue.remove(at))
+                waiter
             }
         };
         if queue.is_empty() {
