@@ -189,7 +189,6 @@ DECLARE
     t timestamptz := distributed_lock.enter(ARRAY[k]);
     until timestamptz := t + ttl_ms * interval '1 millisecond';
     owner distributed_lock.holders;
-    handed record;
 BEGIN
     acquired := false;
     DELETE FROM distributed_lock.holders AS h WHERE h.key = k AND h.expires_at <= t;
