@@ -6,6 +6,7 @@
 mod faults {
     mod changes;
     mod checker;
+    mod clock;
     mod limits;
     mod liveness;
     mod model;

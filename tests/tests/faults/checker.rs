@@ -46,6 +46,36 @@ pub struct FaultRecord {
     pub key: Option<String>,
 }
 
+/// A jump of the machine's wall clock against its monotonic clock during a run (`clock`). Every
+/// stamp the checks compare (the workers', `MONITOR`'s, Postgres's) is wall-clock time, and so
+/// is every server's expiry: a jump forward runs out every lease at once, on every server of the
+/// machine, while the clients time theirs on the monotonic clock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ClockStep {
+    /// The wall clock's last reading before the jump (µs).
+    pub before_us: i64,
+    /// Its first reading after the jump (µs).
+    pub after_us: i64,
+    /// How much further the wall clock moved than the monotonic one between those readings
+    /// (µs; negative: it went back).
+    pub moved_us: i64,
+}
+
+impl ClockStep {
+    /// The latest the wall clock can have read when it jumped: the jump came between
+    /// `before_us` and this, on the clock as it ran before it.
+    pub fn jumped_by(&self) -> i64 {
+        self.after_us - self.moved_us
+    }
+
+    /// Whether this is a jump forward that ran out a lease expiring at `expiry`: the expiry
+    /// came after the latest moment the jump can have come, and at the latest at the first
+    /// reading after it.
+    pub fn passed(&self, expiry: i64) -> bool {
+        self.moved_us > 0 && self.jumped_by() < expiry && expiry <= self.after_us
+    }
+}
+
 /// One critical section as its worker reported it.
 #[derive(Clone, Debug)]
 struct Section {
@@ -267,6 +297,7 @@ impl<'a> Inputs<'a> {
             quorum: 1,
             permits: 2,
             faults: &[],
+            clock_steps: &[],
             register: 0,
             rejected: 0,
             log: &[],
@@ -306,6 +337,8 @@ pub struct Inputs<'a> {
     /// The semaphore's permits.
     pub permits: usize,
     pub faults: &'a [FaultRecord],
+    /// The jumps of the machine's wall clock the run saw.
+    pub clock_steps: &'a [ClockStep],
     pub register: i64,
     pub rejected: i64,
     pub log: &'a [String],
@@ -436,26 +469,82 @@ impl<'a> Facts<'a> {
     /// recorded while the worker's runtime was kept off the CPU (its heartbeat says so) counts
     /// from where that stall began. Records from before the loss's moment was recorded leave a
     /// lost section unjudged.
+    ///
+    /// A lease that a jump of the wall clock ran out (see [`Facts::jumped_over`]) is judged up
+    /// to the jump, if the section's stretch ended within a ttl after it: the holder learns of
+    /// it at its next renewal, and the next holder may get in first (the limit GUARANTEES.md
+    /// states for a server's clock jumping forward).
     fn judged(&self) -> impl Iterator<Item = (&Section, i64)> {
         self.secs.iter().filter_map(|s| {
-            if !(s.outcome.lost() || s.lost_seen) {
-                return Some((s, s.end));
-            }
-            let seen = s.lost_at?.min(s.end);
-            // Recorded while the worker's runtime was kept off the CPU: the loss may have come
-            // any time in that stall, so the record speaks only for the time before it.
-            let seen = self.stalled_since(s.worker, seen).unwrap_or(seen);
-            let stopped = self
-                .i
-                .faults
-                .iter()
-                .filter(|p| p.kind.starts_with("client-sigstop") && p.victim == Some(s.worker))
-                .map(|p| p.start_us)
-                .filter(|&at| s.start <= at && at < seen)
-                .min();
-            let to = stopped.unwrap_or(seen);
+            let to = self.stretch(s)?;
+            let to = self.up_to_a_jump(s, to);
             (to > s.start).then_some((s, to))
         })
+    }
+
+    /// Where `s`'s stretch ends, a jump of the wall clock aside (see [`Facts::judged`]).
+    fn stretch(&self, s: &Section) -> Option<i64> {
+        if !(s.outcome.lost() || s.lost_seen) {
+            return Some(s.end);
+        }
+        let seen = s.lost_at?.min(s.end);
+        // Recorded while the worker's runtime was kept off the CPU: the loss may have come
+        // any time in that stall, so the record speaks only for the time before it.
+        let seen = self.stalled_since(s.worker, seen).unwrap_or(seen);
+        let stopped = self
+            .i
+            .faults
+            .iter()
+            .filter(|p| p.kind.starts_with("client-sigstop") && p.victim == Some(s.worker))
+            .map(|p| p.start_us)
+            .filter(|&at| s.start <= at && at < seen)
+            .min();
+        Some(stopped.unwrap_or(seen))
+    }
+
+    /// `to`, or the last reading of the wall clock before a jump forward that ran out one of
+    /// `s`'s leases, where `to` came within a ttl after that jump.
+    fn up_to_a_jump(&self, s: &Section, to: i64) -> i64 {
+        match self.jumped_over(s) {
+            Some(jump) if to <= jump.after_us + us(TTL) => to.min(jump.before_us),
+            _ => to,
+        }
+    }
+
+    /// Sections judged only up to a jump of the wall clock.
+    fn judged_up_to_a_jump(&self) -> usize {
+        self.secs
+            .iter()
+            .filter(|s| {
+                self.stretch(s)
+                    .is_some_and(|to| self.up_to_a_jump(s, to) < to)
+            })
+            .count()
+    }
+
+    /// The jump forward of the wall clock that ran out a lease of `s`: a tenure of its token
+    /// that began before the jump, and whose expiry the jump passed over (it came after the
+    /// latest moment the jump can have come, and at the latest at the first reading after).
+    fn jumped_over(&self, s: &Section) -> Option<&'a ClockStep> {
+        self.i.clock_steps.iter().find(|jump| {
+            s.keys.iter().any(|key| {
+                self.tenures_of(&s.token, key).flatten().any(|t| {
+                    t.since_us <= jump.jumped_by() && jump.passed(t.expires_at(jump.after_us))
+                })
+            })
+        })
+    }
+
+    /// `to - from`, less how far the wall clock jumped in between.
+    fn elapsed(&self, from: i64, to: i64) -> i64 {
+        let jumped: i64 = self
+            .i
+            .clock_steps
+            .iter()
+            .filter(|jump| from <= jump.before_us && jump.after_us <= to)
+            .map(|jump| jump.moved_us)
+            .sum();
+        to - from - jumped
     }
 
     /// When `worker`'s runtime was last seen running on time before `at` (its previous
@@ -907,7 +996,7 @@ fn the_lock_is_handed_over_soon_after_its_holder_is_hit(
             r.fail("c", format!("nobody held {key} again after {}", hit.kind));
             continue;
         };
-        let waited = next - hit.start_us;
+        let waited = f.elapsed(hit.start_us, *next);
         out.judged += 1;
         if f.secs
             .iter()
@@ -1069,6 +1158,9 @@ struct Cancels<'s> {
     /// Bodies stopped after their key expired while their process was kept off the CPU past
     /// the drift allowance: as out of reach as a stopped one (no timer runs on time there).
     starved: Vec<(&'s Section, i64)>,
+    /// Bodies stopped within a ttl after a jump forward of the wall clock passed over their
+    /// key's expiry (see [`ClockStep`]).
+    jumped: Vec<&'s Section>,
 }
 
 /// (e) A body with `on_lost = cancel` that was reported lost stopped before its key (each of
@@ -1076,8 +1168,9 @@ struct Cancels<'s> {
 /// (deleted, taken by another, lost with its server). A late stop after an expiry is excused
 /// only where the library's timer could not run: its own process stopped (SIGSTOP) at some
 /// moment from when the timer was due (the drift allowance before the expiry) to the body's
-/// end, or its runtime seen (by its heartbeat) kept off the CPU over all of that span. A tenure
-/// that ended early is no timer's to notice: never excused.
+/// end, or its runtime seen (by its heartbeat) kept off the CPU over all of that span; or a jump
+/// forward of the wall clock passed over the key's expiry and the body stopped within a ttl
+/// after it. A tenure that ended early is no timer's to notice: never excused.
 fn cancelled_bodies_stop_before_their_key_expires<'s>(
     f: &'s Facts<'_>,
     r: &mut Report,
@@ -1087,6 +1180,7 @@ fn cancelled_bodies_stop_before_their_key_expires<'s>(
         checked: 0,
         paused: Vec::new(),
         starved: Vec::new(),
+        jumped: Vec::new(),
     };
     for s in f.secs.iter().filter(|s| s.outcome.lost() && s.cancels()) {
         // Of each key, the margin a quorum of nodes still had (and whether it ran out by the
@@ -1135,6 +1229,16 @@ fn cancelled_bodies_stop_before_their_key_expires<'s>(
                     ),
                 );
                 out.checked += 1;
+                continue;
+            }
+            // The wall clock jumped over the expiry: the body stopped at its next renewal.
+            let expiry = s.end + margin;
+            if f.i
+                .clock_steps
+                .iter()
+                .any(|jump| jump.passed(expiry) && s.end <= jump.after_us + us(TTL))
+            {
+                out.jumped.push(s);
                 continue;
             }
             let due = s.end + margin - us(DRIFT);
@@ -1363,6 +1467,27 @@ fn summary(f: &Facts<'_>, figures: &Figures<'_>) -> Vec<String> {
             late_writes,
         ),
     ];
+    let forward: Vec<i64> = i
+        .clock_steps
+        .iter()
+        .map(|jump| jump.moved_us)
+        .filter(|&moved| moved > 0)
+        .collect();
+    lines.push(format!(
+        "  limits seen: the wall clock jumped forward {} times (by up to {}): {} sections whose leases it ran out judged up to it, {} cancelled bodies stopped after it (a server's clock jumping forward expires its keys early)",
+        forward.len(),
+        ms(forward.iter().copied().max().unwrap_or(0)),
+        f.judged_up_to_a_jump(),
+        cancels.jumped.len(),
+    ));
+    for step in i.clock_steps {
+        lines.push(format!(
+            "    the wall clock jumped {} between readings at {} and {}",
+            ms(step.moved_us),
+            step.before_us,
+            step.after_us
+        ));
+    }
     for (s, margin) in &cancels.starved {
         lines.push(format!(
             "    {} fence {}: stopped {} after its key expired",
@@ -1885,6 +2010,88 @@ fn a_late_cancel_is_excused_only_by_a_stall_that_covers_it() {
     judged_late(None);
 }
 
+/// (a) and (e) across a jump of the machine's wall clock: a jump forward runs out every lease
+/// at once on the servers' clock, while the holders time theirs on the monotonic one and see
+/// the loss only at their next renewal, and the next holder may get in before (the limit
+/// GUARANTEES.md states). A section whose lease the jump ran out is judged up to the jump,
+/// and a cancelled body that stopped within a ttl after it is a limit seen; a lease that ran
+/// out before the jump, a body that went on longer, or a jump back, excuse nothing.
+#[test]
+fn a_lease_run_out_by_a_jump_of_the_wall_clock_is_judged_up_to_the_jump() {
+    let histories = [model::rebuild(
+        &[monitored([
+            r#"+10.000000 [0 127.0.0.1:1] "evalsha" "s" "2" "lock:register" "fence:{lock:register}" "h:1:a" "1000" "1""#,
+            r#"+10.000010 [0 lua] "SET" "lock:register" "h:1:a" "NX" "PX" "1000""#,
+            r#"+10.000020 [0 lua] "INCR" "fence:{lock:register}""#,
+            // After the jump: the key is gone on the server's clock, and the next holder in.
+            r#"+20.050000 [0 127.0.0.1:2] "evalsha" "s" "2" "lock:register" "fence:{lock:register}" "h:2:b" "1000" "1""#,
+            r#"+20.050010 [0 lua] "SET" "lock:register" "h:2:b" "NX" "PX" "1000""#,
+            r#"+20.050020 [0 lua] "INCR" "fence:{lock:register}""#,
+        ])],
+        "lock:",
+        false,
+    )];
+    // Cancelled when its next renewal found the key gone, 100 ms after the jump.
+    let cut_short = |end: i64| Synthetic {
+        outcome: Outcome::Lost(lock_runtime::LostReason::Gone),
+        lost_at: Some(end),
+        write: StoreCall::NotMade,
+        ..Synthetic::new(1, "1.0", "h:1:a", 1, (10_000_100, end))
+    };
+    let next = Synthetic {
+        write: StoreCall::NotMade,
+        ..Synthetic::new(2, "2.0", "h:2:b", 2, (20_060_000, 20_070_000))
+    };
+    // The watch read the wall clock at 10.5 s, and 2 ms later at 20 s.
+    let jump = |before_us: i64, after_us: i64| ClockStep {
+        before_us,
+        after_us,
+        moved_us: after_us - before_us - 2_000,
+    };
+    let check_with = |first: &Synthetic, steps: &[ClockStep]| {
+        let lines = [first.begin(), next.begin(), next.end(), first.end()];
+        let report = check(&Inputs {
+            register: 0,
+            clock_steps: steps,
+            ..Inputs::synthetic(&lines, &histories)
+        });
+        (report.violations.join("\n"), report.lines.join("\n"))
+    };
+    let judged_late = |first: &Synthetic, steps: &[ClockStep]| {
+        let violations = check_with(first, steps).0;
+        for found in [
+            "sections overlap on lock:register",
+            "1.0 (lock) fence 1 [10000100, ",
+            "(e) 1.0 fence 1 (lost-gone) stopped at ",
+        ] {
+            assert!(violations.contains(found), "{found}: {violations}");
+        }
+    };
+    // Unseen, the jump leaves a section that overlapped the next, ran past its tenure, and was
+    // cancelled 9 s after its key expired.
+    judged_late(&cut_short(20_100_000), &[]);
+    let (violations, lines) = check_with(&cut_short(20_100_000), &[jump(10_500_000, 20_000_000)]);
+    assert_eq!(violations, "");
+    assert!(
+        lines.contains("limits seen: the wall clock jumped forward 1 times (by up to 9498.0 ms): 1 sections whose leases it ran out judged up to it, 1 cancelled bodies stopped after it"),
+        "{lines}"
+    );
+    // The body went on more than a ttl after the jump: the library's doing.
+    judged_late(&cut_short(21_100_000), &[jump(10_500_000, 20_000_000)]);
+    // The jump came after the key had expired (at 11.001 s): the body ran past it before.
+    judged_late(&cut_short(20_100_000), &[jump(11_200_000, 20_000_000)]);
+    // A jump before the lease began, or one back.
+    judged_late(&cut_short(20_100_000), &[jump(9_000_000, 9_500_000)]);
+    judged_late(
+        &cut_short(20_100_000),
+        &[ClockStep {
+            before_us: 10_500_000,
+            after_us: 20_000_000,
+            moved_us: -50_000,
+        }],
+    );
+}
+
 /// (a) of a section that went on after its loss (`on_lost = "continue"`) and whose worker
 /// recorded the loss after the key had expired: judged up to that record, it ran outside its
 /// tenure, unless the worker's own heartbeat shows its runtime kept off the CPU over the moment
@@ -2216,6 +2423,58 @@ fn a_lock_handed_to_a_stopped_or_dead_processs_waiter_is_not_a_hand_over() {
         all.contains("another owner took it 2000 ms later"),
         "the stopped waiter's tenure is no hand-over: {all}"
     );
+}
+
+/// (c) times a hand-over without the jump of the wall clock that came between the hit and the
+/// next holder: the servers' clock jumped too, so the lease ran out no later for it.
+#[test]
+fn a_hand_over_across_a_jump_of_the_wall_clock_is_timed_without_the_jump() {
+    let lines = [(1, 11), (2, 22)].map(|(worker, pid)| Line {
+        worker,
+        record: Record::Ready {
+            w: worker.to_string(),
+            pid,
+        },
+    });
+    // The holder (worker 1) is killed at 10 s; the wall clock jumps 9 s forward 200 ms later,
+    // and worker 2 takes the lock 600 ms after the kill by the monotonic clock.
+    let events = monitored([
+        r#"+9.500000 [0 127.0.0.1:1] "SET" "lock:register" "h:11:a" "NX" "PX" "1000""#,
+        r#"+19.600000 [0 127.0.0.1:1] "SET" "lock:register" "h:22:b" "NX" "PX" "1000""#,
+    ]);
+    let histories = [model::rebuild(&[events], "lock:", false)];
+    let faults = [FaultRecord {
+        kind: "client-kill-9".into(),
+        start_us: 10_000_000,
+        end_us: 10_000_000,
+        victim: Some(1),
+        held: true,
+        pttl_ms: 500,
+        victim_token: Some("h:11:a".into()),
+        key: None,
+    }];
+    let killed: HashMap<u32, i64> = [(1, 10_000_000)].into();
+    let hand_over = |steps: &[ClockStep]| {
+        check(&Inputs {
+            faults: &faults,
+            killed: &killed,
+            clock_steps: steps,
+            ..Inputs::synthetic(&lines, &histories)
+        })
+        .violations
+        .join("\n")
+    };
+    assert!(
+        hand_over(&[]).contains("another owner took it 9600 ms later"),
+        "{}",
+        hand_over(&[])
+    );
+    let jump = ClockStep {
+        before_us: 10_200_000,
+        after_us: 19_202_000,
+        moved_us: 9_000_000,
+    };
+    assert_eq!(hand_over(&[jump]), "");
 }
 
 /// (c) over the election's key: after its leader was killed in a term, the next term is

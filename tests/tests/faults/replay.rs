@@ -15,7 +15,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::changes::{self, Change};
-use super::checker::{self, FaultRecord, Inputs, Minimums, Report};
+use super::checker::{self, ClockStep, FaultRecord, Inputs, Minimums, Report};
 use super::model::{self, History};
 use super::monitor::{parse_line, Entry, Event};
 use super::support::now_us;
@@ -36,6 +36,10 @@ pub struct Kept {
     pub lines: Vec<Line>,
     pub killed: HashMap<u32, i64>,
     pub faults: Vec<FaultRecord>,
+    /// The jumps of the machine's wall clock the run saw (none recorded before they were
+    /// watched).
+    #[serde(default)]
+    pub clock_steps: Vec<ClockStep>,
     pub register: i64,
     pub rejected: i64,
     pub log: Vec<String>,
@@ -76,6 +80,7 @@ impl Kept {
             quorum: self.quorum,
             permits: self.permits,
             faults: &self.faults,
+            clock_steps: &self.clock_steps,
             register: self.register,
             rejected: self.rejected,
             log: &self.log,
@@ -256,6 +261,11 @@ fn a_kept_run_reads_back_the_workers_records_as_they_were() {
         lines: lines.clone(),
         killed: HashMap::new(),
         faults: Vec::new(),
+        clock_steps: vec![ClockStep {
+            before_us: 300,
+            after_us: 9_400,
+            moved_us: 9_000,
+        }],
         register: 0,
         rejected: 0,
         log: Vec::new(),
@@ -284,6 +294,7 @@ fn a_kept_run_reads_back_the_workers_records_as_they_were() {
     };
     assert_eq!(records(&again.lines), records(&lines));
     assert_eq!(again.changes, kept.changes);
+    assert_eq!(again.clock_steps, kept.clock_steps);
 }
 
 /// Runs the checks again on a run a failed workload kept (see the module's documentation).

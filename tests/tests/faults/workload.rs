@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use lock_tests::RedisServer;
 
 use super::checker::{self, FaultRecord, Minimums, Report, FREE_BOUND, TTL};
+use super::clock::ClockWatch;
 use super::model::unmarked;
 use super::replay::Kept;
 use super::support::now_us;
@@ -506,6 +507,7 @@ fn run_and_check(
         .lock()
         .unwrap_or_else(PoisonError::into_inner);
     let recorder = system.record();
+    let clock = ClockWatch::start();
     let store = RedisServer::start();
     let mut args = system.worker_args();
     args.extend([
@@ -582,6 +584,7 @@ fn run_and_check(
     let by_schedule: usize = run.pool.ended().values().sum();
     run.pool.wait_for_sections(&minimums, VOLUME_LIMIT);
     let lines = run.pool.stop();
+    let clock_steps = clock.finish();
     let ran_for = began.elapsed();
     let _ = writeln!(
         std::io::stderr().lock(),
@@ -625,6 +628,7 @@ fn run_and_check(
         lines,
         killed,
         faults: std::mem::take(&mut run.faults),
+        clock_steps,
         register,
         rejected,
         log,
