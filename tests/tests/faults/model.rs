@@ -119,7 +119,12 @@ const SLACK_MS: i64 = 2;
 
 struct Live {
     index: usize,
+    /// The earliest the server's expiry can be (ms).
     expiry_ms: i64,
+    /// How much later than `expiry_ms` it can be: a script's write counts its `PX` from the
+    /// script's frozen clock on Redis 7.2 and Valkey, but from its own moment on Redis 7.0,
+    /// which is at the latest when it is logged. Until then the key may still be there.
+    late_ms: i64,
     /// Set when the server holding the key was lost (killed, failed over): whether the key
     /// survived (persistence, replication) shows in the next command that touches it.
     lost_at: Option<i64>,
@@ -129,6 +134,13 @@ struct Live {
     /// Its expiry is a bound, not known: shown by a mark on a key restored from disk, until
     /// its owner renews it. A `SET` by another only ends it.
     bounded: bool,
+}
+
+/// How long after the clock a write's expiry counts from (`clock_us`) it was logged (`at_us`),
+/// in whole ms: how much later its expiry can be on a server that counts from the write's own
+/// moment (see [`Live::late_ms`]).
+fn logged_late_ms(at_us: i64, clock_us: i64) -> i64 {
+    (at_us - clock_us + 999).max(0) / 1000
 }
 
 /// What the scripts append to a holder's token once someone waited for the lock
@@ -269,7 +281,7 @@ impl Builder<'_> {
     fn expire(&mut self, key: &[u8], at_us: i64) {
         let now_ms = at_us / 1000;
         if let Some(live) = self.live.get(key) {
-            if now_ms > live.expiry_ms + SLACK_MS {
+            if now_ms > live.expiry_ms + live.late_ms + SLACK_MS {
                 let t = &mut self.history.tenures[live.index];
                 t.ended_us = Some((live.expiry_ms + 1) * 1000);
                 t.ended_by = "expired";
@@ -404,6 +416,7 @@ impl Builder<'_> {
                 Live {
                     index,
                     expiry_ms: deadline,
+                    late_ms: 0,
                     lost_at: None,
                     marked: false,
                     bounded: false,
@@ -438,7 +451,9 @@ impl Builder<'_> {
     }
 
     /// A `SET` of `key` to `value` (a token, marked or not) took effect, logged at `at_us`, on
-    /// the server's clock at `clock_us` (a script's runs frozen at the call's start).
+    /// the server's clock at `clock_us` (a script's runs frozen at the call's start). Its
+    /// expiry counts from `clock_us` at the earliest and from `at_us` at the latest (see
+    /// [`Live::late_ms`]).
     fn acquired(
         &mut self,
         key: &[u8],
@@ -494,6 +509,7 @@ impl Builder<'_> {
             Live {
                 index: self.history.tenures.len() - 1,
                 expiry_ms,
+                late_ms: logged_late_ms(at_us, clock_us),
                 lost_at: None,
                 marked: token != value,
                 bounded: false,
@@ -521,6 +537,7 @@ impl Builder<'_> {
             ));
         }
         live.expiry_ms = new_expiry;
+        live.late_ms = logged_late_ms(at_us, clock_us);
         self.history.tenures[live.index]
             .expiries
             .push((at_us, new_expiry));
@@ -534,7 +551,9 @@ impl Builder<'_> {
 
     /// A client's command; `refused`: a plain `SET NX` that the same client followed with the
     /// acquire script for the same token (which it sends only after a refusal).
-    fn client_command(&mut self, e: &Entry, refused: bool) {
+    /// `owners_next`: who the next script to write the key found owning it, where one did (see
+    /// [`owners_found_next`]).
+    fn client_command(&mut self, e: &Entry, refused: bool, owners_next: Option<&[Vec<u8>]>) {
         let name = e.name();
         let key = e.arg(1).to_vec();
         if !self.is_lock_key(&key) {
@@ -589,7 +608,12 @@ impl Builder<'_> {
                 // clock's slack of its end, refused if the client asked the script next.
                 let taken = self.clearly_held(&key, e.at_us).is_some()
                     || !self.live_places(&key, e.at_us).is_empty();
-                if !nx || !(refused || taken) {
+                // At its end, the owner on record is still the one the next script found.
+                let still_owned = self.owner(&key).is_some_and(|owner| {
+                    owner != e.arg_str(2)
+                        && owners_next.is_some_and(|o| o.iter().any(|t| t == owner.as_bytes()))
+                });
+                if !nx || !(refused || taken || still_owned) {
                     self.end_places(&key, e.at_us, "overwritten");
                     self.acquired(&key, &e.arg_str(2), e.at_us, e.at_us, px, "plain SET");
                 } else {
@@ -1035,6 +1059,84 @@ fn refused_plain_sets(units: &[Unit<'_>]) -> std::collections::HashSet<usize> {
     refused
 }
 
+/// For each plain `SET NX` (by its place in `units`), who the next script to write its key after
+/// it (before any other client's write of it, within a second) found owning the key, as the
+/// tokens that can be: a script that wrote the key as its owner after reading it (a release, a
+/// renewal, a hand-over) holds its owner's token among its arguments; a waiter's mark names it.
+/// At the end of a lock (Redis 7.0 may count its expiry from a moment after the one logged,
+/// see [`Live::late_ms`]), a `SET NX` was refused if that is still the owner before it.
+fn owners_found_next(units: &[Unit<'_>]) -> HashMap<usize, Vec<Vec<u8>>> {
+    let mut found = HashMap::new();
+    for (i, unit) in units.iter().enumerate() {
+        let Unit::Command(set, body) = unit else {
+            continue;
+        };
+        let nx = set
+            .args
+            .iter()
+            .skip(3)
+            .any(|a| a.eq_ignore_ascii_case(b"NX"));
+        if !body.is_empty() || set.name() != "SET" || !nx {
+            continue;
+        }
+        if let Some(owners) = owner_found_next(&units[i + 1..], set) {
+            found.insert(i, owners);
+        }
+    }
+    found
+}
+
+/// See [`owners_found_next`].
+fn owner_found_next(after: &[Unit<'_>], set: &Entry) -> Option<Vec<Vec<u8>>> {
+    let key = set.arg(1);
+    for unit in after
+        .iter()
+        .take_while(|u| u.at_us() < set.at_us + 1_000_000)
+    {
+        let Unit::Command(call, body) = unit else {
+            continue;
+        };
+        if body.is_empty() {
+            if call.arg(1) == key {
+                // Another client's write: what a script finds after it says nothing of this one.
+                return None;
+            }
+            continue;
+        }
+        let on_key: Vec<&Entry> = body.iter().filter(|c| c.arg(1) == key).collect();
+        let mut read = false;
+        for (j, cmd) in on_key.iter().enumerate() {
+            let name = cmd.name();
+            let has = |option: &[u8]| {
+                cmd.args
+                    .iter()
+                    .skip(3)
+                    .any(|a| a.eq_ignore_ascii_case(option))
+            };
+            if name == "SET" && has(b"KEEPTTL") {
+                return Some(vec![unmarked(&cmd.arg_str(2)).as_bytes().to_vec()]);
+            }
+            // The acquire script reads the owner only after its `SET NX` was refused.
+            let refused = name == "SET"
+                && has(b"NX")
+                && on_key.get(j + 1).is_some_and(|next| next.name() == "GET");
+            if refused {
+                continue;
+            }
+            if read && matches!(name.as_str(), "DEL" | "PEXPIRE" | "SET") {
+                return Some(call.args.clone());
+            }
+            match name.as_str() {
+                "GET" => read = true,
+                // A write that is no owner's: this script found the key free or took it.
+                "SET" | "DEL" | "PEXPIRE" => return None,
+                _ => {}
+            }
+        }
+    }
+    None
+}
+
 /// Whether `call` runs the acquire script: its arguments after the keys are the token, the
 /// ttl, the fencing and queueing flags, then the publish command (the other scripts carry no
 /// publish command there).
@@ -1072,6 +1174,7 @@ pub fn rebuild(streams: &[Vec<Event>], prefix: &str, ifeq: bool) -> History {
     merged.sort_by_key(|(_, u)| u.at_us());
     let (servers, merged): (Vec<usize>, Vec<Unit<'_>>) = merged.into_iter().unzip();
     let refused = refused_plain_sets(&merged);
+    let owners_next = owners_found_next(&merged);
     for (i, (server, unit)) in servers.into_iter().zip(merged).enumerate() {
         match unit {
             Unit::Lost {
@@ -1111,7 +1214,11 @@ pub fn rebuild(streams: &[Vec<Event>], prefix: &str, ifeq: bool) -> History {
                 if matches!(e.name().as_str(), "EVALSHA" | "EVAL") {
                     b.script(e, &body);
                 } else {
-                    b.client_command(e, refused.contains(&i));
+                    b.client_command(
+                        e,
+                        refused.contains(&i),
+                        owners_next.get(&i).map(Vec::as_slice),
+                    );
                 }
             }
         }
@@ -1711,6 +1818,80 @@ mod plain_sets {
         let refused = history(true);
         assert!(refused.violations.is_empty(), "{:?}", refused.violations);
         assert_eq!(refused.by_token()["B"][0].since_us, 11_002_010);
+    }
+
+    /// Redis 7.0 counts a script's `PX` from the write's own moment, which is logged after it;
+    /// Redis 7.2 and Valkey from the script's frozen clock. A renewal logged 6 ms after its call
+    /// may so keep the key until 6 ms after the call's moment says: a waiter's mark in those
+    /// 6 ms shows the owner still there, and a plain `SET NX` then was refused if the owner's
+    /// release came next (a Redlock-5 run at bac2355 beside two CPU hogs: (d) "marked as ..+w
+    /// while None held it", then "owner-checked DEL .. by a script that does not hold the
+    /// owner's token"). Past the logged moment a mark is still the library's fault.
+    #[test]
+    fn a_renewal_logged_late_may_keep_the_key_until_its_logged_moment() {
+        let renewed = [
+            r#"10.000000 [0 127.0.0.1:1] "SET" "lock:k" "A" "NX" "PX" "1000""#,
+            r#"10.600000 [0 127.0.0.1:1] "evalsha" "n" "1" "lock:k" "A" "1000""#,
+            r#"10.600010 [0 lua] "GET" "lock:k""#,
+            r#"10.606000 [0 lua] "PEXPIRE" "lock:k" "1000""#,
+        ];
+        let mark = |at: &str| {
+            vec![
+                format!(r#"{at}000 [0 127.0.0.1:2] "evalsha" "s" "1" "lock:k" "W" "1000" "0""#),
+                format!(r#"{at}010 [0 lua] "GET" "lock:k""#),
+                format!(r#"{at}020 [0 lua] "SET" "lock:k" "A+w" "KEEPTTL""#),
+                format!(r#"{at}030 [0 lua] "PTTL" "lock:k""#),
+            ]
+        };
+        let history = |mark_at: &str, then: &[&str]| {
+            let mut lines: Vec<String> = renewed.iter().map(|l| (*l).to_owned()).collect();
+            lines.extend(mark(mark_at));
+            lines.extend(then.iter().map(|l| (*l).to_owned()));
+            let lines: Vec<&str> = lines.iter().map(String::as_str).collect();
+            rebuild(&[events(&lines)], "lock:", false)
+        };
+        // A's key expires at 11.600 s by the call's moment, at 11.606 s by the logged one.
+        let marked = history("11.604", &[]);
+        assert!(marked.violations.is_empty(), "{:?}", marked.violations);
+        let late = history("11.620", &[]);
+        assert!(
+            late.violations
+                .iter()
+                .any(|v| v.starts_with("(d) lock:k marked as A+w at 11620020 while None held it")),
+            "{:?}",
+            late.violations
+        );
+        // C's plain SET then: refused, as A's owner-checked release right after shows.
+        let release = |token: &str| {
+            [
+                format!(
+                    r#"11.605500 [0 127.0.0.1:3] "evalsha" "x" "1" "lock:k" "{token}" "PUBLISH""#
+                ),
+                r#"11.605510 [0 lua] "GET" "lock:k""#.to_owned(),
+                r#"11.605520 [0 lua] "DEL" "lock:k""#.to_owned(),
+            ]
+        };
+        let set = r#"11.605000 [0 127.0.0.1:4] "SET" "lock:k" "C" "NX" "PX" "1000""#;
+        let a_released: Vec<String> = std::iter::once(set.to_owned())
+            .chain(release("A"))
+            .collect();
+        let refused = history(
+            "11.604",
+            &a_released.iter().map(String::as_str).collect::<Vec<_>>(),
+        );
+        assert!(refused.violations.is_empty(), "{:?}", refused.violations);
+        assert!(!refused.by_token().contains_key("C"));
+        assert_eq!(refused.by_token()["A"][0].ended_by, "released");
+        // Had C's release come next, C's SET was taken.
+        let c_released: Vec<String> = std::iter::once(set.to_owned())
+            .chain(release("C"))
+            .collect();
+        let taken = history(
+            "11.604",
+            &c_released.iter().map(String::as_str).collect::<Vec<_>>(),
+        );
+        assert!(taken.violations.is_empty(), "{:?}", taken.violations);
+        assert_eq!(taken.by_token()["C"][0].since_us, 11_605_000);
     }
 
     /// A plain `SET NX` whose reply was lost: the client asks the acquire script, which finds
