@@ -2373,15 +2373,21 @@ fn the_checks_judge_readers_writers_permits_and_multi_key_sections_per_key() {
     assert!(all.contains("tenure of lock:d"), "{all}");
 }
 
-#[test]
-fn a_lock_handed_to_a_stopped_or_dead_processs_waiter_is_not_a_hand_over() {
-    let lines = [(1, 11), (2, 22), (3, 33)].map(|(worker, pid)| Line {
+/// The `ready` records of workers, as (worker, pid).
+#[cfg(test)]
+fn ready<const N: usize>(workers: [(u32, u32); N]) -> [Line; N] {
+    workers.map(|(worker, pid)| Line {
         worker,
         record: Record::Ready {
             w: worker.to_string(),
             pid,
         },
-    });
+    })
+}
+
+#[test]
+fn a_lock_handed_to_a_stopped_or_dead_processs_waiter_is_not_a_hand_over() {
+    let lines = ready([(1, 11), (2, 22), (3, 33)]);
     // The holder (worker 1) is killed at 10 s; at 10.9 s the lock goes to a waiter of worker 2,
     // which is stopped from 9.5 s to 13 s; worker 3 takes it at 12 s.
     let events = monitored([
@@ -2429,13 +2435,7 @@ fn a_lock_handed_to_a_stopped_or_dead_processs_waiter_is_not_a_hand_over() {
 /// next holder: the servers' clock jumped too, so the lease ran out no later for it.
 #[test]
 fn a_hand_over_across_a_jump_of_the_wall_clock_is_timed_without_the_jump() {
-    let lines = [(1, 11), (2, 22)].map(|(worker, pid)| Line {
-        worker,
-        record: Record::Ready {
-            w: worker.to_string(),
-            pid,
-        },
-    });
+    let lines = ready([(1, 11), (2, 22)]);
     // The holder (worker 1) is killed at 10 s; the wall clock jumps 9 s forward 200 ms later,
     // and worker 2 takes the lock 600 ms after the kill by the monotonic clock.
     let events = monitored([
@@ -2481,13 +2481,7 @@ fn a_hand_over_across_a_jump_of_the_wall_clock_is_timed_without_the_jump() {
 /// judged like the register's next holder, and counted as a new term.
 #[test]
 fn a_new_term_after_a_leaders_crash_is_judged_on_the_elections_key() {
-    let lines = [(1, 11), (2, 22)].map(|(worker, pid)| Line {
-        worker,
-        record: Record::Ready {
-            w: worker.to_string(),
-            pid,
-        },
-    });
+    let lines = ready([(1, 11), (2, 22)]);
     // Worker 1 leads from 9 s and is killed at 10 s; the register changes hands meanwhile.
     let history = |next_term: Option<&str>| {
         let events = monitored(
@@ -2686,13 +2680,7 @@ fn a_section_reported_lost_is_judged_until_its_loss_was_seen() {
 /// summary says how many it left so.
 #[test]
 fn hits_of_a_holder_that_another_fault_followed_are_counted_as_unjudged() {
-    let lines = [(1, 11), (2, 22)].map(|(worker, pid)| Line {
-        worker,
-        record: Record::Ready {
-            w: worker.to_string(),
-            pid,
-        },
-    });
+    let lines = ready([(1, 11), (2, 22)]);
     let histories = [model::rebuild(
         &[monitored([
             r#"+9.000000 [0 127.0.0.1:1] "SET" "lock:register" "h:11:a" "NX" "PX" "1900""#,

@@ -1015,17 +1015,9 @@ fn units(events: &[Event]) -> Vec<Unit<'_>> {
 fn refused_plain_sets(units: &[Unit<'_>]) -> std::collections::HashSet<usize> {
     let mut refused = std::collections::HashSet::new();
     for (i, unit) in units.iter().enumerate() {
-        let Unit::Command(set, _) = unit else {
+        let Some(set) = plain_set_nx(unit) else {
             continue;
         };
-        let nx = set
-            .args
-            .iter()
-            .skip(3)
-            .any(|a| a.eq_ignore_ascii_case(b"NX"));
-        if set.name() != "SET" || !nx {
-            continue;
-        }
         let (key, token) = (set.arg(1), set.arg(2));
         let next = units[i + 1..]
             .iter()
@@ -1059,6 +1051,19 @@ fn refused_plain_sets(units: &[Unit<'_>]) -> std::collections::HashSet<usize> {
     refused
 }
 
+/// The client's `SET .. NX` a unit is, if it is one.
+fn plain_set_nx<'e>(unit: &Unit<'e>) -> Option<&'e Entry> {
+    let Unit::Command(set, body) = unit else {
+        return None;
+    };
+    let nx = set
+        .args
+        .iter()
+        .skip(3)
+        .any(|a| a.eq_ignore_ascii_case(b"NX"));
+    (body.is_empty() && set.name() == "SET" && nx).then_some(set)
+}
+
 /// For each plain `SET NX` (by its place in `units`), who the next script to write its key after
 /// it (before any other client's write of it, within a second) found owning the key, as the
 /// tokens that can be: a script that wrote the key as its owner after reading it (a release, a
@@ -1068,17 +1073,9 @@ fn refused_plain_sets(units: &[Unit<'_>]) -> std::collections::HashSet<usize> {
 fn owners_found_next(units: &[Unit<'_>]) -> HashMap<usize, Vec<Vec<u8>>> {
     let mut found = HashMap::new();
     for (i, unit) in units.iter().enumerate() {
-        let Unit::Command(set, body) = unit else {
+        let Some(set) = plain_set_nx(unit) else {
             continue;
         };
-        let nx = set
-            .args
-            .iter()
-            .skip(3)
-            .any(|a| a.eq_ignore_ascii_case(b"NX"));
-        if !body.is_empty() || set.name() != "SET" || !nx {
-            continue;
-        }
         if let Some(owners) = owner_found_next(&units[i + 1..], set) {
             found.insert(i, owners);
         }
