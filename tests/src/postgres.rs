@@ -319,6 +319,14 @@ impl PostgresServer {
         self.logged(|l| l.contains(text))
     }
 
+    /// How many lines of the server's log contain `text` (a server started with a logging
+    /// option, such as `-c log_connections=on`).
+    #[must_use]
+    pub fn log_lines_with(&self, text: &str) -> u64 {
+        let log = std::fs::read_to_string(self.dir.join("log")).unwrap_or_default();
+        u64::try_from(log.lines().filter(|l| l.contains(text)).count()).unwrap_or(u64::MAX)
+    }
+
     fn logged(&self, counts: impl Fn(&str) -> bool) -> u64 {
         let log = std::fs::read_to_string(self.dir.join("log")).unwrap_or_default();
         let n = log

@@ -292,7 +292,7 @@ fn schema_missing(e: &tokio_postgres::Error) -> bool {
 
 /// A server's error with its detail (tokio-postgres shows only "db error" otherwise), or the
 /// client's with its cause, and what to do about a certificate that could not be checked.
-fn described(e: &tokio_postgres::Error) -> String {
+pub(super) fn described(e: &tokio_postgres::Error) -> String {
     if let Some(db) = e.as_db_error() {
         let mut message = format!("{}: {} ({})", db.severity(), db.message(), db.code().code());
         if db.message().contains("no encryption") {

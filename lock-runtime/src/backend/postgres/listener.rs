@@ -18,16 +18,23 @@ use super::link::Link;
 use super::tls::Endpoint;
 use crate::backend::notification;
 use crate::backoff::Backoff;
+use crate::report;
 use crate::timeouts::Timeouts;
 use crate::waiting::{WaitHub, Waiters};
 
-/// A hub fed by one listening connection to `link`'s database; a waiter whose channel is not
-/// followed within a command timeout backs off instead.
-pub(super) fn hub(link: Arc<Link>, endpoint: Endpoint, timeouts: Timeouts) -> WaitHub {
+/// A hub fed by one listening connection to `link`'s database (at `endpoint`, the node
+/// `node`); a waiter whose channel is not followed within a command timeout backs off instead.
+pub(super) fn hub(
+    link: Arc<Link>,
+    endpoint: Endpoint,
+    node: String,
+    timeouts: Timeouts,
+) -> WaitHub {
     let feed = move |waiters| {
         Listener {
             link,
             endpoint,
+            node,
             timeouts,
             waiters,
         }
@@ -41,6 +48,8 @@ struct Listener {
     link: Arc<Link>,
     /// Where to listen: a session of its own.
     endpoint: Endpoint,
+    /// Its name, for the warning.
+    node: String,
     timeouts: Timeouts,
     waiters: Waiters,
 }
@@ -56,31 +65,40 @@ struct Session {
 impl Listener {
     async fn run(self) {
         let mut session: Option<Session> = None;
+        // Until a session listens: each failure waits longer before the next connection (which
+        // wakes every waiter), and the first of an outage is told.
         let mut backoff = Backoff::new();
+        let mut warned = false;
         loop {
             let Some(wanted) = self.waiters.channels() else {
                 return;
             };
             if session.is_none() && !wanted.is_empty() {
                 match self.connect().await {
-                    Some(made) => {
-                        backoff = Backoff::new();
+                    Ok(made) => {
                         session = Some(made);
                         // What was missed while no connection listened.
                         if !self.waiters.wake_every_key() {
                             return;
                         }
                     }
-                    None => {
+                    Err(error) => {
+                        self.failed(&mut warned, error);
                         tokio::time::sleep(backoff.next_pause()).await;
                         continue;
                     }
                 }
             }
             if let Some(s) = &mut session {
-                if self.follow(s, &wanted).await.is_err() {
-                    session = None;
-                    continue;
+                match self.follow(s, &wanted).await {
+                    Ok(()) if !wanted.is_empty() => (backoff, warned) = (Backoff::new(), false),
+                    Ok(()) => {}
+                    Err(error) => {
+                        session = None;
+                        self.failed(&mut warned, error);
+                        tokio::time::sleep(backoff.next_pause()).await;
+                        continue;
+                    }
                 }
             }
             let next = async {
@@ -107,9 +125,27 @@ impl Listener {
         }
     }
 
+    /// Tells of `error`, the first failure since a session last listened.
+    fn failed(&self, warned: &mut bool, error: String) {
+        if std::mem::replace(warned, true) {
+            return;
+        }
+        let node = self.node.clone();
+        report::tell(move || {
+            tracing::warn!(
+                node,
+                error,
+                "lock waiters cannot LISTEN for releases: they poll until they can (hand-overs \
+                 come later). LISTEN needs a session of its own on a primary (not a hot standby, \
+                 nor a pooler in transaction mode), as a role with USAGE on the schema \
+                 `distributed_lock`"
+            );
+        });
+    }
+
     /// Listens on the channels of `wanted` not listened on yet, and stops listening on the
     /// others; each new one is reported followed.
-    async fn follow(&self, s: &mut Session, wanted: &[String]) -> Result<(), ()> {
+    async fn follow(&self, s: &mut Session, wanted: &[String]) -> Result<(), String> {
         let gone: Vec<String> = s
             .keys
             .iter()
@@ -137,7 +173,7 @@ impl Listener {
     }
 
     /// `statement` with `key` for its one parameter, within the command timeout.
-    async fn call(&self, client: &Client, statement: &str, key: &str) -> Result<Vec<Row>, ()> {
+    async fn call(&self, client: &Client, statement: &str, key: &str) -> Result<Vec<Row>, String> {
         let params: [(&(dyn ToSql + Sync), Type); 1] = [(&key, Type::TEXT)];
         match tokio::time::timeout(
             self.timeouts.command,
@@ -146,27 +182,24 @@ impl Listener {
         .await
         {
             Ok(Ok(rows)) => Ok(rows),
-            _ => Err(()),
+            Ok(Err(e)) => Err(super::link::described(&e)),
+            Err(_) => Err(format!("no answer within {:?}", self.timeouts.command)),
         }
     }
 
     /// A connection of its own (the schema made first, through the store's link), whose
     /// notifications come out of the returned receiver until it closes.
-    async fn connect(&self) -> Option<Session> {
+    async fn connect(&self) -> Result<Session, String> {
         if let Err(failure) = self.link.client().await {
-            tracing::debug!(error = ?failure, "lock-runtime: the Postgres listener cannot connect");
-            return None;
+            return Err(format!("the schema could not be made first: {failure:?}"));
         }
         let connecting = self.endpoint.connect();
         let (client, mut connection) = match tokio::time::timeout(self.timeouts.connect, connecting)
             .await
         {
             Ok(Ok(made)) => made,
-            Ok(Err(e)) => {
-                tracing::debug!(error = %e, "lock-runtime: the Postgres listener cannot connect");
-                return None;
-            }
-            Err(_) => return None,
+            Ok(Err(e)) => return Err(format!("could not connect: {}", super::link::described(&e))),
+            Err(_) => return Err(format!("no connection within {:?}", self.timeouts.connect)),
         };
         let (tx, notifications) = mpsc::unbounded_channel();
         tokio::spawn(async move {
@@ -179,7 +212,7 @@ impl Listener {
                 }
             }
         });
-        Some(Session {
+        Ok(Session {
             client,
             notifications,
             keys: HashMap::new(),

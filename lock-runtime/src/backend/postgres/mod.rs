@@ -73,10 +73,11 @@ impl PostgresStore {
             None => config.clone(),
         };
         let node = node_name(&config);
+        let listen_node = node_name(&listen);
         let config = tls::Endpoint::new(config, certificates)?;
         let listen = tls::Endpoint::new(listen, certificates)?;
         let link = Arc::new(Link::new(config, node.clone(), timeouts));
-        let hub = listener::hub(link.clone(), listen, timeouts);
+        let hub = listener::hub(link.clone(), listen, listen_node, timeouts);
         Ok(Self { link, node, hub })
     }
 
