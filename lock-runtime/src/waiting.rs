@@ -237,6 +237,20 @@ impl Waiters {
         self.changed.notified().await;
     }
 
+    /// The feed follows no channel any more (its connection is gone): their waiters back off
+    /// until it follows them again. For a hub of one feed. `false` once the hub is gone.
+    #[cfg(feature = "postgres")]
+    pub(crate) fn unfollowed(&self) -> bool {
+        self.slots
+            .upgrade()
+            .map(|s| {
+                for entry in s.lock().values() {
+                    entry.slot.followed.store(false, Ordering::Release);
+                }
+            })
+            .is_some()
+    }
+
     /// The feed follows `channel` now: its waiters may rely on notifications.
     pub(crate) fn followed(&self, channel: &str) {
         let Some(slots) = self.slots.upgrade() else {
@@ -285,7 +299,8 @@ pub(crate) struct Interest<'a> {
 impl Interest<'_> {
     /// Whether a release notification can arrive: the store sends them itself, or a feed
     /// follows the channel. Without, the waiter backs off; a feed that recovers later makes it
-    /// `true` from then on.
+    /// `true` again (and one that loses its connection may make it `false`, see
+    /// [`Waiters::unfollowed`]).
     pub(crate) fn notified_by_server(&self) -> bool {
         self.local || self.slot.followed.load(Ordering::Acquire)
     }

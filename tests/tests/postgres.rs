@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use lock_runtime::{LostReason, Registry, TransactionCheck};
 use lock_tests::postgres::PostgresServer;
+use lock_tests::proxy::Proxy;
 use lock_tests::{assert_lost, eventually};
 
 const LIMIT: Duration = Duration::from_secs(20);
@@ -492,6 +493,249 @@ async fn a_listener_that_cannot_listen_backs_off_and_says_so() {
     assert!(warned[0].contains("permission denied"), "{warned:?}");
 }
 
+/// Longer than anything below waits for: a missed notification costs a waiter a third of its
+/// own ttl (its queue place is kept that often) or the holder's lease, whichever comes first.
+const LONG: Duration = Duration::from_secs(60);
+
+/// How long a waiter may take, after the release, to get a lock whose release it should have
+/// been told of (or, where no notification can come, found by polling: at most 1 s apart).
+const HAND_OVER: Duration = Duration::from_secs(5);
+
+/// How long the reconnections are counted.
+const WINDOW: Duration = Duration::from_secs(4);
+
+/// The statement of a lock attempt (the holder's and the waiter's).
+const ATTEMPT: &str = "distributed_lock.acquire(";
+
+/// A registry whose statements go to `server` directly and whose listener connects to
+/// `listen_url`.
+fn listening_at(server: &PostgresServer, listen_url: String) -> Registry {
+    Registry::builder()
+        .postgres_pooled(server.url(), listen_url)
+        .build()
+        .expect("a registry")
+}
+
+fn proxied_url(proxy: &Proxy) -> String {
+    format!("postgres://postgres@127.0.0.1:{}/postgres", proxy.port())
+}
+
+/// Ends the session that listens (the one whose last statement was the store's `LISTEN`).
+fn terminate_listener(server: &PostgresServer) -> u64 {
+    server
+        .psql(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+             WHERE query LIKE 'SELECT distributed_lock.listen(%' AND pid <> pg_backend_pid()",
+        )
+        .parse()
+        .expect("a count")
+}
+
+/// Lock attempts running on the server now.
+fn attempts_running(server: &PostgresServer) -> u64 {
+    server
+        .psql(
+            "SELECT count(*) FROM pg_stat_activity WHERE state <> 'idle' \
+             AND query LIKE '%distributed_lock.acquire(%' AND pid <> pg_backend_pid()",
+        )
+        .parse()
+        .expect("a count")
+}
+
+/// Waits until a waiter has made its attempts up to `attempts` logged lock attempts in all
+/// (holder's included) and none is running: it is waiting for a notification now.
+async fn waiting_after(server: &PostgresServer, attempts: u64) {
+    eventually(LIMIT, "the waiter waits", || async {
+        server.statements_with(ATTEMPT) >= attempts && attempts_running(server) == 0
+    })
+    .await;
+}
+
+/// `holder` holds `k` for a minute, and a waiter of `waiting` waits for it, its listener
+/// listening: the guard, and the waiter's task.
+async fn waiting_for_k(
+    server: &PostgresServer,
+    holder: &Registry,
+    waiting: &Registry,
+) -> (
+    lock_runtime::LockGuard,
+    tokio::task::JoinHandle<Result<lock_runtime::LockGuard, lock_runtime::LockError>>,
+) {
+    let held = holder.lock("k").ttl(LONG).acquire().await;
+    let held = held.expect("a free lock");
+    let waiter = tokio::spawn(waiting.lock("k").ttl(LONG).wait(LONG).acquire());
+    eventually(LIMIT, "the listener listens", || async {
+        server.listeners() == 1
+    })
+    .await;
+    // The holder's attempt, the waiter's first and the one after its channel was followed.
+    waiting_after(server, 3).await;
+    (held, waiter)
+}
+
+/// The waiter gets the lock within [`HAND_OVER`] of its release at `released_at`, else `what`
+/// failed.
+async fn handed_over_soon(
+    mut waiter: tokio::task::JoinHandle<Result<lock_runtime::LockGuard, lock_runtime::LockError>>,
+    released_at: tokio::time::Instant,
+    what: &str,
+) {
+    let Ok(got) = tokio::time::timeout(HAND_OVER, &mut waiter).await else {
+        let late = waiter.await.expect("task").map(|_| ());
+        panic!(
+            "not so: {what}; it got the lock {:?} after the release ({late:?})",
+            released_at.elapsed()
+        );
+    };
+    let next = got.expect("task").expect("the lock");
+    next.release().await.expect("release");
+}
+
+/// The listener's warnings that name `node`.
+fn warned_about(warnings: &std::sync::Mutex<Vec<String>>, node: &str) -> Vec<String> {
+    warnings
+        .lock()
+        .expect("warnings")
+        .iter()
+        .filter(|w| w.contains("LISTEN") && w.contains(node))
+        .cloned()
+        .collect()
+}
+
+/// A listener that lost its session wakes every waiter, for what it may have missed, once its
+/// new session listens, not before: a release between a waiter woken earlier and that `LISTEN`
+/// would be told to nobody, and the waiter, relying on notifications, would wait out a third of
+/// its ttl (or the holder's lease) for a free lock (found by the attack on the listener; 20 s
+/// here). The `LISTEN` is held back by a proxy over the waiter's chance to try and the release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_while_a_reconnected_listener_is_not_yet_listening_wakes_the_waiter() {
+    let server = PostgresServer::start_logging();
+    let proxy = Proxy::start(server.port());
+    let holder = connected(&server).await;
+    // A command timeout long enough that the held LISTEN is not given up on meanwhile.
+    let waiting = Registry::builder()
+        .postgres_pooled(server.url(), proxied_url(&proxy))
+        .command_timeout(Duration::from_secs(15))
+        .build()
+        .expect("a registry");
+    let (held, waiter) = waiting_for_k(&server, &holder, &waiting).await;
+
+    let listen = b"distributed_lock.listen(";
+    proxy.hold_requests_from(listen);
+    let before = server.statements_with(ATTEMPT);
+    assert_eq!(terminate_listener(&server), 1);
+    // The listener connected again (through the proxy) and sent its LISTEN, held there.
+    tokio::time::timeout(LIMIT, proxy.held_at_least(listen, 1))
+        .await
+        .expect("the listener connected again and sent LISTEN");
+    // A listener that wakes its waiters before it listens has woken this one by now: it tries
+    // again, finds the lock taken, and waits for the release's notification. (One that wakes
+    // them once it listens has not: nothing comes, and the release follows all the same.)
+    let woken = tokio::time::timeout(Duration::from_secs(1), waiting_after(&server, before + 1))
+        .await
+        .is_ok();
+
+    held.release().await.expect("release");
+    let released_at = tokio::time::Instant::now();
+    proxy.release_requests();
+    let what = format!("the waiter (woken before the LISTEN: {woken}) was told of the release");
+    handed_over_soon(waiter, released_at, &what).await;
+}
+
+/// The listen endpoint goes away (a session-mode pooler down, say) while the statements still
+/// work: the listener warns that waiters poll until it can listen, and a waiter it followed
+/// before is told so, and polls its way to a lock released meanwhile (before, it kept relying on
+/// notifications and waited out a third of its ttl: 20 s here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_while_the_listen_endpoint_is_down_is_found_by_polling() {
+    let warnings = warnings();
+    let server = PostgresServer::start_logging();
+    let proxy = Proxy::start(server.port());
+    let node = format!("127.0.0.1:{}", proxy.port());
+    let holder = connected(&server).await;
+    let waiting = listening_at(&server, proxied_url(&proxy));
+    let (held, waiter) = waiting_for_k(&server, &holder, &waiting).await;
+
+    // The listen endpoint is gone: its session reset, new connections refused.
+    drop(proxy);
+    eventually(
+        LIMIT,
+        "the listener warned that it cannot listen",
+        || async { !warned_about(&warnings, &node).is_empty() },
+    )
+    .await;
+
+    held.release().await.expect("release");
+    let released_at = tokio::time::Instant::now();
+    let what = format!(
+        "the waiter was told of the release or polled for it (the listener warned {:?})",
+        warned_about(&warnings, &node)
+    );
+    handed_over_soon(waiter, released_at, &what).await;
+}
+
+/// A server that ends the listening session soon after its `LISTEN` (here the listening
+/// role's `idle_session_timeout`; a firewall or pooler that closes idle connections, or a
+/// job that ends idle sessions, does the same). Each session listened, which once started the
+/// pauses over: the listener connected again at once, every time, waking every waiter each
+/// time. Four seconds of it, counted in the server's log.
+async fn sessions_closed_at_once(
+    window: Duration,
+) -> (PostgresServer, u64, u64, tokio::task::JoinHandle<()>) {
+    let server = PostgresServer::start_with("-c log_connections=on -c log_statement=all");
+    let holder = connected(&server).await;
+    server.psql("CREATE ROLE listener LOGIN");
+    server.psql("GRANT USAGE ON SCHEMA distributed_lock TO listener");
+    server.psql("ALTER ROLE listener SET idle_session_timeout = '50ms'");
+    let waiting = listening_at(&server, server.url().replace("postgres@", "listener@"));
+    let held = holder
+        .lock("k")
+        .ttl(LONG)
+        .acquire()
+        .await
+        .expect("a free lock");
+    let waiter = tokio::spawn(waiting.lock("k").ttl(LONG).wait(LONG).acquire());
+    let listener = "user=listener";
+    eventually(LIMIT, "the listener connected", || async {
+        server.log_lines_with(listener) >= 1
+    })
+    .await;
+    waiting_after(&server, 3).await;
+    let (connections, attempts) = (
+        server.log_lines_with(listener),
+        server.statements_with(ATTEMPT),
+    );
+    tokio::time::sleep(window).await;
+    let connections = server.log_lines_with(listener) - connections;
+    let attempts = server.statements_with(ATTEMPT) - attempts;
+    let finish = tokio::spawn(async move {
+        held.release().await.expect("release");
+        let next = waiter.await.expect("task").expect("the lock");
+        next.release().await.expect("release");
+        drop(waiting);
+    });
+    (server, connections, attempts, finish)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listener_whose_sessions_are_closed_at_once_backs_off_and_wakes_its_waiter_once_a_turn() {
+    let (server, connections, attempts, finish) = sessions_closed_at_once(WINDOW).await;
+    finish.await.expect("the waiter gets the lock");
+    drop(server);
+    // Pauses from 10 ms doubling to 1 s allow about 10 connections in 4 s (connecting again
+    // at once, about 40); each wakes the one waiter of a lock nobody released once, for what it
+    // may have missed (about 40 tries when each lost session also sent it polling).
+    assert!(
+        connections <= 15,
+        "the listener connected {connections} times in {WINDOW:?}"
+    );
+    assert!(
+        attempts <= 15,
+        "a waiter of a lock nobody released tried {attempts} times in {WINDOW:?} (the \
+         listener connected {connections} times)"
+    );
+}
+
 /// A lock survives a crash of a server that commits asynchronously (as the test servers do,
 /// `synchronous_commit=off`): the store's own transactions commit synchronously, so a granted
 /// lease (and the fencing sequence behind it) is never lost with the WAL buffers. Found by the
@@ -696,7 +940,7 @@ async fn keys_postgres_cannot_hold_are_refused_with_a_reason() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_attempt_that_runs_after_its_caller_gave_up_is_undone() {
     let server = PostgresServer::start_logging();
-    let proxy = lock_tests::proxy::Proxy::start(server.port());
+    let proxy = Proxy::start(server.port());
     let late = Registry::builder()
         .postgres(format!(
             "postgres://postgres@127.0.0.1:{}/postgres",

@@ -9,8 +9,10 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{AsyncMessage, Client, Row};
 
@@ -54,6 +56,26 @@ struct Listener {
     waiters: Waiters,
 }
 
+/// How long a session must have listened for its loss to start the pauses between connections
+/// over, and a later failure to be told again: a server that ends sessions at once (an
+/// `idle_session_timeout`, a firewall) is not connected to in a storm.
+const STEADY: Duration = Duration::from_secs(1);
+
+/// Where the listener is, from one turn of its loop to the next.
+struct Turns {
+    session: Option<Session>,
+    /// Since when the session has listened on every channel wanted.
+    listening_since: Option<Instant>,
+    /// The pause before the next connection.
+    backoff: Backoff,
+    /// Whether this outage was told already.
+    warned: bool,
+    /// Whether waiters were left relying on a session that is gone: at the next failure to
+    /// listen they are told to poll (see [`Listener::fail_owed`]); the next session that
+    /// listens wakes them anyway.
+    owed: bool,
+}
+
 /// A listening connection: the client to send `LISTEN` on, and its notifications.
 struct Session {
     client: Client,
@@ -64,45 +86,53 @@ struct Session {
 
 impl Listener {
     async fn run(self) {
-        let mut session: Option<Session> = None;
-        // Until a session listens: each failure waits longer before the next connection (which
-        // wakes every waiter), and the first of an outage is told.
-        let mut backoff = Backoff::new();
-        let mut warned = false;
+        let mut state = Turns {
+            session: None,
+            listening_since: None,
+            backoff: Backoff::new(),
+            warned: false,
+            owed: false,
+        };
         loop {
             let Some(wanted) = self.waiters.channels() else {
                 return;
             };
-            if session.is_none() && !wanted.is_empty() {
+            if state.session.is_none() && !wanted.is_empty() {
                 match self.connect().await {
-                    Ok(made) => {
-                        session = Some(made);
-                        // What was missed while no connection listened.
-                        if !self.waiters.wake_every_key() {
+                    Ok(made) => state.session = Some(made),
+                    Err(error) => {
+                        self.failed(&mut state.warned, error);
+                        if !self.fail_owed(&mut state) {
                             return;
                         }
-                    }
-                    Err(error) => {
-                        self.failed(&mut warned, error);
-                        tokio::time::sleep(backoff.next_pause()).await;
+                        tokio::time::sleep(state.backoff.next_pause()).await;
                         continue;
                     }
                 }
             }
-            if let Some(s) = &mut session {
+            if let Some(s) = &mut state.session {
                 match self.follow(s, &wanted).await {
-                    Ok(()) if !wanted.is_empty() => (backoff, warned) = (Backoff::new(), false),
-                    Ok(()) => {}
+                    Ok(()) => {
+                        if state.listening_since.is_none() && !wanted.is_empty() {
+                            state.listening_since = Some(Instant::now());
+                            state.owed = false;
+                            // What was missed while no session listened, now that one does: a
+                            // release before this `LISTEN` reached nobody.
+                            if !self.waiters.wake_every_key() {
+                                return;
+                            }
+                        }
+                    }
                     Err(error) => {
-                        session = None;
-                        self.failed(&mut warned, error);
-                        tokio::time::sleep(backoff.next_pause()).await;
+                        if !self.lost(&mut state, Some(error)).await {
+                            return;
+                        }
                         continue;
                     }
                 }
             }
             let next = async {
-                match &mut session {
+                match &mut state.session {
                     Some(s) => s.notifications.recv().await,
                     None => std::future::pending().await,
                 }
@@ -111,18 +141,63 @@ impl Listener {
                 () = self.waiters.changed() => {}
                 received = next => match received {
                     Some(n) => {
-                        let s = session.as_ref().expect("a notification came on a session");
+                        let s = state.session.as_ref().expect("a notification came on a session");
                         if let Some(key) = s.keys.get(n.channel()) {
                             if !self.waiters.deliver(key, &notification::read(n.payload())) {
                                 return;
                             }
                         }
                     }
-                    // The connection closed: made again at the next turn.
-                    None => session = None,
+                    // The connection closed: made again at the next turn, after a pause.
+                    None => {
+                        if !self.lost(&mut state, None).await {
+                            return;
+                        }
+                    }
                 },
             }
         }
+    }
+
+    /// The session is gone (closed, or failed with `error`). Its waiters go on relying on
+    /// notifications while the next session is made: the one that listens wakes them for what
+    /// they missed (a server ending sessions at once costs one wake-up a turn), and a failure to
+    /// listen first tells them to poll. The next connection waits a pause, which keeps growing
+    /// unless the session had listened for [`STEADY`]; one that had not is a failure too.
+    /// `false` once the hub is gone.
+    async fn lost(&self, state: &mut Turns, error: Option<String>) -> bool {
+        state.session = None;
+        state.owed = true;
+        match state.listening_since.take() {
+            Some(since) if since.elapsed() >= STEADY => {
+                (state.backoff, state.warned) = (Backoff::new(), false);
+            }
+            // Told, as a failure; its waiters are woken by the next session all the same.
+            Some(since) if error.is_none() => {
+                let ended = format!(
+                    "the server ended the session {:?} after it began listening",
+                    since.elapsed()
+                );
+                self.failed(&mut state.warned, ended);
+            }
+            _ => {}
+        }
+        if let Some(error) = error {
+            self.failed(&mut state.warned, error);
+            if !self.fail_owed(state) {
+                return false;
+            }
+        }
+        tokio::time::sleep(state.backoff.next_pause()).await;
+        true
+    }
+
+    /// A failure to listen after a session was lost: its waiters, which relied on it, cannot be
+    /// told of a release now, so each is woken to poll until a session listens again (see
+    /// [`Waiters::unfollowed`]). `false` once the hub is gone.
+    fn fail_owed(&self, state: &mut Turns) -> bool {
+        !std::mem::take(&mut state.owed)
+            || (self.waiters.unfollowed() && self.waiters.wake_every_key())
     }
 
     /// Tells of `error`, the first failure since a session last listened.
