@@ -101,14 +101,16 @@ impl Pool {
     /// `begin` record); the others' requests are withdrawn. Returns whether that happened
     /// within `limit`.
     pub fn long_section(&mut self, task: &str, hold: Duration, limit: Duration) -> bool {
-        let seen = self.lines().len();
+        let seen = self.recorded().len();
         let hold_ms = u64::try_from(hold.as_millis()).expect("a hold of some seconds");
         self.tell_all(&format!("long {hold_ms} {task}"));
         let wanted = format!(".{task}");
         let deadline = std::time::Instant::now() + limit;
         let mut started = false;
         while !started && std::time::Instant::now() < deadline {
-            started = self.lines()[seen..].iter().any(|l| {
+            // Only the lines since: the readers wait for this lock to store what the workers
+            // print, and a worker whose output is not read blocks on it, runtime and all.
+            started = self.recorded()[seen..].iter().any(|l| {
                 matches!(&l.record, Record::Begin { w, hold_ms: held, .. }
                     if w.ends_with(&wanted) && *held == hold_ms)
             });
@@ -260,10 +262,13 @@ impl Pool {
     }
 
     pub fn lines(&self) -> Vec<Line> {
-        self.lines
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        self.recorded().clone()
+    }
+
+    /// The lines so far, locked: held briefly, for the readers wait on it (see
+    /// [`long_section`](Self::long_section)).
+    fn recorded(&self) -> std::sync::MutexGuard<'_, Vec<Line>> {
+        self.lines.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
