@@ -273,12 +273,12 @@ impl<'a> Attempts<'a> {
 
     /// Waits until this candidate rejoins (or its wait is over, or the registry shut down).
     async fn rejoined(&mut self) -> Result<(), LockError> {
-        let mut closed = self.inner.closed();
+        let inner = self.inner;
         if let Some(aside) = &mut self.aside {
             let rejoined = async {
                 tokio::select! {
                     _ = aside.wait_for(|standing| !standing) => {}
-                    _ = closed.wait_for(|closed| *closed) => {}
+                    () = inner.closing() => {}
                 }
             };
             if tokio::time::timeout_at(self.give_up_at, rejoined)
@@ -493,16 +493,14 @@ impl<'a> Attempts<'a> {
         // A candidate that stands aside or rejoins tells the store at once; a shutdown ends
         // the wait (`take_lease` then refuses to go on).
         let mut aside = self.aside.clone();
-        let mut closed = self.inner.closed();
+        let inner = self.inner;
         let flipped = async {
             match &mut aside {
                 Some(aside) => tokio::select! {
                     _ = aside.changed() => {}
-                    _ = closed.wait_for(|closed| *closed) => {}
+                    () = inner.closing() => {}
                 },
-                None => {
-                    let _ = closed.wait_for(|closed| *closed).await;
-                }
+                None => inner.closing().await,
             }
         };
         let Some(interest) = &self.interest else {

@@ -12,11 +12,11 @@
 //!   standing aside: it never takes the lock); a place past its deadline is dropped, never
 //!   served.
 //! - A release is [`RELEASE_LUA`]: owner-checked, it hands the lock to the oldest live waiter
-//!   not standing aside (`SET` to its token until its place's deadline) or deletes it, and publishes on the channel
-//!   named like the lock key (`SPUBLISH` in a cluster): a plain release before it deletes, a
-//!   handoff after it wrote the lock in the waiter's name (so a handoff that `maxmemory`
-//!   refuses tells no one), both after checking, where the server can say
-//!   (`redis.acl_check_cmd`, Redis and Valkey 7+), that the caller may publish. The message
+//!   not standing aside (`SET` to its token until its place's deadline) or deletes it, and
+//!   publishes on the channel named like the lock key (`SPUBLISH` in a cluster): a plain
+//!   release before it deletes, a handoff after it wrote the lock in the waiter's name (so a
+//!   handoff that `maxmemory` refuses tells no one), both after checking, where the server can
+//!   say (`redis.acl_check_cmd`, Redis and Valkey 7+), that the caller may publish. The message
 //!   is `<released>` when the lock is free, and `<released>:<next>:<fence>:<place>` when it went
 //!   to a waiter, each name the SHA-1 (lowercase hex) of a token, and `<place>` the waiter's
 //!   attempt that kept the place (the waiter trusts the handoff only if no later attempt of its

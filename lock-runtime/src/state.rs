@@ -141,9 +141,11 @@ impl RegistryInner {
         self.closed.send_replace(true);
     }
 
-    /// Whether [`close`](Self::close) was called, for a wait to end on.
-    pub(crate) fn closed(&self) -> watch::Receiver<bool> {
-        self.closed.subscribe()
+    /// Resolves once [`close`](Self::close) was called, for a wait to end on.
+    pub(crate) async fn closing(&self) {
+        let mut closed = self.closed.subscribe();
+        // The sender lives as long as `self`: the wait ends only by the flag.
+        let _ = closed.wait_for(|closed| *closed).await;
     }
 
     /// Refuses a new acquisition once [`close`](Self::close) was called.

@@ -71,7 +71,7 @@ struct Turns {
     /// Whether this outage was told already.
     warned: bool,
     /// Whether waiters were left relying on a session that is gone: at the next failure to
-    /// listen they are told to poll (see [`Listener::fail_owed`]); the next session that
+    /// listen they are told to poll (see [`Listener::cannot_listen`]); the next session that
     /// listens wakes them anyway.
     owed: bool,
 }
@@ -101,8 +101,7 @@ impl Listener {
                 match self.connect().await {
                     Ok(made) => state.session = Some(made),
                     Err(error) => {
-                        self.failed(&mut state.warned, error);
-                        if !self.fail_owed(&mut state) {
+                        if !self.cannot_listen(&mut state, error) {
                             return;
                         }
                         tokio::time::sleep(state.backoff.next_pause()).await;
@@ -183,8 +182,7 @@ impl Listener {
             _ => {}
         }
         if let Some(error) = error {
-            self.failed(&mut state.warned, error);
-            if !self.fail_owed(state) {
+            if !self.cannot_listen(state, error) {
                 return false;
             }
         }
@@ -192,10 +190,12 @@ impl Listener {
         true
     }
 
-    /// A failure to listen after a session was lost: its waiters, which relied on it, cannot be
-    /// told of a release now, so each is woken to poll until a session listens again (see
-    /// [`Waiters::unfollowed`]). `false` once the hub is gone.
-    fn fail_owed(&self, state: &mut Turns) -> bool {
+    /// A failure to connect or to `LISTEN`: told (once an outage), and the waiters of a session
+    /// lost before, which relied on it, cannot be told of a release now, so each is woken to
+    /// poll until a session listens again (see [`Waiters::unfollowed`]). `false` once the hub
+    /// is gone.
+    fn cannot_listen(&self, state: &mut Turns, error: String) -> bool {
+        self.failed(&mut state.warned, error);
         !std::mem::take(&mut state.owed)
             || (self.waiters.unfollowed() && self.waiters.wake_every_key())
     }
