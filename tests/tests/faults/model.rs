@@ -1840,10 +1840,10 @@ mod plain_sets {
                 format!(r#"{at}030 [0 lua] "PTTL" "lock:k""#),
             ]
         };
-        let history = |mark_at: &str, then: &[&str]| {
+        let history = |mark_at: &str, then: &[String]| {
             let mut lines: Vec<String> = renewed.iter().map(|l| (*l).to_owned()).collect();
             lines.extend(mark(mark_at));
-            lines.extend(then.iter().map(|l| (*l).to_owned()));
+            lines.extend_from_slice(then);
             let lines: Vec<&str> = lines.iter().map(String::as_str).collect();
             rebuild(&[events(&lines)], "lock:", false)
         };
@@ -1858,35 +1858,27 @@ mod plain_sets {
             "{:?}",
             late.violations
         );
-        // C's plain SET then: refused, as A's owner-checked release right after shows.
-        let release = |token: &str| {
-            [
-                format!(
-                    r#"11.605500 [0 127.0.0.1:3] "evalsha" "x" "1" "lock:k" "{token}" "PUBLISH""#
-                ),
-                r#"11.605510 [0 lua] "GET" "lock:k""#.to_owned(),
-                r#"11.605520 [0 lua] "DEL" "lock:k""#.to_owned(),
-            ]
+        // C's plain SET then, and right after an owner-checked release of `token`.
+        let set_then_released = |token: &str| {
+            history(
+                "11.604",
+                &[
+                    r#"11.605000 [0 127.0.0.1:4] "SET" "lock:k" "C" "NX" "PX" "1000""#.to_owned(),
+                    format!(
+                        r#"11.605500 [0 127.0.0.1:3] "evalsha" "x" "1" "lock:k" "{token}" "PUBLISH""#
+                    ),
+                    r#"11.605510 [0 lua] "GET" "lock:k""#.to_owned(),
+                    r#"11.605520 [0 lua] "DEL" "lock:k""#.to_owned(),
+                ],
+            )
         };
-        let set = r#"11.605000 [0 127.0.0.1:4] "SET" "lock:k" "C" "NX" "PX" "1000""#;
-        let a_released: Vec<String> = std::iter::once(set.to_owned())
-            .chain(release("A"))
-            .collect();
-        let refused = history(
-            "11.604",
-            &a_released.iter().map(String::as_str).collect::<Vec<_>>(),
-        );
+        // A's release shows C's SET refused.
+        let refused = set_then_released("A");
         assert!(refused.violations.is_empty(), "{:?}", refused.violations);
         assert!(!refused.by_token().contains_key("C"));
         assert_eq!(refused.by_token()["A"][0].ended_by, "released");
         // Had C's release come next, C's SET was taken.
-        let c_released: Vec<String> = std::iter::once(set.to_owned())
-            .chain(release("C"))
-            .collect();
-        let taken = history(
-            "11.604",
-            &c_released.iter().map(String::as_str).collect::<Vec<_>>(),
-        );
+        let taken = set_then_released("C");
         assert!(taken.violations.is_empty(), "{:?}", taken.violations);
         assert_eq!(taken.by_token()["C"][0].since_us, 11_605_000);
     }
