@@ -8,9 +8,10 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tracing::Span;
 
-use crate::backend::{ttl_ms, Backend, Renewal, Store};
+use crate::backend::{ttl_ms, Backend, Renewal, Store, NOTE_HELD_EVERY};
 use crate::key::LockKey;
 use crate::metrics::Labels;
+use crate::options::Share;
 use crate::report;
 use crate::spans;
 use crate::{error::LockError, error::LostReason, options::LockOptions};
@@ -67,7 +68,8 @@ pub(crate) struct Lease {
     /// and its events belong to it. In an `Arc`, so the I/O thread hands it to the reporting
     /// thread without a call into the subscriber (cloning a `Span` is one).
     span: Mutex<Option<Arc<Span>>>,
-    /// Renewals confirmed, for the span.
+    /// Renewals confirmed: for the span, and to know which renewals note how long the lock has
+    /// been held ([`Renewal::note_held`]).
     renewals: AtomicU64,
     /// Told once how the lease ended, the moment it does (see [`Self::on_end`]).
     on_end: Mutex<Option<OnEnd>>,
@@ -509,12 +511,17 @@ impl Lease {
 
     /// One renewal per key this lease holds (a multi-key lock has several), each for `ttl`.
     pub(crate) fn renewals(&self, ttl: Duration) -> impl Iterator<Item = Renewal<'_>> {
+        let share = self.options.share();
+        let confirmed = self.renewals.load(Ordering::Relaxed);
+        let note_held = (share == Share::Exclusive && confirmed.is_multiple_of(NOTE_HELD_EVERY))
+            .then(|| ttl_ms(self.confirmed_at.elapsed()));
         self.key.keys().iter().map(move |key| Renewal {
             key,
             token: &self.token,
             ttl_ms: ttl_ms(ttl),
-            share: self.options.share(),
+            share,
             fence: self.fence,
+            note_held,
         })
     }
 

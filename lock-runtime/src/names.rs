@@ -53,6 +53,11 @@ const NAMESPACES: [&str; 3] = [FENCE_NAMESPACE, "queue:", "queued:"];
 /// `fenced:{key}` (`fenced:key` when the key has a hash tag), in its Cluster slot.
 pub(crate) const RECORD_NAMESPACE: &str = "fenced:";
 
+/// Where a lock's renewals note since when its holder has held it: `since:{<prefix><key>}`
+/// (`since:<prefix><key>` when the key has a hash tag; see `held_key` in the Redis scripts'
+/// prelude, which names it alike).
+pub(crate) const HELD_NAMESPACE: &str = "since:";
+
 /// The name of a key that belongs to the lock `redis_key`, in `namespace` and in the lock's
 /// cluster slot: a key with a hash tag keeps it, one without gets its whole name as the tag
 /// (which hashes exactly like the untagged lock key).
@@ -73,7 +78,9 @@ pub(crate) fn companion(namespace: &str, redis_key: &str) -> String {
 pub(crate) fn validate_prefix(prefix: &str) -> Result<(), LockError> {
     // A lock key (the prefix, then any key) must never be a name in those namespaces, of this
     // registry or of one with another prefix.
-    let mut reserved = NAMESPACES.iter().chain([&RECORD_NAMESPACE]);
+    let mut reserved = NAMESPACES
+        .iter()
+        .chain([&RECORD_NAMESPACE, &HELD_NAMESPACE]);
     let collides =
         reserved.any(|namespace| prefix.starts_with(namespace) || namespace.starts_with(prefix));
     if prefix.is_empty() || collides {
@@ -81,10 +88,23 @@ pub(crate) fn validate_prefix(prefix: &str) -> Result<(), LockError> {
             key: prefix.to_owned(),
             reason: format!(
                 "the registry prefix must be non-empty and must not start one of the namespaces \
-                 of fencing counters, waiters' queues and fenced writes' records ({}, \
-                 `{RECORD_NAMESPACE}`); pick one like `lock:`",
+                 of fencing counters, waiters' queues, fenced writes' records and notes of how \
+                 long locks are held ({}, `{RECORD_NAMESPACE}`, `{HELD_NAMESPACE}`); pick one \
+                 like `lock:`",
                 NAMESPACES.map(|n| format!("`{n}`")).join(", ")
             ),
+        });
+    }
+    // Lock `b` would keep its companions at `<namespace>{{b}` (untagged: wrapped whole), where
+    // lock `{b}` (tagged) keeps its own. Only such a prefix lets a tagged key be an untagged
+    // one wrapped in braces.
+    if prefix.bytes().all(|b| b == b'{') {
+        return Err(LockError::InvalidKey {
+            key: prefix.to_owned(),
+            reason: "a registry prefix made only of `{` would let two locks (`b` and `{b}`) \
+                     share a fencing counter and a waiters' queue; pick one like `lock:` (or \
+                     `{app}:` to keep every lock in one cluster slot)"
+                .to_owned(),
         });
     }
     Ok(())

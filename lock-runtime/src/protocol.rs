@@ -63,6 +63,16 @@
 //!   the lease plus half a day left, it is set again to the greater of its value and the
 //!   holder's token, expiring a day beyond the lease, so it names the holder's token (an
 //!   election's term) for as long as the lock is held.
+//! - How long a lock has been held lives at `since:{<prefix><key>}` (`since:<prefix><key>` when
+//!   the key has a hash tag), in the lock's cluster slot: `<SHA-1 of the holder's token>
+//!   <ms on the server's clock>`, the moment it took the lock. [`RENEW_LUA`] writes it at the
+//!   holder's first renewal (`ARGV` says how long the lock has been held by then) and keeps it
+//!   every 32nd, for 64 ttls each time; [`INSPECT_LUA`] returns how long the holder has held
+//!   the lock when the note names it. A note naming anyone else says nothing (the next holder's
+//!   first renewal writes over it); anything else there (another type, a string not of this
+//!   form) says nothing and is never written over. Neither script lists the note among its `KEYS`, and both
+//!   touch it only where the ACL allows (`redis.acl_check_cmd`), so an ACL without `since:`
+//!   patterns locks and renews as before, with no time held shown.
 //! - The scripts check the keys beside the lock before writing anything: a counter that is not
 //!   digits below 2^53 - 1, a queue that is not a sorted set, or places that are not a hash fail
 //!   the script with the error `CORRUPTKEY <counter|queue|queued> <type found> <key>` and

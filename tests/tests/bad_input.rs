@@ -906,6 +906,32 @@ async fn a_counter_at_the_top_of_its_range_is_never_turned_into_one_the_library_
     );
 }
 
+/// A prefix made only of `{`: lock `b` (`{b`, untagged) would keep its companions at
+/// `<namespace>{{b}`, the very names lock `{b}` (`{{b}`, tagged) keeps its own at, so two locks
+/// would share a fencing counter, a waiters' queue and a note of how long they are held. Any
+/// other prefix, one with a hash tag too, names each lock's companions apart (found by an
+/// attack on the notes of how long a lock is held).
+#[test]
+fn a_registry_prefix_under_which_two_locks_would_share_companions_is_refused() {
+    let build = |prefix: &str| {
+        lock_runtime::Registry::builder()
+            .url("redis://127.0.0.1:1/")
+            .prefix(prefix)
+            .build()
+    };
+    for prefix in ["{", "{{{"] {
+        let err = build(prefix).expect_err(prefix);
+        assert!(err.to_string().contains("only of `{`"), "{prefix}: {err}");
+    }
+    for prefix in ["since:", "sin"] {
+        let err = build(prefix).expect_err(prefix);
+        assert!(err.to_string().contains("`since:`"), "{prefix}: {err}");
+    }
+    for prefix in ["{app}:", "{:", "lock{:"] {
+        assert!(build(prefix).is_ok(), "{prefix}");
+    }
+}
+
 /// A registry prefix under which a lock key could be the record where a `FencedKey` keeps its
 /// highest token (`fenced:{data key}`): the lock's `SET` would overwrite the application's
 /// record, and a stale writer's token would pass again. Refused as the counters' and queues'

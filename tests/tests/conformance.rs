@@ -1,6 +1,6 @@
 //! One contract, every store: each behaviour of `Store` (exclusion, owner-checked release and
 //! renewal, fencing, hand-over order, waiting without polling, leases lost and reported,
-//! permits, readers and writers, several keys, inspect, force-unlock, elections, stepping down, standing aside) is written once in
+//! permits, readers and writers, several keys, inspect (and how long a lock is held), force-unlock, elections, stepping down, standing aside) is written once in
 //! `conformance/behaviours.rs` and run on memory, a single node, a single node whose replica
 //! confirms every write, Sentinel, Cluster and Redlock: `conformance::<behaviour>::<store>`.
 //! What a store does not do it declares (`Store::lacks`), and the behaviour checks its refusal
@@ -45,6 +45,7 @@ mod conformance {
         readers_share_and_a_writer_holds_alone,
         several_keys_are_taken_all_or_none,
         inspect_shows_owner_lease_fence_and_queue,
+        inspect_shows_how_long_the_owner_has_held_the_lock,
         force_unlock_frees_any_holders_lock,
         an_election_has_one_leader_at_a_time,
         a_leader_steps_down_and_hands_over_to_a_named_candidate,

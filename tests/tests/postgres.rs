@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_runtime::{LostReason, Registry, TransactionCheck};
+use lock_runtime::{LockGuard, LostReason, Registry, TransactionCheck};
 use lock_tests::postgres::PostgresServer;
 use lock_tests::proxy::Proxy;
 use lock_tests::{assert_lost, eventually};
@@ -894,6 +894,371 @@ async fn handed_over(leader: &Registry, others: &Registry, key: &str, by_name: b
         .expect("task")
         .expect("elected");
     last.resign().await.expect("resign");
+}
+
+/// What the tests of `held_for` allow between the server's reading of how long a lock has been
+/// held and the test's own: the server rounds milliseconds up, and reads its wall clock, not
+/// the test's monotonic one.
+const SLACK: Duration = Duration::from_millis(5);
+
+/// How long the owner of `key` has held it, as `inspect` tells (the owner checked).
+async fn held_for(registry: &Registry, key: &str, owner: &str) -> Option<Duration> {
+    let info = registry.inspect(key).await.expect("inspect");
+    assert_eq!(info.owner.as_deref(), Some(owner), "{key}: {info:?}");
+    info.held_for
+}
+
+/// `inspect` tells how long the owner has held a lock: from its acquire on, growing, kept
+/// through the library's renewals; nothing for a free lock or one held shared.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_tells_how_long_the_owner_has_held_the_lock_through_its_renewals() {
+    let server = PostgresServer::start_logging();
+    let registry = connected(&server).await;
+    assert_eq!(
+        registry.inspect("held").await.expect("inspect").held_for,
+        None
+    );
+    let asked = std::time::Instant::now();
+    let held = registry
+        .lock("held")
+        .ttl(Duration::from_millis(900))
+        .acquire()
+        .await;
+    let held = held.expect("a free lock");
+    let taken = std::time::Instant::now();
+    let first = held_for(&registry, "held", held.token()).await;
+    let first = first.expect("known from the acquire on");
+    let bound = asked.elapsed();
+    assert!(first <= bound + SLACK, "{first:?}, asked for {bound:?} ago");
+
+    // Two renewals by the library (a third of the ttl apart): neither starts it over.
+    let renew = "distributed_lock.renew(";
+    let renewals = server.statements_with(renew);
+    eventually(LIMIT, "the holder renewed twice", || async {
+        server.statements_with(renew) >= renewals + 2
+    })
+    .await;
+    let renewed = taken.elapsed();
+    let second = held_for(&registry, "held", held.token()).await;
+    let second = second.expect("still known");
+    let bound = asked.elapsed();
+    assert!(second >= first, "{second:?} after {first:?}");
+    assert!(
+        second + SLACK >= renewed && second <= bound + SLACK,
+        "{second:?}: taken {renewed:?} before the renewals were seen, asked for {bound:?} ago"
+    );
+    held.release().await.expect("release");
+    assert_eq!(
+        registry.inspect("held").await.expect("inspect").held_for,
+        None
+    );
+
+    let read = registry
+        .lock("shared")
+        .mode(lock_runtime::Mode::Read)
+        .acquire();
+    let read = read.await.expect("a free lock");
+    let info = registry.inspect("shared").await.expect("inspect");
+    assert_eq!((info.readers, info.held_for), (Some(1), None), "{info:?}");
+    read.release().await.expect("release");
+}
+
+/// A lock handed over to its waiter is held by the waiter from the hand-over on, not from when
+/// the first owner took it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_handed_over_is_held_by_its_new_owner_from_the_hand_over_on() {
+    let server = PostgresServer::start();
+    let (a, b) = (connected(&server).await, connected(&server).await);
+    let held = a
+        .lock("handed")
+        .ttl(Duration::from_secs(60))
+        .acquire()
+        .await;
+    let held = held.expect("a free lock");
+    let waiter = tokio::spawn(b.lock("handed").wait(LIMIT).acquire());
+    queued(&a, "handed", 1).await;
+    // The first owner holds on a while (only for time to pass): a new owner's time counted
+    // from its acquire would show at least this much.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let first = held_for(&a, "handed", held.token()).await.expect("known");
+    assert!(first + SLACK >= Duration::from_secs(1), "{first:?}");
+    let released = std::time::Instant::now();
+    held.release().await.expect("release");
+    let next = tokio::time::timeout(LIMIT, waiter)
+        .await
+        .expect("handed over in time")
+        .expect("task")
+        .expect("handed over");
+    let handed = held_for(&b, "handed", next.token()).await;
+    let handed = handed.expect("known from the hand-over on");
+    let bound = released.elapsed();
+    assert!(
+        handed <= bound + SLACK,
+        "{handed:?}, released {bound:?} ago (the first owner had held it {first:?} by then)"
+    );
+    next.release().await.expect("release");
+}
+
+/// A holder asking for its lock again (an attempt retried after its answer was lost) and its
+/// renewals, both through the store's functions, keep when it took the lock (and its fence).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn asking_again_and_renewing_keep_how_long_the_owner_has_held_the_lock() {
+    let server = PostgresServer::start();
+    let registry = connected(&server).await;
+    let held = registry
+        .lock("again")
+        .ttl(Duration::from_secs(60))
+        .renew(false)
+        .fencing(true)
+        .acquire()
+        .await
+        .expect("a free lock");
+    let taken = std::time::Instant::now();
+    // Only for time to pass: an owner's time started over would show less.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = taken.elapsed();
+    let check = held.transaction_check().expect("checks");
+    let (key, token) = (&check.keys()[0], check.token());
+    let fence = i64::try_from(held.fence().expect("fenced")).expect("fits");
+    let client = app(&server).await;
+    let again = client
+        .query_one(
+            "SELECT acquired, fence FROM distributed_lock.acquire($1, $2, \
+             (SELECT tenure FROM distributed_lock.holders WHERE key = $1 AND token = $2), \
+             60000, true, false, 1, '', 2147483647)",
+            &[key, &token],
+        )
+        .await
+        .expect("acquire again");
+    assert!(again.get::<_, bool>(0), "the holder's own lock");
+    assert_eq!(
+        again.get::<_, Option<i64>>(1),
+        Some(fence),
+        "its fence kept"
+    );
+    let renewed = client
+        .query_one(
+            "SELECT distributed_lock.renew(ARRAY[$1::text], ARRAY[$2::text], \
+             ARRAY[60000::bigint], ARRAY[$3::bigint])",
+            &[key, &token, &fence],
+        )
+        .await
+        .expect("renew");
+    assert_eq!(renewed.get::<_, Vec<String>>(0), ["yes"]);
+    let after = held_for(&registry, "again", held.token())
+        .await
+        .expect("known");
+    assert!(
+        after + SLACK >= before,
+        "{after:?}, taken {before:?} before it asked again and renewed"
+    );
+    held.release().await.expect("release");
+}
+
+/// Whether the schema has `held_since` and its holders the `since` column.
+fn has_held_since(server: &PostgresServer) -> String {
+    server.psql(
+        "SELECT to_regprocedure('distributed_lock.held_since(text)') IS NOT NULL \
+         AND EXISTS (SELECT FROM pg_attribute WHERE attrelid = 'distributed_lock.holders'::regclass \
+         AND attname = 'since' AND NOT attisdropped)",
+    )
+}
+
+/// A schema made before `held_since`, as far as this library can tell.
+const WITHOUT_HELD_SINCE: &str = "DROP FUNCTION distributed_lock.held_since(text); \
+     ALTER TABLE distributed_lock.holders DROP COLUMN since";
+
+/// A schema as a library from before `held_since` left it, on a server of its own (named as
+/// warnings name it), with `key` held for a minute by the registry returned, taken before.
+async fn held_before_held_since(key: &str) -> (PostgresServer, String, Registry, LockGuard) {
+    let server = PostgresServer::start();
+    let node = format!("127.0.0.1:{}", server.port());
+    let first = connected(&server).await;
+    let held = first.lock(key).ttl(Duration::from_secs(60)).acquire().await;
+    let held = held.expect("a free lock");
+    server.psql(WITHOUT_HELD_SINCE);
+    assert_eq!(has_held_since(&server), "f");
+    (server, node, first, held)
+}
+
+/// The library's warnings that name `node` and the time a lock has been held.
+fn warned_of_held_for(warnings: &std::sync::Mutex<Vec<String>>, node: &str) -> Vec<String> {
+    warnings
+        .lock()
+        .expect("warnings")
+        .iter()
+        .filter(|w| w.contains("--oldest") && w.contains(node))
+        .cloned()
+        .collect()
+}
+
+/// A schema made by a library from before `held_since`: a registry whose role may adds it
+/// (a lock held from before shows no time, one taken since does); one whose role may not
+/// shows none, says so once, and locks, waits and hands over all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_without_held_since_gains_it_or_does_without() {
+    let warnings = warnings();
+    let (server, node, _first, old) = held_before_held_since("old").await;
+
+    // A new registry of the owner finds it missing, and adds it.
+    let owner = registry(&server);
+    let new = owner.lock("new").acquire().await.expect("a free lock");
+    assert_eq!(has_held_since(&server), "t");
+    let known = held_for(&owner, "new", new.token()).await;
+    assert!(known.is_some_and(|d| d < LIMIT), "{known:?}");
+    assert_eq!(
+        held_for(&owner, "old", old.token()).await,
+        None,
+        "taken before"
+    );
+    new.release().await.expect("release");
+    old.release().await.expect("release");
+    assert!(warned_of_held_for(&warnings, &node).is_empty());
+
+    // A role that can use the schema but not change it.
+    server.psql(WITHOUT_HELD_SINCE);
+    server.psql(
+        "CREATE ROLE app LOGIN; \
+         GRANT USAGE ON SCHEMA distributed_lock TO app; \
+         GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA distributed_lock TO app; \
+         GRANT USAGE, SELECT, UPDATE ON ALL SEQUENCES IN SCHEMA distributed_lock TO app",
+    );
+    let app = || {
+        Registry::builder()
+            .postgres(server.url().replace("postgres@", "app@"))
+            .build()
+            .expect("a registry on Postgres")
+    };
+    let (a, b) = (app(), app());
+    let held = a
+        .lock("k")
+        .ttl(Duration::from_secs(60))
+        .fencing(true)
+        .acquire();
+    let held = held.await.expect("a free lock");
+    assert_eq!(held_for(&a, "k", held.token()).await, None);
+    let waiter = tokio::spawn(b.lock("k").fencing(true).wait(LIMIT).acquire());
+    queued(&a, "k", 1).await;
+    let fence = held.fence();
+    held.release().await.expect("release");
+    let next = tokio::time::timeout(LIMIT, waiter)
+        .await
+        .expect("handed over in time")
+        .expect("task")
+        .expect("handed over");
+    assert!(next.fence() > fence, "{:?} after {fence:?}", next.fence());
+    assert_eq!(held_for(&b, "k", next.token()).await, None);
+    next.release().await.expect("release");
+    assert_eq!(has_held_since(&server), "f", "the role could not add it");
+    let warned = warned_of_held_for(&warnings, &node);
+    // One per registry that found it missing and could not add it.
+    assert_eq!(warned.len(), 2, "{warned:?}");
+    assert!(warned[0].contains("permission denied"), "{warned:?}");
+}
+
+/// Adding `since` to the holders' table waits for that table's lock, which an application's
+/// transaction that checked its lock (`hold`) keeps until it ends, and meanwhile holds up every
+/// lock statement behind it: it gives up after a second, and the registry does without. The
+/// next registry, once the transaction ended, adds it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adding_held_since_waits_at_most_a_second_behind_an_application_transaction() {
+    let warnings = warnings();
+    let (server, node, _first, held) = held_before_held_since("busy").await;
+    let mut app_client = app(&server).await;
+    let tx = app_client.transaction().await.expect("begin");
+    let check = held.transaction_check().expect("checks");
+    tx.execute(
+        TransactionCheck::STATEMENT,
+        &[&check.keys(), &check.token()],
+    )
+    .await
+    .expect("held: the check passes");
+
+    // Without a bound its schema check would wait for the transaction past its own timeout,
+    // and fail this call.
+    let late = registry(&server);
+    let began = std::time::Instant::now();
+    let info = tokio::time::timeout(LIMIT, late.inspect("busy"))
+        .await
+        .expect("answered in time")
+        .expect("inspect");
+    let took = began.elapsed();
+    assert_eq!(info.owner.as_deref(), Some(held.token()));
+    assert_eq!(info.held_for, None, "{info:?}");
+    assert!(
+        took >= Duration::from_secs(1),
+        "waited for the table's lock: {took:?}"
+    );
+    assert_eq!(has_held_since(&server), "f");
+    let warned = warned_of_held_for(&warnings, &node);
+    assert_eq!(warned.len(), 1, "{warned:?}");
+    assert!(warned[0].contains("55P03"), "a lock timeout: {warned:?}");
+    // It locks all the same.
+    let other = late.lock("other").acquire().await.expect("a free lock");
+    other.release().await.expect("release");
+
+    tx.commit().await.expect("commit");
+    let next = registry(&server);
+    let info = next.inspect("busy").await.expect("inspect");
+    assert_eq!(has_held_since(&server), "t");
+    assert_eq!(info.held_for, None, "taken before: {info:?}");
+    let new = next.lock("new").acquire().await.expect("a free lock");
+    assert!(held_for(&next, "new", new.token()).await.is_some());
+    new.release().await.expect("release");
+    held.release().await.expect("release");
+}
+
+/// The advisory lock that serialises the sessions creating the schema (`link.rs`).
+const SCHEMA_LOCK: i64 = 0x0064_6c6f_636b;
+
+/// Creating the schema waits for another session creating it for as long as that takes: only
+/// its statements' waits for a table's lock are bounded (a second), not this one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn creating_the_schema_waits_for_another_session_creating_it() {
+    let server = PostgresServer::start();
+    let mut creating = server.client().spawn(
+        &format!(
+            "BEGIN; SELECT pg_advisory_xact_lock({SCHEMA_LOCK}); SELECT pg_sleep(1.5); COMMIT"
+        ),
+        "creating",
+    );
+    eventually(LIMIT, "the other session creates the schema", || async {
+        server.psql(
+            "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid) \
+             WHERE l.locktype = 'advisory' AND l.granted AND a.application_name = 'creating'",
+        ) == "1"
+    })
+    .await;
+    let began = std::time::Instant::now();
+    lock_once(&registry(&server)).await;
+    let took = began.elapsed();
+    assert!(took >= Duration::from_millis(500), "it waited: {took:?}");
+    assert!(creating.wait().expect("psql").success());
+}
+
+/// A schema that cannot be created (a role without the right to) fails each call with that
+/// reason, not the first one only: the failed creation is rolled back, not left open on the
+/// connection to refuse every later statement.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_that_cannot_be_created_fails_each_call_with_the_reason() {
+    let server = PostgresServer::start();
+    server.psql("CREATE ROLE nobody LOGIN");
+    let nobody = Registry::builder()
+        .postgres(server.url().replace("postgres@", "nobody@"))
+        .build()
+        .expect("a registry on Postgres");
+    for attempt in 0..2 {
+        let err = nobody
+            .lock("k")
+            .acquire()
+            .await
+            .expect_err("no schema")
+            .to_string();
+        assert!(
+            err.contains("permission denied"),
+            "attempt {attempt}: {err}"
+        );
+    }
 }
 
 /// Until `n` callers are queued for `key`.

@@ -10,6 +10,7 @@ mod runtime {
     mod fencing;
     mod fixture;
     mod handoff;
+    mod held_for;
     mod leases;
     mod letting_go;
     mod memory;

@@ -124,7 +124,17 @@ pub(crate) struct Renewal<'a> {
     /// lease, put back at the token if it is gone, so that it names the holder's term for as
     /// long as the lock is held (`hold_fence` in the scripts' prelude).
     pub fence: Option<u64>,
+    /// How long the lock has been held (by the client's clock, from the acquisition's reply),
+    /// on the renewals that note it beside the lock for `inspect`'s [`LockInfo::held_for`]:
+    /// the first of an exclusive hold and every [`NOTE_HELD_EVERY`]th after. A Redis store
+    /// renews a lock with a native command only on the others.
+    pub note_held: Option<u64>,
 }
+
+/// A hold's first renewal notes how long it has been held, and every this many confirmed
+/// renewals after, the note is kept: it lasts `HELD_NOTE_TTLS` ttls (the Redis scripts'
+/// prelude), more than the renewals between two notes take, each less than a ttl apart.
+pub(crate) const NOTE_HELD_EVERY: u64 = 32;
 
 /// What `inspect` finds under a key. Fields may be added: read them, or start from
 /// [`LockInfo::default`] (a free lock) to build one.
@@ -136,6 +146,14 @@ pub struct LockInfo {
     /// The remaining lease (held shared: of the last reader or permit to expire), `None` when
     /// free or without expiry.
     pub remaining: Option<Duration>,
+    /// How long the owner has held the lock, where the store knows it: Postgres and the
+    /// in-memory store from the moment it was taken or handed over; Redis from the owner's
+    /// first renewal on (its renewals write it beside the lock, see
+    /// [`protocol`](crate::protocol)), so a lock held for less than one renewal interval (a
+    /// third of its ttl), one taken with renewal off, or one held by a client that does not
+    /// renew through this library, shows `None`. `None` too when the
+    /// lock is free or held shared.
+    pub held_for: Option<Duration>,
     /// The last fencing token handed out for this key: while a fenced holder holds it, that
     /// holder's token (its renewals keep the counter), else while the counter lives (a day
     /// beyond the last fenced holder's lease).

@@ -20,7 +20,7 @@ pub(crate) mod redis;
 pub(crate) mod redlock;
 pub(crate) mod tls;
 
-pub(crate) use contract::{ttl_ms, Acquire, Attempt, Renewal, Renewed, Store};
+pub(crate) use contract::{ttl_ms, Acquire, Attempt, Renewal, Renewed, Store, NOTE_HELD_EVERY};
 pub use contract::{LockInfo, Permits, Place};
 pub use memory::MemoryStore;
 use redis::config::{ClusterSeeds, Topology};

@@ -367,6 +367,88 @@ pub async fn inspect_shows_owner_lease_fence_and_queue(s: &Store) {
     assert_eq!(info, expected, "{s}: free again, with the last token");
 }
 
+/// `inspect` shows how long the owner has held the lock (on Redis from the owner's first
+/// renewal on, which notes it beside the lock), counting on while it holds it; the next holder's
+/// count starts when the lock comes to it.
+pub async fn inspect_shows_how_long_the_owner_has_held_the_lock(s: &Store) {
+    // The stores count in whole milliseconds, twice (when it was taken, and now).
+    const ROUNDING: Duration = Duration::from_millis(3);
+    let (a, b) = s.pair();
+    let asked = Instant::now();
+    let held = a
+        .lock("shift")
+        .ttl(RENEWED_TTL)
+        .acquire()
+        .await
+        .expect("free");
+    let first = held_for(s, &b, "shift", held.token()).await;
+    assert!(
+        first.value <= first.after - asked + ROUNDING,
+        "{s}: held {:?}, taken at most {:?} ago",
+        first.value,
+        first.after - asked
+    );
+    // Time passes between the two looks, and the count goes on with it.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let second = held_for(s, &b, "shift", held.token()).await;
+    assert!(
+        second.value + ROUNDING >= first.value + (second.before - first.after),
+        "{s}: {first:?}, then {second:?}"
+    );
+    let waiter = tokio::spawn(b.lock("shift").ttl(RENEWED_TTL).wait(LIMIT).acquire());
+    s.until_waiting(&a, "shift", 1).await;
+    let released = Instant::now();
+    held.release().await.expect("release");
+    let next = waiter.await.expect("task").expect("the next holder");
+    // Not the first holder's count, which is longer than anything since the release.
+    let then = held_for(s, &a, "shift", next.token()).await;
+    assert!(
+        then.value <= then.after - released + ROUNDING,
+        "{s}: the next holder held it {:?}, released {:?} ago (the first held it {:?})",
+        then.value,
+        then.after - released,
+        released - asked
+    );
+    next.release().await.expect("release");
+    assert_eq!(
+        a.inspect("shift").await.unwrap().held_for,
+        None,
+        "{s}: free"
+    );
+}
+
+/// What one look at how long a lock has been held saw, and when the look began and ended.
+#[derive(Debug)]
+struct HeldFor {
+    value: Duration,
+    before: Instant,
+    after: Instant,
+}
+
+/// The first look at `key` that shows how long `token` has held it (on Redis, once a renewal
+/// noted it).
+async fn held_for(s: &Store, registry: &lock_runtime::Registry, key: &str, token: &str) -> HeldFor {
+    let start = Instant::now();
+    loop {
+        let before = Instant::now();
+        let info = registry.inspect(key).await.expect("inspect");
+        let after = Instant::now();
+        assert_eq!(info.owner.as_deref(), Some(token), "{s}: {info:?}");
+        if let Some(value) = info.held_for {
+            return HeldFor {
+                value,
+                before,
+                after,
+            };
+        }
+        assert!(
+            start.elapsed() < LIMIT,
+            "{s}: no time held shown for {key} within {LIMIT:?}: {info:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// An operator's force-unlock frees any holder's lock (a semaphore's too) and says whether
 /// there was one; the owner-checked one frees it only from the owner it names.
 pub async fn force_unlock_frees_any_holders_lock(s: &Store) {

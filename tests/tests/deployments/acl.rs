@@ -1,11 +1,12 @@
 use std::time::Duration;
 
 use lock_runtime::Registry;
-use lock_tests::RedisServer;
+use lock_tests::{renewed_on, RedisServer, RENEWED_TTL};
 
 /// The keys and channels of a lock user under the default prefix: the locks, their fencing
-/// counters and waiters' queues (tagged and untagged names), and their notifications.
-const KEYS_AND_CHANNELS: [&str; 8] = [
+/// counters and waiters' queues (tagged and untagged names), and their notifications; then
+/// the notes of how long a lock has been held (see [`HELD_NOTES`]).
+const KEYS_AND_CHANNELS: [&str; 10] = [
     "~lock:*",
     "~fence:lock:*",
     "~fence:{lock:*",
@@ -14,7 +15,72 @@ const KEYS_AND_CHANNELS: [&str; 8] = [
     "~queued:lock:*",
     "~queued:{lock:*",
     "&lock:*",
+    "~since:lock:*",
+    "~since:{lock:*",
 ];
+
+/// The patterns of the notes of how long a lock has been held, the last of
+/// [`KEYS_AND_CHANNELS`]: an ACL written before they existed lacks them.
+const HELD_NOTES: usize = 2;
+
+/// An ACL written before the notes of how long a lock has been held (without its `since:`
+/// patterns) still locks and renews: the notes are neither written nor read, `inspect` shows
+/// no time held, and the server logs no denial. With the patterns, the time held is shown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acl_without_the_held_notes_renews_without_them_and_logs_no_denial() {
+    let limit = Duration::from_secs(20);
+    let server = RedisServer::start();
+    let mut admin = server.connection();
+    let setuser = |admin: &mut redis::Connection, patterns: &[&str]| {
+        let mut cmd = redis::cmd("ACL");
+        cmd.arg(&["SETUSER", "locker", "reset", "on", ">s3cret-pw"][..])
+            .arg(patterns)
+            .arg("+@all");
+        let _: () = cmd.query(admin).expect("ACL SETUSER");
+    };
+    let before_notes = &KEYS_AND_CHANNELS[..KEYS_AND_CHANNELS.len() - HELD_NOTES];
+    setuser(&mut admin, before_notes);
+    let url = format!("redis://locker:s3cret-pw@127.0.0.1:{}/", server.port());
+    let registry = Registry::from_url(&url).unwrap();
+
+    let held = registry
+        .lock("job")
+        .ttl(RENEWED_TTL)
+        .acquire()
+        .await
+        .unwrap();
+    // The first renewal is the one that notes the time held.
+    renewed_on(&server, "lock:job", limit, "the first renewal").await;
+    let info = registry.inspect("job").await.unwrap();
+    assert_eq!(info.owner.as_deref(), Some(held.token()), "{info:?}");
+    assert_eq!(info.held_for, None, "no note without the patterns");
+    let noted: bool = redis::cmd("EXISTS")
+        .arg("since:{lock:job}")
+        .query(&mut admin)
+        .unwrap();
+    assert!(!noted);
+    held.release()
+        .await
+        .expect("renewed and released as always");
+    let log: Vec<redis::Value> = redis::cmd("ACL").arg("LOG").query(&mut admin).unwrap();
+    assert!(log.is_empty(), "no denial logged: {log:?}");
+
+    setuser(&mut admin, &KEYS_AND_CHANNELS);
+    // A key with a hash tag keeps it: the note shares its cluster slot.
+    for (key, note) in [
+        ("job", "since:{lock:job}"),
+        ("{batch}:1", "since:lock:{batch}:1"),
+    ] {
+        let held = registry.lock(key).ttl(RENEWED_TTL).acquire().await.unwrap();
+        let stored = registry.redis_key(key);
+        renewed_on(&server, &stored, limit, "the first renewal").await;
+        let info = registry.inspect(key).await.unwrap();
+        assert!(info.held_for.is_some(), "{key}: {info:?}");
+        let noted: bool = redis::cmd("EXISTS").arg(note).query(&mut admin).unwrap();
+        assert!(noted, "{key}: the note lives where the protocol names it");
+        held.release().await.unwrap();
+    }
+}
 
 #[tokio::test]
 async fn an_acl_user_limited_to_the_lock_keys_can_lock_wait_and_fence() {

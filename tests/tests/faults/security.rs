@@ -131,7 +131,10 @@ fn captured_scripts(events: &[Event], redis_key: &str) -> (Entry, Entry) {
         // delete.
         if names == ["GET", "DEL"] {
             release = Some(call.clone());
-        } else if names == ["GET", "PEXPIRE"] && call.arg_str(2) == "1" {
+        } else if names.starts_with(&["GET".to_owned(), "PEXPIRE".to_owned()])
+            && call.arg_str(2) == "1"
+        {
+            // Then, at a hold's first renewal, its note of how long the lock has been held.
             renew = Some(call.clone());
         }
     }
@@ -415,6 +418,8 @@ fn acl_setuser(con: &mut redis::Connection, commands: &[&str]) {
         .arg("~queue:{lock:*")
         .arg("~queued:lock:*")
         .arg("~queued:{lock:*")
+        .arg("~since:lock:*")
+        .arg("~since:{lock:*")
         .arg("&lock:*")
         .arg("-@all");
     for c in commands {

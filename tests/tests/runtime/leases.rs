@@ -24,9 +24,10 @@ async fn renewal_keeps_a_lock_past_three_ttls() {
 }
 
 /// Where the server has `SET .. IFEQ` (Valkey), an exclusive lock's renewals are that command:
-/// the first round renews by the script with one `SET .. IFEQ` pipelined as the probe, every
-/// later one by `SET .. IFEQ` alone. Elsewhere (Redis 7) that one probe is refused and every
-/// renewal is the script. Either way the lock stays held and renewed.
+/// the first round renews by the script (which notes how long the lock has been held, with a
+/// `SET` of its own) with one `SET .. IFEQ` pipelined as the probe, every later one by
+/// `SET .. IFEQ` alone. Elsewhere (Redis 7) that one probe is refused and every renewal is the
+/// script. Either way the lock stays held and renewed.
 #[tokio::test]
 async fn exclusive_locks_renew_with_set_ifeq_where_the_server_has_it_else_with_the_script() {
     let server = RedisServer::start();
@@ -39,8 +40,8 @@ async fn exclusive_locks_renew_with_set_ifeq_where_the_server_has_it_else_with_t
     let (set_before, set_failed_before) = command_counts(&url, "set").await;
     let (evalsha_before, _) = command_counts(&url, "evalsha").await;
     let (renewing, at_least) = if ifeq {
-        // The probe, then two renewals by SET alone.
-        ("set", set_before + 3)
+        // The probe and the first renewal's note, then two renewals by SET alone.
+        ("set", set_before + 4)
     } else {
         ("evalsha", evalsha_before + 3)
     };
@@ -60,8 +61,8 @@ async fn exclusive_locks_renew_with_set_ifeq_where_the_server_has_it_else_with_t
     } else {
         assert_eq!(
             set - set_before,
-            1,
-            "SET IFEQ is tried once, then never again"
+            2,
+            "SET IFEQ is tried once, then never again (the other SET: the first renewal's note)"
         );
         assert_eq!(set_failed - set_failed_before, 1, "and refused");
     }

@@ -147,6 +147,7 @@ impl MemoryStore {
             Entry {
                 token: value.to_owned(),
                 expires_at: None,
+                since: Instant::now(),
             },
         );
     }
@@ -239,12 +240,17 @@ impl Store for MemoryStore {
             },
             owner => {
                 let again = owner.is_some_and(|o| o == attempt.token);
+                let since = match data.locks.get(&key.stored) {
+                    Some(entry) if again => entry.since,
+                    _ => now,
+                };
                 data.leave_queue(&key.stored, attempt.token);
                 data.locks.insert(
                     key.stored.clone(),
                     Entry {
                         token: attempt.token.to_owned(),
                         expires_at: Some(now + attempt.ttl),
+                        since,
                     },
                 );
                 // A holder asking again keeps its fence (see queue.lua's `own_fence`).
@@ -355,6 +361,7 @@ impl Store for MemoryStore {
         } else if let Some(entry) = data.live(&key.stored, now) {
             info.owner = Some(entry.token.clone());
             info.remaining = entry.expires_at.map(|t| t - now);
+            info.held_for = Some(now - entry.since);
         }
         Ok(info)
     }

@@ -59,6 +59,8 @@ pub(super) struct HandedOver {
 pub(super) struct Entry {
     pub(super) token: String,
     pub(super) expires_at: Option<Instant>,
+    /// When its holder took it (a holder asking again keeps it).
+    pub(super) since: Instant,
 }
 
 /// Readers, or a semaphore's permit holders: what the key is, and each holder's lease.
@@ -137,9 +139,14 @@ impl Data {
             }
         }
         for key in keys {
+            let since = match self.locks.get(&key.stored) {
+                Some(held) if held.token == attempt.token => held.since,
+                _ => now,
+            };
             let entry = Entry {
                 token: attempt.token.to_owned(),
                 expires_at: Some(now + attempt.ttl),
+                since,
             };
             self.locks.insert(key.stored.clone(), entry);
         }
@@ -307,6 +314,7 @@ impl Data {
             Entry {
                 token: waiter.token.clone(),
                 expires_at: Some(waiter.deadline),
+                since: now,
             },
         );
         let fence = if waiter.fencing {

@@ -39,6 +39,8 @@ pub(crate) struct Link {
     names_successors: AtomicBool,
     /// The schema has `stand_aside`, and its waiters the `aside` column.
     keeps_aside: AtomicBool,
+    /// The schema has `held_since`, and its holders the `since` column.
+    keeps_since: AtomicBool,
 }
 
 /// What went wrong on the way to an answer.
@@ -65,6 +67,7 @@ impl Link {
             schema_checked: AtomicBool::new(false),
             names_successors: AtomicBool::new(false),
             keeps_aside: AtomicBool::new(false),
+            keeps_since: AtomicBool::new(false),
         }
     }
 
@@ -78,6 +81,12 @@ impl Link {
     /// schema made by an earlier version, which this role could not add it to, does not).
     pub(crate) fn keeps_aside(&self) -> bool {
         self.keeps_aside.load(Ordering::Acquire)
+    }
+
+    /// Whether the schema keeps when each holder took its lock (`held_since`; a schema made by
+    /// an earlier version, which this role could not add it to, does not).
+    pub(crate) fn keeps_since(&self) -> bool {
+        self.keeps_since.load(Ordering::Acquire)
     }
 
     /// Runs `statement` on the connection within the command timeout (`budget` when given).
@@ -175,46 +184,70 @@ impl Link {
                     "SELECT max(version), to_regprocedure(\
                      'distributed_lock.release_to(text, text, text, text)') IS NOT NULL, \
                      to_regprocedure('distributed_lock.stand_aside(text, text, text, bigint, \
-                     boolean, integer)') IS NOT NULL \
+                     boolean, integer)') IS NOT NULL, \
+                     to_regprocedure('distributed_lock.held_since(text)') IS NOT NULL \
                      FROM distributed_lock.schema_version",
                     &[],
                 )
                 .await;
-            let (version, names, aside): (Option<i32>, bool, bool) = match found {
-                Ok(rows) => rows.first().map_or((None, false, false), |row| {
-                    (row.get(0), row.get(1), row.get(2))
+            let (version, names, aside, since): (Option<i32>, bool, bool, bool) = match found {
+                Ok(rows) => rows.first().map_or((None, false, false, false), |row| {
+                    (row.get(0), row.get(1), row.get(2), row.get(3))
                 }),
-                Err(e) if schema_missing(&e) => (None, false, false),
+                Err(e) if schema_missing(&e) => (None, false, false, false),
                 Err(e) => return Err(Failure::Statement(e)),
             };
+            // Its DDL waits at most a second for a table's lock: an ALTER TABLE waiting for
+            // ACCESS EXCLUSIVE behind an application's transaction (one that `hold`s a lock)
+            // would hold up every lock statement behind it. Not the advisory lock: a session
+            // creating the schema at the same time is waited for.
             let create = format!(
                 "BEGIN; SET LOCAL synchronous_commit = on; \
-                 SELECT pg_advisory_xact_lock({SCHEMA_LOCK}); {SCHEMA} COMMIT;"
+                 SELECT pg_advisory_xact_lock({SCHEMA_LOCK}); \
+                 SET LOCAL lock_timeout = '1s'; {SCHEMA} COMMIT;"
             );
             match version {
                 Some(v) if v == SCHEMA_VERSION => {
-                    let (mut names, mut aside) = (names, aside);
-                    if !(names && aside) {
-                        // A function added within this version: made where this role may;
-                        // elsewhere what needs it does without.
+                    let (mut names, mut aside, mut since) = (names, aside, since);
+                    if !(names && aside && since) {
+                        // Added within this version: made where this role may (and the tables
+                        // are not held up); elsewhere what needs it does without.
                         match client.batch_execute(&create).await {
-                            Ok(()) => (names, aside) = (true, true),
+                            Ok(()) => (names, aside, since) = (true, true, true),
                             Err(e) => {
                                 let _ = client.batch_execute("ROLLBACK").await;
+                                let without = [
+                                    (
+                                        names,
+                                        "an election's hand-over by name goes to the next \
+                                         candidate instead",
+                                    ),
+                                    (aside, "a candidate standing aside leaves the line"),
+                                    (
+                                        since,
+                                        "held-for times are not shown (so `lockctl list \
+                                         --oldest` lists nothing from this database)",
+                                    ),
+                                ];
+                                let without: Vec<&str> = without
+                                    .iter()
+                                    .filter(|(has, _)| !has)
+                                    .map(|(_, meanwhile)| *meanwhile)
+                                    .collect();
                                 tracing::warn!(
                                     node = %self.node,
                                     error = %described(&e),
-                                    "the schema `distributed_lock` lacks a function this \
-                                     library added: an election's hand-over by name goes to \
-                                     the next candidate instead, and a candidate standing \
-                                     aside leaves the line; run `lockctl schema | psql` as \
-                                     the schema's owner"
+                                    "the schema `distributed_lock` lacks what this library \
+                                     added to it, and could not be given it: {}; run \
+                                     `lockctl schema | psql` as the schema's owner",
+                                    without.join(", ")
                                 );
                             }
                         }
                     }
                     self.names_successors.store(names, Ordering::Release);
                     self.keeps_aside.store(aside, Ordering::Release);
+                    self.keeps_since.store(since, Ordering::Release);
                     Ok(())
                 }
                 Some(v) if v > SCHEMA_VERSION => Err(Failure::Schema(format!(
@@ -222,12 +255,15 @@ impl Link {
                      library's ({SCHEMA_VERSION}): upgrade lock-runtime in this service"
                 ))),
                 _ => {
-                    client
-                        .batch_execute(&create)
-                        .await
-                        .map_err(Failure::Statement)?;
+                    if let Err(e) = client.batch_execute(&create).await {
+                        // Not left in the failed transaction: every later statement on this
+                        // connection would be refused.
+                        let _ = client.batch_execute("ROLLBACK").await;
+                        return Err(Failure::Statement(e));
+                    }
                     self.names_successors.store(true, Ordering::Release);
                     self.keeps_aside.store(true, Ordering::Release);
+                    self.keeps_since.store(true, Ordering::Release);
                     Ok(())
                 }
             }

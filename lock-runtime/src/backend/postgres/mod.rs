@@ -47,6 +47,14 @@ const RELEASE_TO: &str = "SELECT distributed_lock.release_to($1, $2, $3, $4)";
 const RENEW: &str = "SELECT distributed_lock.renew($1, $2, $3, $4)";
 const INSPECT: &str =
     "SELECT kind, token, share, remaining_ms, fence FROM distributed_lock.inspect($1)";
+/// `INSPECT` with how long the owner has held the lock, where the schema keeps it: in
+/// `inspect`'s order (its waiters', oldest first), whatever join the planner picks.
+const INSPECT_HELD: &str = "SELECT i.kind, i.token, i.share, i.remaining_ms, i.fence, s.held_ms \
+     FROM distributed_lock.inspect($1) WITH ORDINALITY \
+         AS i (kind, token, share, remaining_ms, fence, n) \
+     LEFT JOIN distributed_lock.held_since($1) AS s \
+         ON i.kind = 'holder' AND i.share = '' AND s.token = i.token \
+     ORDER BY i.n";
 const FORCE_UNLOCK: &str = "SELECT distributed_lock.force_unlock($1)";
 const ANNOUNCE: &str = "SELECT pg_notify(distributed_lock.channel($1), $2)";
 
@@ -435,9 +443,14 @@ impl Store for PostgresStore {
     async fn inspect(&self, key: &LockKey) -> Result<LockInfo, LockError> {
         let rows = self
             .call("inspect", Some(key), |c| async move {
-                c.query_typed(INSPECT, &[(&key.stored, Type::TEXT)]).await
+                // Known only after the call connected (and checked the schema).
+                let held = self.link.keeps_since();
+                let statement = if held { INSPECT_HELD } else { INSPECT };
+                let rows = c.query_typed(statement, &[(&key.stored, Type::TEXT)]).await;
+                rows.map(|rows| (rows, held))
             })
             .await?;
+        let (rows, held) = rows;
         let mut info = LockInfo::default();
         let (mut shared, mut holders) = (None, Vec::new());
         for row in &rows {
@@ -450,6 +463,7 @@ impl Store for PostgresStore {
                 ("holder", Some(token), Some(""), remaining) => {
                     info.owner = Some(token);
                     info.remaining = remaining;
+                    info.held_for = if held { millis(row, 5) } else { None };
                 }
                 ("holder", Some(token), Some(tag), Some(remaining)) => {
                     shared = Share::from_tag(tag);

@@ -5,8 +5,8 @@
 -- server's, never a client's. Each call is one statement in its own transaction, which is what
 -- PgBouncer's transaction mode allows. Notifications go out at commit, on one channel per key
 -- (`channel`), in the Redis scripts' format (see `backend/notification.rs`). Every statement
--- can run again: a function added within a version (`release_to`) is created by running the
--- whole schema once more, which a library that finds it missing does.
+-- can run again: a function added within a version (`release_to`, `held_since`) is created by
+-- running the whole schema once more, which a library that finds it missing does.
 CREATE SCHEMA IF NOT EXISTS distributed_lock;
 
 CREATE TABLE IF NOT EXISTS distributed_lock.schema_version (
@@ -28,6 +28,14 @@ CREATE TABLE IF NOT EXISTS distributed_lock.holders (
     fence bigint,
     PRIMARY KEY (key, token)
 );
+-- When the holder took the lock, or was handed it (`hand_over_to` inserts the waiter's row):
+-- every INSERT gives the six columns above by position, so a new row gets the default, and
+-- nothing that renews a row or grants it again (an UPDATE, an `ON CONFLICT ... DO UPDATE`)
+-- touches it. Added within version 1: NULL (unknown) in the rows of a schema made before it.
+-- Two statements: a volatile default given with the column would rewrite the table, under its
+-- ACCESS EXCLUSIVE lock.
+ALTER TABLE distributed_lock.holders ADD COLUMN IF NOT EXISTS since timestamptz;
+ALTER TABLE distributed_lock.holders ALTER COLUMN since SET DEFAULT clock_timestamp();
 
 -- Callers queued for an exclusive lock, served oldest first; a place lapses at `expires_at`
 -- unless its waiter's next attempt renews it.
@@ -453,6 +461,16 @@ LANGUAGE sql STABLE AS $$
     UNION ALL
     SELECT 'fence', NULL, NULL, NULL, c.last
     FROM distributed_lock.fences AS c WHERE c.key = k AND c.expires_at > clock_timestamp()
+$$;
+
+-- How long each live holder of `k` has held it, where that is known (`since`): rows of
+-- (token, held_ms). Apart from `inspect`, whose result an older library reads as it is.
+CREATE OR REPLACE FUNCTION distributed_lock.held_since(k text)
+RETURNS TABLE (token text, held_ms bigint)
+LANGUAGE sql STABLE AS $$
+    SELECT h.token, distributed_lock.ms(clock_timestamp() - h.since)
+    FROM distributed_lock.holders AS h
+    WHERE h.key = k AND h.expires_at > clock_timestamp() AND h.since IS NOT NULL
 $$;
 
 -- An operator's decision: whatever holds `k` lets go, and its waiters are woken.

@@ -2,9 +2,10 @@
 //! their answers collected.
 //!
 //! A chunk's exclusive locks go as `SET key token IFEQ token PX ttl GET` where the server has
-//! it (Valkey 8.1+), pipelined; the rest (fenced locks too, whose counter the script keeps), and
-//! every lock on a server without it, go through the renewal script ([`scripts::RENEW_LUA`]),
-//! one call per chunk.
+//! it (Valkey 8.1+), pipelined; the rest (fenced locks too, whose counter the script keeps, and
+//! renewals that note how long the lock has been held, [`Renewal::note_held`]), and every lock
+//! on a server without it, go through the renewal script ([`scripts::RENEW_LUA`]), one call
+//! per chunk.
 //!
 //! `SET key token IFEQ token PX ttl GET` is the renewal script's answer for a lock held as a
 //! plain string, in one command: it sets the expiry only when the key holds our token, never
@@ -115,9 +116,12 @@ async fn renew_now<C: ConnectionLike + Send>(
         let lock = &batch[chunk[*at]];
         lock.share == Share::Exclusive && lock.fence.is_none()
     };
+    // A renewal that notes how long the lock has been held needs the script; the probe goes
+    // through the script anyway.
+    let native = |at: &usize| exclusive(at) && batch[chunk[*at]].note_held.is_none();
     let state = ifeq.map_or(OFF, Native::state);
     let by_set: Vec<usize> = match state {
-        ON => (0..chunk.len()).filter(exclusive).collect(),
+        ON => (0..chunk.len()).filter(native).collect(),
         _ => Vec::new(),
     };
     let probe = match state {

@@ -522,10 +522,20 @@ impl Store for Redlock {
         budget: Duration,
     ) -> Result<Vec<Option<Renewed>>, LockError> {
         // Each node's task outlives this call's borrow of the batch.
-        let owned: Arc<Vec<(LockKey, String, u64, Share)>> = Arc::new(
+        // Key, token, ttl ms, share and how long it has been held (`Renewal::note_held`).
+        type Owned = (LockKey, String, u64, Share, Option<u64>);
+        let owned: Arc<Vec<Owned>> = Arc::new(
             batch
                 .iter()
-                .map(|r| (r.key.clone(), r.token.to_owned(), r.ttl_ms, r.share))
+                .map(|r| {
+                    (
+                        r.key.clone(),
+                        r.token.to_owned(),
+                        r.ttl_ms,
+                        r.share,
+                        r.note_held,
+                    )
+                })
                 .collect(),
         );
         let quorums: Vec<usize> = batch.iter().map(|r| self.quorum_for(r.share)).collect();
@@ -535,12 +545,13 @@ impl Store for Redlock {
                 // Redlock takes no fencing tokens, so there is no counter to keep.
                 let batch: Vec<Renewal<'_>> = owned
                     .iter()
-                    .map(|(key, token, ttl_ms, share)| Renewal {
+                    .map(|(key, token, ttl_ms, share, note_held)| Renewal {
                         key,
                         token,
                         ttl_ms: *ttl_ms,
                         share: *share,
                         fence: None,
+                        note_held: *note_held,
                     })
                     .collect();
                 node.renew(&batch, budget).await
@@ -600,7 +611,8 @@ impl Store for Redlock {
             .collect())
     }
 
-    /// The owner that a quorum of nodes agrees on, and its shortest remaining lease there.
+    /// The owner that a quorum of nodes agrees on, its shortest remaining lease there and the
+    /// longest time any of them has seen it hold the lock.
     async fn inspect(&self, key: &LockKey) -> Result<LockInfo, LockError> {
         let replies = join_all(
             self.nodes
@@ -638,6 +650,14 @@ impl Store for Redlock {
                     .filter(|i| i.owner.as_deref() == Some(o))
                     .filter_map(|i| i.remaining)
                     .min()
+            }),
+            // Each node times it on its own clock, from the renewal that reached it first.
+            held_for: owner.and_then(|o| {
+                infos
+                    .iter()
+                    .filter(|i| i.owner.as_deref() == Some(o))
+                    .filter_map(|i| i.held_for)
+                    .max()
             }),
             fence: None,
             permits: infos

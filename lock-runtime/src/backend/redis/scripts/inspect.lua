@@ -27,4 +27,9 @@ for _, waiter in ipairs(redis.call('ZRANGE', KEYS[3], 0, -1)) do
     if standing_aside then aside[#aside + 1] = waiter end
   end
 end
-return {token, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2]), tag, queue, holders, aside}
+local held = false
+if token then
+  local since = held_since(KEYS[1], token)
+  if since then held = math.max(now - since, 0) end
+end
+return {token, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2]), tag, queue, holders, aside, held}

@@ -8,10 +8,11 @@ use crate::key::LockKey;
 use crate::names::Companions;
 
 /// `KEYS[1]` lock, `KEYS[2]` fencing counter, `KEYS[3..4]` the waiters' queue. Returns `{token
-/// or false, pttl, fence or false, tag or false, queue, holders, aside}` (tag for readers or a
-/// semaphore: `#read` or `#permits=N`; queue: each live waiter's token and its place's ms left,
-/// oldest first; holders: each live reader's or permit holder's token and its ms left, longest
-/// first; aside: the queued waiters standing aside).
+/// or false, pttl, fence or false, tag or false, queue, holders, aside, held or false}` (tag for
+/// readers or a semaphore: `#read` or `#permits=N`; queue: each live waiter's token and its
+/// place's ms left, oldest first; holders: each live reader's or permit holder's token and its
+/// ms left, longest first; aside: the queued waiters standing aside; held: how long the holder
+/// has held the lock, in ms, where its renewals noted it).
 pub const INSPECT_LUA: &str = concat!(
     include_str!("prelude.lua"),
     include_str!("queue.lua"),
@@ -35,11 +36,12 @@ pub(crate) type Reply = (
     Vec<(String, u64)>,
     Vec<(String, u64)>,
     Vec<String>,
+    Option<u64>,
 );
 
 /// What the reply says. A set whose every place ran out is free, though its key has not
 /// expired yet.
-pub(crate) fn read((owner, pttl, fence, tag, queue, holders, aside): Reply) -> LockInfo {
+pub(crate) fn read((owner, pttl, fence, tag, queue, holders, aside, held_ms): Reply) -> LockInfo {
     let held = u32::try_from(holders.len()).unwrap_or(u32::MAX);
     let shared = tag
         .as_deref()
@@ -55,6 +57,7 @@ pub(crate) fn read((owner, pttl, fence, tag, queue, holders, aside): Reply) -> L
     LockInfo {
         owner,
         remaining: u64::try_from(pttl).ok().map(Duration::from_millis),
+        held_for: held_ms.map(Duration::from_millis),
         fence,
         permits: match shared {
             Some((held, Share::Permits(total))) => Some(Permits { held, total }),
@@ -98,9 +101,11 @@ mod tests {
             places(&[("w:1:01", 800), ("w:2:02", 600)]),
             Vec::new(),
             vec!["w:2:02".to_owned()],
+            Some(4_000),
         ));
         assert_eq!(info.owner.as_deref(), Some("h:1:aa"));
         assert_eq!(info.remaining, Some(Duration::from_millis(900)));
+        assert_eq!(info.held_for, Some(Duration::from_millis(4_000)));
         assert_eq!(info.fence, Some(7));
         assert_eq!((info.permits, info.readers), (None, None));
         assert_eq!(info.waiters, 2);
@@ -125,6 +130,7 @@ mod tests {
             Vec::new(),
             holders.clone(),
             Vec::new(),
+            None,
         ));
         assert_eq!(semaphore.permits, Some(Permits { held: 2, total: 3 }));
         assert_eq!(semaphore.readers, None);
@@ -137,6 +143,7 @@ mod tests {
             Vec::new(),
             holders,
             Vec::new(),
+            None,
         ));
         assert_eq!((readers.readers, readers.permits), (Some(2), None));
         // A set whose every place ran out is free, though its key has not expired yet.
@@ -148,6 +155,7 @@ mod tests {
             Vec::new(),
             Vec::new(),
             Vec::new(),
+            None,
         ));
         assert_eq!((spent.readers, spent.permits), (None, None));
         assert!(spent.holders.is_empty());
@@ -155,7 +163,16 @@ mod tests {
 
     #[test]
     fn a_free_key_has_no_owner_and_no_lease() {
-        let free = read((None, -2, None, None, Vec::new(), Vec::new(), Vec::new()));
+        let free = read((
+            None,
+            -2,
+            None,
+            None,
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+            None,
+        ));
         assert_eq!(free, LockInfo::default());
     }
 }

@@ -59,7 +59,14 @@ pub(crate) fn is_noscript(reply: &redis::Value) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use crate::backend::contract::FENCE_EXPIRY_MS;
+    use crate::backend::contract::{FENCE_EXPIRY_MS, NOTE_HELD_EVERY};
+
+    #[test]
+    fn a_note_of_how_long_a_lock_is_held_outlasts_the_renewals_until_the_next() {
+        let prelude = include_str!("prelude.lua");
+        let ttls = 2 * NOTE_HELD_EVERY;
+        assert!(prelude.contains(&format!("local HELD_NOTE_TTLS = {ttls}\n")));
+    }
 
     #[test]
     fn the_scripts_keep_fencing_counters_for_fence_expiry_ms() {

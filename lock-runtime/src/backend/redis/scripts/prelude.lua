@@ -80,3 +80,38 @@ local function hold_fence(key, fence, ttl)
   if bad_counter(key) then return end
   keep_fence(key, math.max(tonumber(redis.call('GET', key)) or 0, tonumber(fence)), ttl)
 end
+-- How long a lock has been held: `since:{<key>}` (`since:<key>` when the key has a hash tag,
+-- as backend names.rs names every key beside a lock), in the lock's slot, holding the SHA-1 of
+-- the holder's token, a space, and the moment it took the lock on the server's clock (ms). The
+-- holder's renewals write it (renew.lua), inspections read it; a note naming anyone but the
+-- lock's holder says nothing. Never among a script's KEYS, and touched only where the ACL allows
+-- (`may_touch`) and through `redis.pcall`: an ACL without the `since:` patterns (one written
+-- before this key existed) leaves it unread and unwritten, never failing the renewal or
+-- inspection around it, and logging no denial.
+local HELD_NOTE_TTLS = 64
+local function held_key(key)
+  local open = string.find(key, '{', 1, true)
+  if open then
+    local close = string.find(key, '}', open + 1, true)
+    if close and close > open + 1 then return 'since:' .. key end
+  end
+  return 'since:{' .. key .. '}'
+end
+-- Whether the ACL lets this user run `command` (args: `...`); where the server cannot say
+-- (before 7.0), the command's `redis.pcall` finds out.
+local function may_touch(command, ...)
+  return not redis.acl_check_cmd or redis.acl_check_cmd(command, ...)
+end
+-- What the note beside `key` says of `token`: since when (ms, server clock), or nil; and
+-- whether the key holds a note at all (anyone's) or nothing, which a renewal may write over.
+-- Anything else there (another type, a string no script wrote) says nothing and is left alone.
+local function held_since(key, token)
+  if not may_touch('GET', held_key(key)) then return nil, false end
+  local note = redis.pcall('GET', held_key(key))
+  if note == false then return nil, true end
+  if type(note) ~= 'string' then return nil, false end
+  local tenure, since = string.match(note, '^(%x+) (%d+)$')
+  if not tenure or #tenure ~= 40 or #since > 15 then return nil, false end
+  if tenure ~= redis.sha1hex(token) then return nil, true end
+  return tonumber(since), true
+end

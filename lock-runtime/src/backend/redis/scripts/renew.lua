@@ -1,12 +1,29 @@
 -- Renews every lease of a keeper's batch (after prelude.lua; its call and reply: renew.rs).
 -- KEYS: the locks, then the fencing counter of each fenced one, in the same order.
--- ARGV: for each lock, its holder's token, the ttl in ms and its fence (`0`: not fenced).
-local out, n, counters = {}, #ARGV / 3, 0
+-- ARGV: for each lock, its holder's token, the ttl in ms, its fence (`0`: not fenced) and how
+-- long it has been held in ms, to be noted beside it (`-`: not this time).
+-- A renewal that notes it writes the note (see held_key in prelude.lua) when there is none of
+-- the holder's, else keeps it: either way for HELD_NOTE_TTLS ttls, so native renewals (Valkey's
+-- `SET .. IFEQ`) in between need not touch it. Anything there that is not a note (another
+-- type, a string no script wrote) is left alone, and the lock goes without.
+local function note_held(key, token, held, ttl)
+  if not may_touch('SET', held_key(key), '') then return end
+  local keep = string.format('%d', tonumber(ttl) * HELD_NOTE_TTLS)
+  local since, writable = held_since(key, token)
+  if since then
+    redis.pcall('PEXPIRE', held_key(key), keep)
+  elseif writable then
+    local note = redis.sha1hex(token) .. ' ' .. string.format('%d', now_ms() - tonumber(held))
+    redis.pcall('SET', held_key(key), note, 'PX', keep)
+  end
+end
+local out, n, counters = {}, #ARGV / 4, 0
 for i = 1, n do
-  local key, token, ttl, fence = KEYS[i], ARGV[3 * i - 2], ARGV[3 * i - 1], ARGV[3 * i]
+  local key, token, ttl, fence, held = KEYS[i], ARGV[4 * i - 3], ARGV[4 * i - 2], ARGV[4 * i - 1], ARGV[4 * i]
   local value = redis.pcall('GET', key)
   if holder_of(value) == token then
     out[i] = redis.call('PEXPIRE', key, ttl)
+    if held ~= '-' then note_held(key, token, held, ttl) end
   elseif value == false then
     out[i] = 0
   elseif type(value) == 'table' and redis.call('TYPE', key).ok == 'zset' then

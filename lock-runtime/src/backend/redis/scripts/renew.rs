@@ -5,14 +5,16 @@ use crate::backend::contract::{Renewal, Renewed};
 use crate::names;
 
 /// `KEYS` the locks, then the fencing counter of each fenced one in the same order; `ARGV`
-/// token, ttl ms and fencing token (`0`: not fenced) for each lock in turn. One script call
+/// token, ttl ms, fencing token (`0`: not fenced) and how long the lock has been held in ms
+/// (`-`: not noted this time) for each lock in turn. One script call
 /// renews a whole batch: the keeper sends one command per batch instead of one per lock.
 /// Returns per lock 1 (renewed), 0 (no such key: expired or deleted; of a semaphore: no live
 /// permit of ours) or -1 (someone else's value); a lock that is no longer ours is never
 /// touched. A permit's deadline moves to now + ttl, and the set's expiry to its last live
 /// deadline. A renewed fenced lock's counter is kept a day beyond the lease (written about
 /// twice a day) and put back at the holder's token if it is gone: it names the holder's term
-/// for as long as the lock is held.
+/// for as long as the lock is held. A renewal that says how long the lock has been held writes
+/// it beside the lock for inspections, or keeps what it wrote (`held_key` in the prelude).
 pub const RENEW_LUA: &str = concat!(include_str!("prelude.lua"), include_str!("renew.lua"));
 
 static SCRIPT: Script = Script::new(RENEW_LUA);
@@ -31,9 +33,14 @@ pub(crate) fn call(batch: &[Renewal<'_>], locks: impl Iterator<Item = usize> + C
         .collect();
     locks.fold(Call::new(&SCRIPT, &keys), |call, i| {
         let lock = &batch[i];
-        call.arg(lock.token)
+        let call = call
+            .arg(lock.token)
             .arg(lock.ttl_ms)
-            .arg(lock.fence.unwrap_or(0))
+            .arg(lock.fence.unwrap_or(0));
+        match lock.note_held {
+            Some(ms) => call.arg(ms),
+            None => call.arg("-"),
+        }
     })
 }
 
