@@ -95,7 +95,7 @@ pub enum Command {
     /// cluster and on every Redlock node.
     ///
     /// During an incident: `--owner web-1:4242` lists every lock one process holds, `--queued`
-    /// the locks callers wait for, the longest queue first.
+    /// the locks callers wait for, the longest queue first, `--oldest` the locks held longest.
     List {
         /// Only keys starting with this, e.g. `deploy:` (matched literally, not as a glob).
         #[arg(value_name = "KEY_PREFIX", default_value = "")]
@@ -105,9 +105,16 @@ pub enum Command {
         #[arg(long, value_name = "OWNER")]
         owner: Option<String>,
         /// Only the locks callers are queued for, the longest queue first.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "oldest")]
         queued: bool,
-        /// At most N rows (with --queued: the N longest queues).
+        /// The locks held longest, the oldest holder first: only those whose time held the
+        /// store knows (Postgres: always; Redis: from the holder's first renewal on, so a lock
+        /// held for less than a third of its ttl, or by a client other than lock-runtime, is
+        /// left out).
+        #[arg(long)]
+        oldest: bool,
+        /// At most N rows (with --queued: the N longest queues; with --oldest: the N oldest
+        /// holders).
         #[arg(long, value_name = "N")]
         top: Option<usize>,
         /// One JSON object for scripts: `locks`, each with its owner taken apart (identity,

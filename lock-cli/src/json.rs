@@ -47,6 +47,7 @@ pub fn lock(key: &str, store_key: &str, info: &LockInfo) -> Value {
         "state": if held.is_some() { "held" } else { "free" },
         "holder": held,
         "owner": info.owner.as_deref().map(owner),
+        "held_for_ms": info.held_for.map(millis),
         "remaining_ms": info.remaining.map(millis),
         "fence": info.fence,
         "permits": info.permits.map(|p| json!({ "held": p.held, "total": p.total })),
@@ -84,6 +85,7 @@ mod tests {
         let mut info = LockInfo::default();
         info.owner = Some(token.clone());
         info.remaining = Some(Duration::from_millis(4_240));
+        info.held_for = Some(Duration::from_millis(61_000));
         info.fence = Some(17);
         info.queue = vec![Place::new(
             format!("web-2:7:{}", "cd".repeat(16)),
@@ -97,6 +99,7 @@ mod tests {
         );
         assert_eq!(written["state"], "held");
         assert_eq!(written["remaining_ms"], 4240);
+        assert_eq!(written["held_for_ms"], 61_000);
         assert_eq!(written["fence"], 17);
         assert_eq!(written["queue"][0]["owner"]["host"], "web-2");
         assert_eq!(written["queue"][0]["remaining_ms"], 900);

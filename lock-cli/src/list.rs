@@ -1,5 +1,5 @@
-//! `lockctl list`: the held locks under a key prefix, one row each, or those of one owner, or
-//! the longest queues, as a table or as JSON.
+//! `lockctl list`: the held locks under a key prefix, one row each, or those of one owner, the
+//! longest queues or the oldest holders, as a table or as JSON.
 
 use futures_util::StreamExt;
 use lock_runtime::{LockError, LockInfo, Registry};
@@ -18,6 +18,8 @@ pub struct Listing {
     pub owner: Option<String>,
     /// Only those with callers queued, the longest queue first.
     pub queued: bool,
+    /// Only those whose time held is known, the longest held first.
+    pub oldest: bool,
     /// At most this many rows.
     pub top: Option<usize>,
     /// JSON for scripts instead of a table.
@@ -78,6 +80,11 @@ pub async fn list(
         // Stable: ties stay in key order.
         locks.sort_by_key(|l| std::cmp::Reverse(l.info.as_ref().map_or(0, |i| i.waiters)));
     }
+    if listing.oldest {
+        let held_for = |l: &Lock| l.info.as_ref().ok().and_then(|i| i.held_for);
+        locks.retain(|l| held_for(l).is_some());
+        locks.sort_by_key(|l| std::cmp::Reverse(held_for(l)));
+    }
     if let Some(top) = listing.top {
         locks.truncate(top);
     }
@@ -101,17 +108,20 @@ pub async fn list(
         println!("{out}");
         return Ok(());
     }
-    let what = match (&listing.owner, listing.queued) {
+    let mut what = match (&listing.owner, listing.queued) {
         (Some(who), false) => format!(" held by {who}"),
         (Some(who), true) => format!(" held by {who} with callers queued"),
         (None, true) => " with callers queued".to_owned(),
         (None, false) => String::new(),
     };
+    if listing.oldest {
+        what.push_str(" whose time held is known");
+    }
     if locks.is_empty() {
         println!("no locks{what} under {under}");
         return Ok(());
     }
-    let mut header = vec!["KEY", "OWNER", "TTL", "FENCE", "QUEUE"];
+    let mut header = vec!["KEY", "OWNER", "HELD", "TTL", "FENCE", "QUEUE"];
     if redlock {
         header.push("NODES");
     }
@@ -161,6 +171,7 @@ fn row(lock: &Lock, redlock_nodes: Option<usize>) -> Vec<String> {
             let owner = render::holder(info).unwrap_or_else(|| "(no majority)".to_owned());
             row.extend([
                 owner,
+                render::held(info),
                 render::remaining(info),
                 render::fence(info),
                 info.waiters.to_string(),
@@ -170,6 +181,7 @@ fn row(lock: &Lock, redlock_nodes: Option<usize>) -> Vec<String> {
         // rather than hide it.
         Err(e) => row.extend([
             format!("error: {e}"),
+            "-".to_owned(),
             "-".to_owned(),
             "-".to_owned(),
             "-".to_owned(),

@@ -110,12 +110,14 @@ async fn execute(cli: Cli) -> Result<ExitCode, Failure> {
             key_prefix,
             owner,
             queued,
+            oldest,
             top,
             json,
         } => {
             let listing = list::Listing {
                 owner,
                 queued,
+                oldest,
                 top,
                 json,
             };

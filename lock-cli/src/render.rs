@@ -83,6 +83,13 @@ pub fn remaining(info: &LockInfo) -> String {
     }
 }
 
+/// How long the owner has held the lock, or `-` where the store does not know (see
+/// [`LockInfo::held_for`]).
+#[must_use]
+pub fn held(info: &LockInfo) -> String {
+    info.held_for.map_or_else(|| "-".to_owned(), duration)
+}
+
 /// The last fencing token, or `-` when fencing was never used on the key (or on Redlock).
 #[must_use]
 pub fn fence(info: &LockInfo) -> String {
@@ -106,7 +113,9 @@ pub fn details(redis_key: &str, info: &LockInfo) -> String {
         "free"
     };
     let mut text = format!(
-        "key:    {redis_key}\nstate:  {state}\nowner:  {owner}\nlease:  {}\nfence:  {}\n",
+        "key:    {redis_key}\nstate:  {state}\nowner:  {owner}\nheld:   {}\nlease:  {}\n\
+         fence:  {}\n",
+        held(info),
         remaining(info),
         fence(info),
     );
@@ -200,6 +209,16 @@ mod tests {
             text.contains("owner:  web-1:4242:01234567… (host web-1, pid 4242)"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn show_says_how_long_the_owner_has_held_the_lock_where_it_is_known() {
+        let mut info = LockInfo::default();
+        info.owner = Some("web-1:4242:0123456789abcdef0123456789abcdef".to_owned());
+        assert!(details("lock:x", &info).contains("held:   -\n"));
+        info.held_for = Some(Duration::from_secs(725));
+        let text = details("lock:x", &info);
+        assert!(text.contains("held:   12m05s\n"), "{text}");
     }
 
     #[test]

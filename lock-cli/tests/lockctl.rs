@@ -9,7 +9,7 @@ use lock_runtime::{LockError, LockGuard, LostReason, Registry};
 use lock_tests::cluster::RedisCluster;
 use lock_tests::postgres::PostgresServer;
 use lock_tests::sentinel::{RedisSentinels, SERVICE};
-use lock_tests::RedisServer;
+use lock_tests::{RedisServer, RENEWED_TTL};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 
@@ -1947,6 +1947,14 @@ async fn list_on_postgres_finds_one_owners_locks_and_the_longest_queues() {
     incident_questions(&["--postgres", &url], &registry).await;
 }
 
+/// Until the store shows how long `key`'s owner has held it.
+async fn held_time_known(registry: &Registry, key: &str) {
+    lock_tests::eventually(PATIENCE, &format!("{key}'s time held known"), || async {
+        registry.inspect(key).await.unwrap().held_for.is_some()
+    })
+    .await;
+}
+
 /// The keys of a `list` table's rows, in order.
 fn listed(listing: &str) -> Vec<&str> {
     let mut lines = listing.lines();
@@ -2034,6 +2042,45 @@ async fn incident_questions(on: &[&str], registry: &Registry) {
     assert!(row(&out, "deploy:1").ends_with(" 2"), "{out}");
     let out = succeeded(&run(&mut list(&["--queued", "--top", "1"])).await);
     assert_eq!(listed(&out), ["deploy:1"], "{out}");
+
+    // The oldest holders: one lock taken before another, each shown with its time held once
+    // the store knows it (on Redis, after the holder's first renewal).
+    let early = registry
+        .lock("shift:early")
+        .ttl(RENEWED_TTL)
+        .acquire()
+        .await
+        .unwrap();
+    held_time_known(registry, "shift:early").await;
+    let late = registry
+        .lock("shift:late")
+        .ttl(RENEWED_TTL)
+        .acquire()
+        .await
+        .unwrap();
+    held_time_known(registry, "shift:late").await;
+    let oldest = |args: &[&str]| list(&[&["shift:", "--oldest"], args].concat());
+    let out = succeeded(&run(&mut oldest(&[])).await);
+    assert_eq!(listed(&out), ["shift:early", "shift:late"], "{out}");
+    assert!(
+        out.contains("2 locks whose time held is known under lock:shift:"),
+        "{out}"
+    );
+    let out = succeeded(&run(&mut oldest(&["--top", "1"])).await);
+    assert_eq!(listed(&out), ["shift:early"], "{out}");
+    let out = succeeded(&run(&mut oldest(&["--json"])).await);
+    let json: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    let held: Vec<u64> = json["locks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["held_for_ms"].as_u64().expect("known"))
+        .collect();
+    assert!(held.len() == 2 && held[0] >= held[1], "{out}");
+    let out = run(&mut oldest(&["--queued"])).await;
+    assert!(!out.status.success(), "one order at a time");
+    early.release().await.unwrap();
+    late.release().await.unwrap();
 
     let out = succeeded(&run(&mut list(&["--owner", "web-9", "--json"])).await);
     let json: serde_json::Value = serde_json::from_str(&out).expect("JSON");
