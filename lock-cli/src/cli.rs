@@ -148,7 +148,8 @@ pub enum Command {
         every: u64,
     },
     /// Show who leads an election (`Registry::election`): the identity it campaigned with,
-    /// its term and its remaining lease; then the candidates in line, the next leader first,
+    /// its term, how long it has led (where the store knows: see `list --oldest`) and its
+    /// remaining lease; then the candidates in line, the next leader first,
     /// and those standing aside in their places (where candidates queue: not on Redlock).
     Leader {
         /// The election's key, without the prefix.
@@ -161,8 +162,8 @@ pub enum Command {
         /// With --watch: stop after this long (`30s`, `2m`, or seconds).
         #[arg(long = "for", value_name = "DURATION", value_parser = duration, requires = "watch")]
         duration: Option<Duration>,
-        /// One JSON object: `leader` (its identity, term and remaining lease in milliseconds,
-        /// or null), `in_line` and `standing_aside`.
+        /// One JSON object: `leader` (its identity, term, and in milliseconds how long it has
+        /// led and its remaining lease; or null), `in_line` and `standing_aside`.
         #[arg(long, conflicts_with = "watch")]
         json: bool,
     },

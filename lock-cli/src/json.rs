@@ -66,6 +66,7 @@ pub fn leader(key: &str, leader: Option<&Leader>, in_line: &[String], aside: &[S
         "leader": leader.map(|l| json!({
             "identity": l.identity,
             "term": l.term,
+            "led_for_ms": l.led_for.map(millis),
             "remaining_ms": l.remaining.map(millis),
         })),
         "in_line": in_line,

@@ -22,10 +22,14 @@ pub fn line(leader: Option<&Leader>) -> String {
                 .term
                 .map(|t| format!(", term {t}"))
                 .unwrap_or_default();
+            let led = leader
+                .led_for
+                .map(|d| format!(", leading for {}", render::duration(d)))
+                .unwrap_or_default();
             let left = leader
                 .remaining
                 .map_or_else(|| "no expiry".to_owned(), render::duration);
-            format!("leader {}{term}, {left} left", leader.identity)
+            format!("leader {}{term}{led}, {left} left", leader.identity)
         }
     }
 }

@@ -1070,6 +1070,27 @@ async fn leader_is_shown_and_followed(on: &[&str], registry: &Registry) {
         standby.await.unwrap().unwrap().resign().await.unwrap();
     }
 
+    // How long the leader has led, once the store knows (on Redis, after its first renewal).
+    let elected = tokio::time::Instant::now();
+    let rota = registry
+        .election("rota")
+        .ttl(RENEWED_TTL)
+        .identity("web-5:8080")
+        .campaign()
+        .await
+        .unwrap();
+    held_time_known(registry, "rota").await;
+    let out = succeeded(&run(&mut leader(&["leader", "rota"])).await);
+    assert!(out.contains(", leading for "), "{out}");
+    let out = succeeded(&run(&mut leader(&["leader", "rota", "--json"])).await);
+    let json: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    let led = json["leader"]["led_for_ms"].as_u64().expect("known");
+    assert!(
+        u128::from(led) <= elected.elapsed().as_millis() + 5,
+        "{out}"
+    );
+    rota.resign().await.unwrap();
+
     // A lock's key is not an election's: said so, and nothing is touched.
     let held = hold(registry, "deploy:1", false).await;
     let out = run(&mut leader(&["leader", "deploy:1"])).await;

@@ -83,6 +83,11 @@ pub struct Leader {
     pub term: Option<u64>,
     /// How long its lease lasts unless renewed: a leader that crashed is gone by then.
     pub remaining: Option<Duration>,
+    /// How long this term has lasted, where the store knows it ([`LockInfo::held_for`]: on
+    /// Redis, from the leader's first renewal on).
+    ///
+    /// [`LockInfo::held_for`]: crate::LockInfo::held_for
+    pub led_for: Option<Duration>,
     /// The leader's tenure (`waiting::tenure_name` of its token): which term this is, also
     /// where no term numbers it.
     tenure: String,
@@ -797,6 +802,7 @@ impl Election {
             identity: identity.to_owned(),
             term: info.fence,
             remaining: info.remaining,
+            led_for: info.held_for,
             tenure: crate::waiting::tenure_name(&owner),
         }))
     }
