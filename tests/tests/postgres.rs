@@ -12,6 +12,23 @@ use lock_tests::{assert_lost, eventually};
 
 const LIMIT: Duration = Duration::from_secs(20);
 
+/// Creates the role `app`, which may use the schema's tables but not change the schema, and
+/// returns a maker of registries that log in as it.
+fn app_registries(server: &PostgresServer) -> impl Fn() -> Registry + '_ {
+    server.psql(
+        "CREATE ROLE app LOGIN; \
+         GRANT USAGE ON SCHEMA distributed_lock TO app; \
+         GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA distributed_lock TO app; \
+         GRANT USAGE, SELECT, UPDATE ON ALL SEQUENCES IN SCHEMA distributed_lock TO app",
+    );
+    move || {
+        Registry::builder()
+            .postgres(server.url().replace("postgres@", "app@"))
+            .build()
+            .expect("a registry on Postgres")
+    }
+}
+
 /// The application's own connection to the database.
 async fn app(server: &PostgresServer) -> tokio_postgres::Client {
     lock_tests::postgres::connect(&server.url()).await
@@ -820,18 +837,7 @@ async fn a_schema_without_hand_over_by_name_or_standing_aside_gains_them_or_does
 
     // A role that can use the schema but not change it.
     server.psql(drop_release_to);
-    server.psql(
-        "CREATE ROLE app LOGIN; \
-         GRANT USAGE ON SCHEMA distributed_lock TO app; \
-         GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA distributed_lock TO app; \
-         GRANT USAGE, SELECT, UPDATE ON ALL SEQUENCES IN SCHEMA distributed_lock TO app",
-    );
-    let app = || {
-        Registry::builder()
-            .postgres(server.url().replace("postgres@", "app@"))
-            .build()
-            .expect("a registry on Postgres")
-    };
+    let app = app_registries(&server);
     handed_over(&app(), &app(), "b", false).await;
     assert_eq!(has_release_to(), "f", "the role could not add it");
 
@@ -1117,18 +1123,7 @@ async fn a_schema_without_held_since_gains_it_or_does_without() {
 
     // A role that can use the schema but not change it.
     server.psql(WITHOUT_HELD_SINCE);
-    server.psql(
-        "CREATE ROLE app LOGIN; \
-         GRANT USAGE ON SCHEMA distributed_lock TO app; \
-         GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA distributed_lock TO app; \
-         GRANT USAGE, SELECT, UPDATE ON ALL SEQUENCES IN SCHEMA distributed_lock TO app",
-    );
-    let app = || {
-        Registry::builder()
-            .postgres(server.url().replace("postgres@", "app@"))
-            .build()
-            .expect("a registry on Postgres")
-    };
+    let app = app_registries(&server);
     let (a, b) = (app(), app());
     let held = a
         .lock("k")

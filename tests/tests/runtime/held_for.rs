@@ -152,32 +152,39 @@ async fn a_lock_released_then_taken_by_another_counts_from_its_taking() {
     second.release().await.unwrap();
 }
 
-/// A lease that ran out behind its holder's back (its key deleted, as an expiry would) and was
-/// taken by another: the lost holder's renewal finds the other's token and writes nothing, and
-/// the new holder's time counts from its taking.
+/// A lock taken from its holder (its key deleted, as an expiry would; or forced open by an
+/// operator) and taken by another: the lost holder's renewals find the other's token and
+/// write nothing, and the new holder's time counts from its taking.
 #[tokio::test]
-async fn a_lease_lost_and_taken_by_another_leaves_no_note_of_the_lost_holder() {
+async fn a_lock_taken_away_and_retaken_counts_from_the_retaking() {
     let server = RedisServer::start();
     let (a, b) = (registry(&server), registry(&server));
-    let asked = Instant::now();
-    let first = a.lock("lost").ttl(TTL).acquire().await.unwrap();
-    noted(&server, &a, "lost", &first, asked).await;
-    let_time_pass().await;
-    let _: () = redis::cmd("DEL")
-        .arg("lock:lost")
-        .query(&mut server.connection())
-        .unwrap();
-    let taken = Instant::now();
-    let second = b.lock("lost").ttl(TTL).acquire().await.unwrap();
-    first.lost().await;
-    held_at_most(&b, "lost", second.token(), taken).await;
-    noted(&server, &b, "lost", &second, taken).await;
-    let note = raw_get(&server, "since:{lock:lost}").expect("noted");
-    assert!(
-        note.starts_with(&format!("{} ", sha1(&server, second.token()))),
-        "the note names the new holder: {note}"
-    );
-    second.release().await.unwrap();
+    for (key, forced) in [("lost", false), ("forced", true)] {
+        let asked = Instant::now();
+        let first = a.lock(key).ttl(TTL).acquire().await.unwrap();
+        noted(&server, &a, key, &first, asked).await;
+        let_time_pass().await;
+        if forced {
+            assert!(b.force_unlock(key).await.unwrap());
+        } else {
+            let _: () = redis::cmd("DEL")
+                .arg(first.redis_key())
+                .query(&mut server.connection())
+                .unwrap();
+        }
+        assert_eq!(b.inspect(key).await.unwrap().held_for, None, "{key}: free");
+        let taken = Instant::now();
+        let second = b.lock(key).ttl(TTL).acquire().await.unwrap();
+        held_at_most(&b, key, second.token(), taken).await;
+        first.lost().await;
+        noted(&server, &b, key, &second, taken).await;
+        let note = raw_get(&server, &note_key(second.redis_key())).expect("noted");
+        assert!(
+            note.starts_with(&format!("{} ", sha1(&server, second.token()))),
+            "{key}: the note names the new holder: {note}"
+        );
+        second.release().await.unwrap();
+    }
 }
 
 /// A renewal that finds the lock taken (someone else's value under the key before the holder's
@@ -204,27 +211,6 @@ async fn a_renewal_that_finds_the_lock_taken_writes_no_note() {
     let info = reg.inspect("stolen").await.unwrap();
     assert_eq!(info.owner.as_deref(), Some("somebody-else"));
     assert_eq!(info.held_for, None);
-}
-
-#[tokio::test]
-async fn a_lock_forced_open_and_retaken_counts_from_the_retaking() {
-    let server = RedisServer::start();
-    let (a, b) = (registry(&server), registry(&server));
-    let asked = Instant::now();
-    let first = a.lock("forced").ttl(TTL).acquire().await.unwrap();
-    noted(&server, &a, "forced", &first, asked).await;
-    let_time_pass().await;
-    assert!(b.force_unlock("forced").await.unwrap());
-    assert_eq!(b.inspect("forced").await.unwrap().held_for, None, "free");
-    let taken = Instant::now();
-    let second = b.lock("forced").ttl(TTL).acquire().await.unwrap();
-    held_at_most(&b, "forced", second.token(), taken).await;
-    first.lost().await;
-    noted(&server, &b, "forced", &second, taken).await;
-    // The first holder's renewals, if any came after, never wrote over it.
-    let note = raw_get(&server, "since:{lock:forced}").expect("noted");
-    assert!(note.starts_with(&sha1(&server, second.token())), "{note}");
-    second.release().await.unwrap();
 }
 
 #[tokio::test]
