@@ -1231,6 +1231,77 @@ async fn creating_the_schema_waits_for_another_session_creating_it() {
     assert!(creating.wait().expect("psql").success());
 }
 
+/// Timeouts that make a round (a connection and a command) shorter than a second still
+/// connect: the socket's keepalive idle time, which the kernel takes in whole seconds, was
+/// that round, rounded down to zero and refused (`Invalid argument`, os error 22).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registry_whose_timeouts_make_a_round_under_a_second_connects() {
+    let server = PostgresServer::start();
+    // The schema made first, so the short timeouts bound a lock's statements alone.
+    connected(&server).await;
+    let quick = lock_tests::with_timeouts(
+        Registry::builder().postgres(server.url()),
+        Duration::from_millis(400),
+    );
+    let held = quick.lock("k").acquire().await.expect("connected");
+    held.release().await.expect("release");
+}
+
+/// A schema check that outlasts its bound (another session is creating the schema) and then
+/// fails on the server (its `ALTER` gives up behind an application's transaction) leaves its
+/// session in the failed transaction: the registry does not go on with that connection, whose
+/// every statement would be refused, but makes a new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_check_that_timed_out_then_failed_leaves_no_connection_refusing_every_call() {
+    let (server, _node, _first, held) = held_before_held_since("busy").await;
+    let mut app_client = app(&server).await;
+    let tx = app_client.transaction().await.expect("begin");
+    let check = held.transaction_check().expect("checks");
+    tx.execute(
+        TransactionCheck::STATEMENT,
+        &[&check.keys(), &check.token()],
+    )
+    .await
+    .expect("held: the check passes");
+    let mut creating = server.client().spawn(
+        &format!("BEGIN; SELECT pg_advisory_xact_lock({SCHEMA_LOCK}); SELECT pg_sleep(2); COMMIT"),
+        "creating",
+    );
+    eventually(LIMIT, "the other session creates the schema", || async {
+        server.psql(
+            "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid) \
+             WHERE l.locktype = 'advisory' AND l.granted AND a.application_name = 'creating'",
+        ) == "1"
+    })
+    .await;
+    let late = lock_tests::with_timeouts(
+        Registry::builder().postgres(server.url()),
+        Duration::from_millis(400),
+    );
+    let err = late
+        .inspect("busy")
+        .await
+        .expect_err("its schema check outlasts its bound");
+    assert!(err.to_string().contains("no answer within"), "{err}");
+    assert!(creating.wait().expect("psql").success());
+    // Its batch goes on, and its `ALTER` gives up after a second behind the transaction: the
+    // session is left in the failed transaction, or gone with its connection.
+    eventually(LIMIT, "the late check's batch ended", || async {
+        server.psql(
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE query LIKE 'BEGIN; SET LOCAL synchronous_commit%' \
+             AND state IN ('active', 'idle in transaction')",
+        ) == "0"
+    })
+    .await;
+    tx.commit().await.expect("commit");
+    let info = late.inspect("busy").await.expect("a connection that works");
+    assert_eq!(info.owner.as_deref(), Some(held.token()));
+    let other = late.lock("other").acquire().await.expect("a free lock");
+    other.release().await.expect("release");
+    held.release().await.expect("release");
+}
+
 /// A schema that cannot be created (a role without the right to) fails each call with that
 /// reason, not the first one only: the failed creation is rolled back, not left open on the
 /// connection to refuse every later statement.

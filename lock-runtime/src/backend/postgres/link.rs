@@ -137,7 +137,14 @@ impl Link {
             }
         };
         if !checked() {
-            self.ensure_schema(&client).await?;
+            if let Err(failure) = self.ensure_schema(&client).await {
+                if matches!(failure, Failure::TimedOut(_)) {
+                    // Its batch may go on, and fail, inside its transaction on the server:
+                    // a session that would refuse every later statement is not kept.
+                    self.forget(&client);
+                }
+                return Err(failure);
+            }
             self.schema_checked.store(true, Ordering::Release);
         }
         Ok(client)

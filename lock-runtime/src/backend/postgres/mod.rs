@@ -278,10 +278,11 @@ fn parse(url: &str, timeouts: Timeouts) -> Result<tokio_postgres::Config, LockEr
             )),
         }
     })?;
+    // The kernel takes the keepalive idle time in whole seconds, and refuses zero.
     config
         .tcp_user_timeout(timeouts.round())
         .keepalives(true)
-        .keepalives_idle(timeouts.round());
+        .keepalives_idle(timeouts.round().max(Duration::from_secs(1)));
     Ok(config)
 }
 
