@@ -1074,6 +1074,18 @@ fn has_held_since(server: &PostgresServer) -> String {
 const WITHOUT_HELD_SINCE: &str = "DROP FUNCTION distributed_lock.held_since(text); \
      ALTER TABLE distributed_lock.holders DROP COLUMN since";
 
+/// Runs `guard`'s `TransactionCheck` in `tx`, which then keeps the lock's row (and its table
+/// from an `ALTER`) until it ends.
+async fn check_in(tx: &tokio_postgres::Transaction<'_>, guard: &LockGuard) {
+    let check = guard.transaction_check().expect("checks");
+    tx.execute(
+        TransactionCheck::STATEMENT,
+        &[&check.keys(), &check.token()],
+    )
+    .await
+    .expect("held: the check passes");
+}
+
 /// A schema as a library from before `held_since` left it, on a server of its own (named as
 /// warnings name it), with `key` held for a minute by the registry returned, taken before.
 async fn held_before_held_since(key: &str) -> (PostgresServer, String, Registry, LockGuard) {
@@ -1161,13 +1173,7 @@ async fn adding_held_since_waits_at_most_a_second_behind_an_application_transact
     let (server, node, _first, held) = held_before_held_since("busy").await;
     let mut app_client = app(&server).await;
     let tx = app_client.transaction().await.expect("begin");
-    let check = held.transaction_check().expect("checks");
-    tx.execute(
-        TransactionCheck::STATEMENT,
-        &[&check.keys(), &check.token()],
-    )
-    .await
-    .expect("held: the check passes");
+    check_in(&tx, &held).await;
 
     // Without a bound its schema check would wait for the transaction past its own timeout,
     // and fail this call.
@@ -1256,13 +1262,7 @@ async fn a_schema_check_that_timed_out_then_failed_leaves_no_connection_refusing
     let (server, _node, _first, held) = held_before_held_since("busy").await;
     let mut app_client = app(&server).await;
     let tx = app_client.transaction().await.expect("begin");
-    let check = held.transaction_check().expect("checks");
-    tx.execute(
-        TransactionCheck::STATEMENT,
-        &[&check.keys(), &check.token()],
-    )
-    .await
-    .expect("held: the check passes");
+    check_in(&tx, &held).await;
     let mut creating = server.client().spawn(
         &format!("BEGIN; SELECT pg_advisory_xact_lock({SCHEMA_LOCK}); SELECT pg_sleep(2); COMMIT"),
         "creating",
