@@ -1,6 +1,8 @@
 //! `lockctl list`: the held locks under a key prefix, one row each, or those of one owner, the
 //! longest queues or the oldest holders, as a table or as JSON.
 
+use std::time::Instant;
+
 use futures_util::StreamExt;
 use lock_runtime::{LockError, LockInfo, Registry};
 use serde_json::json;
@@ -31,6 +33,8 @@ struct Lock {
     key: String,
     found: Found,
     info: Result<LockInfo, LockError>,
+    /// When the answer came: a time held is as of then.
+    answered: Instant,
 }
 
 /// Lists the locks whose key starts with `key_prefix` that `listing` asks for: the keys come
@@ -80,6 +84,7 @@ pub async fn list(
         // Stable: ties stay in key order.
         locks.sort_by_key(|l| std::cmp::Reverse(l.info.as_ref().map_or(0, |i| i.waiters)));
     }
+    held_as_of(&mut locks, Instant::now());
     if listing.oldest {
         let held_for = |l: &Lock| l.info.as_ref().ok().and_then(|i| i.held_for);
         locks.retain(|l| held_for(l).is_some());
@@ -160,6 +165,21 @@ async fn read(registry: &Registry, found: &Found) -> Lock {
         key,
         found: found.clone(),
         info,
+        answered: Instant::now(),
+    }
+}
+
+/// Brings every time held to one moment, `now`: each was measured when its lock was read, and
+/// a lock read later would otherwise count the scan's time as held, and could pass an older one.
+fn held_as_of(locks: &mut [Lock], now: Instant) {
+    for lock in locks {
+        if let Ok(LockInfo {
+            held_for: Some(held),
+            ..
+        }) = &mut lock.info
+        {
+            *held += now.saturating_duration_since(lock.answered);
+        }
     }
 }
 
@@ -191,4 +211,43 @@ fn row(lock: &Lock, redlock_nodes: Option<usize>) -> Vec<String> {
         row.push(format!("{}/{total}", lock.found.nodes));
     }
     row
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn read_at(key: &str, held_ms: u64, answered: Instant) -> Lock {
+        let mut info = LockInfo::default();
+        info.held_for = Some(Duration::from_millis(held_ms));
+        Lock {
+            key: key.to_owned(),
+            found: Found {
+                redis_key: key.to_owned(),
+                nodes: 1,
+            },
+            info: Ok(info),
+            answered,
+        }
+    }
+
+    fn held_ms(lock: &Lock) -> u128 {
+        lock.info.as_ref().unwrap().held_for.unwrap().as_millis()
+    }
+
+    #[test]
+    fn times_held_are_compared_as_of_one_moment_not_as_each_lock_was_read() {
+        let start = Instant::now();
+        // Taken 100 ms before the first read; the second lock, taken 30 ms after it, was read
+        // 50 ms later, when it had been held 120 ms.
+        let mut locks = [
+            read_at("early", 100, start),
+            read_at("late", 120, start + Duration::from_millis(50)),
+        ];
+        held_as_of(&mut locks, start + Duration::from_millis(60));
+        assert_eq!(held_ms(&locks[0]), 160);
+        assert_eq!(held_ms(&locks[1]), 130);
+    }
 }
