@@ -450,16 +450,48 @@ impl<'a> Facts<'a> {
     /// Whether the process that owns `token` (`host:pid:random`) could hold a lock at `at`:
     /// not killed by then, and not stopped at that moment.
     fn alive_at(&self, token: &str, at: i64) -> bool {
-        let Some(worker) = token
+        let Some(worker) = self.worker_of(token) else {
+            return false;
+        };
+        self.i.killed.get(&worker).is_none_or(|killed| at < *killed)
+            && !self.paused_during(worker, at, at)
+    }
+
+    /// The worker whose process made `token`.
+    fn worker_of(&self, token: &str) -> Option<u32> {
+        token
             .rsplit(':')
             .nth(1)
             .and_then(|pid| pid.parse::<u32>().ok())
-            .and_then(|pid| self.workers_by_pid.get(&pid))
-        else {
-            return false;
-        };
-        self.i.killed.get(worker).is_none_or(|killed| at < *killed)
-            && !self.paused_during(*worker, at, at)
+            .and_then(|pid| self.workers_by_pid.get(&pid).copied())
+    }
+
+    /// How much of `[from, to]` the path to the lock spent kept off the CPU, as far as anyone
+    /// saw: the longest of each server's late pulses (the server, or the test process with its
+    /// proxies, ran nothing) and `worker`'s late heartbeats (its runtime ran nothing), each
+    /// counted as their overlap with `[from, to]`. The longest, not the sum: one starved
+    /// machine makes them late together.
+    fn kept_off_the_cpu(&self, worker: Option<u32>, from: i64, to: i64) -> i64 {
+        let overlap = |(a, b): (i64, i64)| (b.min(to) - a.max(from)).max(0);
+        let servers = self.i.histories.iter().map(|h| {
+            h.pulse_stalls
+                .iter()
+                .map(|stall| overlap(*stall))
+                .sum::<i64>()
+        });
+        let heartbeats: i64 = self
+            .i
+            .lines
+            .iter()
+            .filter(|line| Some(line.worker) == worker)
+            .filter_map(|line| match line.record {
+                Record::Stall { at, late_us, .. } => {
+                    Some(overlap((at - i64::try_from(late_us).expect("fits"), at)))
+                }
+                _ => None,
+            })
+            .sum();
+        servers.chain([heartbeats]).max().unwrap_or(0)
     }
 
     /// Every section with the end of the stretch it must have held its keys for: all of it,
@@ -942,8 +974,12 @@ struct HandOvers {
     unjudged: usize,
     /// Among them, of the election's key.
     new_terms: usize,
-    /// The slowest hand-over after a hit holder (µs).
+    /// The slowest hand-over after a hit holder (µs), of those not excused as starved.
     slowest: i64,
+    /// Hand-overs later than the bound by no more than the servers or the taker were seen
+    /// kept off the CPU meanwhile, and the slowest of them (µs).
+    starved: usize,
+    slowest_excused: i64,
     /// The first node's tenures around each hand-over that was too slow.
     late_tenures: Vec<String>,
 }
@@ -951,7 +987,9 @@ struct HandOvers {
 /// (c) After a holder was killed or stopped while it held the lock (the register's, or the
 /// election's: a leader in its term), another owner, alive and running, took the lock on a
 /// quorum of nodes within ttl + [`FREE_BOUND`], unless the next fault began first (counted as
-/// unjudged in the summary). A lock handed to a waiter of a process that is dead or stopped itself is
+/// unjudged in the summary). A hand-over later than that by no more than the servers, or the
+/// taker's runtime, were seen kept off the CPU meanwhile ([`Facts::kept_off_the_cpu`]) is
+/// excused, and counted in the summary. A lock handed to a waiter of a process that is dead or stopped itself is
 /// not taken. Judged from the servers' history: a body may start a moment later, or never, if
 /// that owner is hit by the next fault.
 fn the_lock_is_handed_over_soon_after_its_holder_is_hit(
@@ -963,6 +1001,8 @@ fn the_lock_is_handed_over_soon_after_its_holder_is_hit(
         unjudged: 0,
         new_terms: 0,
         slowest: 0,
+        starved: 0,
+        slowest_excused: 0,
         late_tenures: Vec::new(),
     };
     for hit in f.i.faults.iter().filter(|fault| fault.held) {
@@ -979,7 +1019,7 @@ fn the_lock_is_handed_over_soon_after_its_holder_is_hit(
             out.unjudged += 1;
             continue;
         }
-        let mut next_by_node: Vec<i64> =
+        let mut next_by_node: Vec<(i64, &str)> =
             f.i.histories
                 .iter()
                 .filter_map(|h| {
@@ -987,16 +1027,16 @@ fn the_lock_is_handed_over_soon_after_its_holder_is_hit(
                         .iter()
                         .filter(|t| t.key == key && t.token != victim)
                         .filter(|t| t.since_us > hit.start_us && f.alive_at(&t.token, t.since_us))
-                        .map(|t| t.since_us)
+                        .map(|t| (t.since_us, t.token.as_str()))
                         .min()
                 })
                 .collect();
         next_by_node.sort_unstable();
-        let Some(next) = next_by_node.get(f.i.quorum - 1) else {
+        let Some(&(next, taker)) = next_by_node.get(f.i.quorum - 1) else {
             r.fail("c", format!("nobody held {key} again after {}", hit.kind));
             continue;
         };
-        let waited = f.elapsed(hit.start_us, *next);
+        let waited = f.elapsed(hit.start_us, next);
         out.judged += 1;
         if f.secs
             .iter()
@@ -1004,17 +1044,24 @@ fn the_lock_is_handed_over_soon_after_its_holder_is_hit(
         {
             out.new_terms += 1;
         }
+        let starved = f.kept_off_the_cpu(f.worker_of(taker), hit.start_us, next);
+        if waited > us(TTL + FREE_BOUND) && waited <= us(TTL + FREE_BOUND) + starved {
+            out.starved += 1;
+            out.slowest_excused = out.slowest_excused.max(waited);
+            continue;
+        }
         out.slowest = out.slowest.max(waited);
         if waited > us(TTL + FREE_BOUND) {
             r.fail(
                 "c",
                 format!(
-                    "after {} of the holder of {key} at {} (its lease had {} ms left), another owner took it {} ms later (bound {} ms)",
+                    "after {} of the holder of {key} at {} (its lease had {} ms left), another owner took it {} ms later (bound {} ms, and {} ms seen kept off the CPU)",
                     hit.kind,
                     hit.start_us,
                     hit.pttl_ms,
                     waited / 1000,
-                    (TTL + FREE_BOUND).as_millis()
+                    (TTL + FREE_BOUND).as_millis(),
+                    starved / 1000
                 ),
             );
             out.late_tenures.extend(
@@ -1022,7 +1069,7 @@ fn the_lock_is_handed_over_soon_after_its_holder_is_hit(
                     .tenures
                     .iter()
                     .filter(|t| t.key == key)
-                    .filter(|t| t.since_us > hit.start_us - 2_000_000 && t.since_us <= *next)
+                    .filter(|t| t.since_us > hit.start_us - 2_000_000 && t.since_us <= next)
                     .map(|t| {
                         format!(
                             "    tenure {} from {} to {:?} ({})",
@@ -1442,12 +1489,21 @@ fn summary(f: &Facts<'_>, figures: &Figures<'_>) -> Vec<String> {
             ms(*completed_margin)
         ),
         format!(
-            "  (c) slowest of {} hand-overs after a holder crash/stop ({} of them new terms after a leader's crash): {} (bound: ttl + {} ms); {} hits of a holder not judged (another fault began within the bound)",
+            "  (c) slowest of {} hand-overs after a holder crash/stop ({} of them new terms after a leader's crash): {} (bound: ttl + {} ms); {} hits of a holder not judged (another fault began within the bound); {} later, by less than the servers or the taker were kept off the CPU meanwhile (slowest {}); a server's pulse at worst {} late (its own faults included)",
             hand_overs.judged,
             hand_overs.new_terms,
             ms(hand_overs.slowest),
             FREE_BOUND.as_millis(),
-            hand_overs.unjudged
+            hand_overs.unjudged,
+            hand_overs.starved,
+            ms(hand_overs.slowest_excused),
+            ms(f.i
+                .histories
+                .iter()
+                .flat_map(|h| &h.pulse_stalls)
+                .map(|(due, ran)| ran - due)
+                .max()
+                .unwrap_or(0))
         ),
         format!(
             "  (g) slowest drop: {}; worst heartbeat delay outside a worker's own SIGSTOP: {}",
@@ -2475,6 +2531,96 @@ fn a_hand_over_across_a_jump_of_the_wall_clock_is_timed_without_the_jump() {
         moved_us: 9_000_000,
     };
     assert_eq!(hand_over(&[jump]), "");
+}
+
+/// (c) excuses a hand-over late by no more than the server was seen running nothing meanwhile
+/// (its pulses late: it, or the test process with the proxies, kept off the CPU), and only by
+/// the part of that stall within the hand-over; the same for the taking worker's late heartbeats.
+#[test]
+fn a_hand_over_late_by_a_stall_of_the_servers_pulses_is_excused_and_only_by_it() {
+    let faults = [FaultRecord {
+        kind: "client-kill-9".into(),
+        start_us: 10_000_000,
+        end_us: 10_000_000,
+        victim: Some(1),
+        held: true,
+        pttl_ms: 900,
+        victim_token: Some("h:11:a".into()),
+        key: None,
+    }];
+    let killed: HashMap<u32, i64> = [(1, 10_000_000)].into();
+    // The holder (worker 1) is killed at 10 s with 900 ms of lease left; worker 2 takes the
+    // lock 1377 ms later, 77 ms past the bound. The server runs a pulse every 10 ms from 9 s
+    // to 12 s except over `silent` (from, to, in ms); `heartbeat` is a worker's heartbeat
+    // that ran late (worker, when it ran and by how much, in ms).
+    let judged_with = |silent: (i64, i64), heartbeat: Option<(u32, i64, u64)>| {
+        let mut lines = ready([(1, 11), (2, 22), (3, 33)]).to_vec();
+        lines.extend(heartbeat.map(|(worker, at, late)| Line {
+            worker,
+            record: Record::Stall {
+                w: worker.to_string(),
+                at: at * 1000,
+                late_us: late * 1000,
+            },
+        }));
+        let mut lines_in_order = vec![
+            (
+                9_100,
+                r#""SET" "lock:register" "h:11:a" "NX" "PX" "1000""#.to_owned(),
+            ),
+            (
+                11_377,
+                r#""SET" "lock:register" "h:22:b" "NX" "PX" "1000""#.to_owned(),
+            ),
+        ];
+        lines_in_order.extend(
+            (900..1200)
+                .map(|tick| tick * 10)
+                .filter(|ms| *ms <= silent.0 || *ms >= silent.1)
+                .map(|ms| (ms, r#""ECHO" "pulse""#.to_owned())),
+        );
+        lines_in_order.sort_by_key(|(ms, _)| *ms);
+        let events = monitored(lines_in_order.iter().map(|(ms, command)| {
+            format!(
+                "+{}.{:03}000 [0 127.0.0.1:9] {command}",
+                ms / 1000,
+                ms % 1000
+            )
+        }));
+        let histories = [model::rebuild(&[events], "lock:", false)];
+        check(&Inputs {
+            faults: &faults,
+            killed: &killed,
+            ..Inputs::synthetic(&lines, &histories)
+        })
+        .violations
+        .join("\n")
+    };
+    let judged = |silent| judged_with(silent, None);
+    let late = "another owner took it 1377 ms later";
+    let on_time = judged((0, 0));
+    assert!(on_time.contains(late), "{on_time}");
+    assert!(
+        on_time.contains("and 0 ms seen kept off the CPU"),
+        "{on_time}"
+    );
+    // 425 ms without a pulse, within the hand-over: excused.
+    assert_eq!(judged((10_600, 11_025)), "");
+    // The same stall, but most of it before the kill: only its 60 ms after the kill count.
+    let before = judged((9_625, 10_060));
+    assert!(before.contains(late), "{before}");
+    assert!(
+        before.contains("and 60 ms seen kept off the CPU"),
+        "{before}"
+    );
+    // A stall within the hand-over, but shorter than its lateness: not excused.
+    let short = judged((10_600, 10_660));
+    assert!(short.contains(late), "{short}");
+    // The taker's own runtime kept off the CPU for 200 ms meanwhile: excused; another
+    // worker's, not.
+    assert_eq!(judged_with((0, 0), Some((2, 11_200, 200))), "");
+    let bystander = judged_with((0, 0), Some((3, 11_200, 200)));
+    assert!(bystander.contains(late), "{bystander}");
 }
 
 /// (c) over the election's key: after its leader was killed in a term, the next term is

@@ -11,7 +11,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::monitor::{Entry, Event};
+use super::monitor::{Entry, Event, PULSE, PULSE_PERIOD};
 
 /// One stretch of time during which the server held a lock key for one token: the lock itself
 /// (a string holding the token), or a place among a read lock's readers or a semaphore's
@@ -84,7 +84,14 @@ pub struct History {
     pub asking: usize,
     /// The server's losses (`kill -9`, failover), in order.
     pub outages: Vec<Outage>,
+    /// Each [`Pulse`](super::monitor::Pulse) that ran more than [`PULSE_SLACK_US`] late: (when
+    /// it was due, when it ran), in µs. Over that span the server, or the test process and
+    /// the proxies in it, were kept off the CPU, or the server was down.
+    pub pulse_stalls: Vec<(i64, i64)>,
 }
+
+/// A pulse this late (µs) is a stall; a later one only shows the usual jitter of a sleep.
+pub const PULSE_SLACK_US: i64 = 20_000;
 
 /// One loss of the server: what it did from its last command the history shows until it was
 /// lost is unknown (`MONITOR`'s last output before `kill -9` is lost), and it answered nobody
@@ -1172,6 +1179,7 @@ pub fn rebuild(streams: &[Vec<Event>], prefix: &str, ifeq: bool) -> History {
     let (servers, merged): (Vec<usize>, Vec<Unit<'_>>) = merged.into_iter().unzip();
     let refused = refused_plain_sets(&merged);
     let owners_next = owners_found_next(&merged);
+    let mut last_pulse: HashMap<usize, i64> = HashMap::new();
     for (i, (server, unit)) in servers.into_iter().zip(merged).enumerate() {
         match unit {
             Unit::Lost {
@@ -1197,6 +1205,16 @@ pub fn rebuild(streams: &[Vec<Event>], prefix: &str, ifeq: bool) -> History {
                 b.lost_sight(server, seen_until_us, to_us, true);
                 b.history.gaps += 1;
                 b.unseen_until_us = Some(to_us);
+            }
+            Unit::Command(e, _) if e.name() == "ECHO" && e.arg(1) == PULSE => {
+                // Not a client's: it says only when the server ran.
+                let period = i64::try_from(PULSE_PERIOD.as_micros()).expect("fits");
+                if let Some(last) = last_pulse.insert(server, e.at_us) {
+                    let due = last + period;
+                    if e.at_us - due > PULSE_SLACK_US {
+                        b.history.pulse_stalls.push((due, e.at_us));
+                    }
+                }
             }
             Unit::Command(e, body) => {
                 for outage in &mut b.history.outages {

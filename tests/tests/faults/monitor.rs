@@ -139,6 +139,64 @@ impl Drop for Monitor {
     }
 }
 
+/// What a [`Pulse`] sends: `ECHO` of this.
+pub const PULSE: &[u8] = b"pulse";
+/// How often a [`Pulse`] is due.
+pub const PULSE_PERIOD: Duration = Duration::from_millis(10);
+
+/// An `ECHO` [`PULSE`] sent to a server every [`PULSE_PERIOD`] on a direct connection, so that
+/// its `MONITOR` history shows when it ran nothing: a pulse that runs late shows the server, or
+/// this test process, kept off the CPU (or the server down) since it was due. The workers'
+/// heartbeats show their own stalls; this one shows the rest of the path.
+pub struct Pulse {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Pulse {
+    pub fn start(port: u16) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let url = format!("redis://127.0.0.1:{port}/");
+                let mut con: Option<redis::Connection> = None;
+                while !stop.load(Ordering::SeqCst) {
+                    // A server down, or being restarted: tried again at the next pulse.
+                    if con.is_none() {
+                        con = redis::Client::open(url.as_str()).ok().and_then(|c| {
+                            c.get_connection_with_timeout(Duration::from_millis(100))
+                                .ok()
+                        });
+                    }
+                    if let Some(c) = &mut con {
+                        let _ = c.set_read_timeout(Some(Duration::from_millis(100)));
+                        let sent: redis::RedisResult<Vec<u8>> =
+                            redis::cmd("ECHO").arg(PULSE).query(c);
+                        if sent.is_err() {
+                            con = None;
+                        }
+                    }
+                    std::thread::sleep(PULSE_PERIOD);
+                }
+            })
+        };
+        Self {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Pulse {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
 /// A `MONITOR` connection, and the `run_id` of the server process it reached.
 struct Connection {
     reader: BufReader<TcpStream>,

@@ -14,7 +14,7 @@ use lock_tests::proxy::Proxy;
 use lock_tests::RedisServer;
 
 use super::changes::Change;
-use super::monitor::{Event, Monitor};
+use super::monitor::{Event, Monitor, Pulse};
 
 pub mod cluster;
 pub mod postgres;
@@ -189,10 +189,11 @@ pub trait Recorder {
     fn finish(self: Box<Self>) -> Recorded;
 }
 
-/// `MONITOR` on every observed Redis server, by copy of the data, and at the end a scan for
-/// lock keys left without an expiry.
+/// `MONITOR` on every observed Redis server, by copy of the data, with a [`Pulse`] to each,
+/// and at the end a scan for lock keys left without an expiry.
 struct Monitors {
     monitors: Vec<Vec<Monitor>>,
+    pulses: Vec<Pulse>,
     /// Ports servers replicate from: their commands are no client's.
     links: Vec<u16>,
 }
@@ -203,12 +204,18 @@ impl Monitors {
             .iter()
             .map(|g| g.iter().map(|p| Monitor::start(*p)).collect())
             .collect();
-        Self { monitors, links }
+        let pulses = groups.iter().flatten().map(|p| Pulse::start(*p)).collect();
+        Self {
+            monitors,
+            pulses,
+            links,
+        }
     }
 }
 
 impl Recorder for Monitors {
-    fn finish(self: Box<Self>) -> Recorded {
+    fn finish(mut self: Box<Self>) -> Recorded {
+        self.pulses.clear();
         for m in self.monitors.iter().flatten() {
             m.sync();
         }
