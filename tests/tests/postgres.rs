@@ -1212,14 +1212,15 @@ async fn adding_held_since_waits_at_most_a_second_behind_an_application_transact
 /// The advisory lock that serialises the sessions creating the schema (`link.rs`).
 const SCHEMA_LOCK: i64 = 0x0064_6c6f_636b;
 
-/// Creating the schema waits for another session creating it for as long as that takes: only
-/// its statements' waits for a table's lock are bounded (a second), not this one.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn creating_the_schema_waits_for_another_session_creating_it() {
-    let server = PostgresServer::start();
-    let mut creating = server.client().spawn(
+/// A `psql` session holding the schema's creation lock for `seconds`, once it holds it.
+async fn another_session_creating_the_schema(
+    server: &PostgresServer,
+    seconds: f64,
+) -> std::process::Child {
+    let creating = server.client().spawn(
         &format!(
-            "BEGIN; SELECT pg_advisory_xact_lock({SCHEMA_LOCK}); SELECT pg_sleep(1.5); COMMIT"
+            "BEGIN; SELECT pg_advisory_xact_lock({SCHEMA_LOCK}); SELECT pg_sleep({seconds}); \
+             COMMIT"
         ),
         "creating",
     );
@@ -1230,6 +1231,23 @@ async fn creating_the_schema_waits_for_another_session_creating_it() {
         ) == "1"
     })
     .await;
+    creating
+}
+
+/// A registry whose round (a connection and a command) is under a second.
+fn quick_registry(server: &PostgresServer) -> Registry {
+    lock_tests::with_timeouts(
+        Registry::builder().postgres(server.url()),
+        Duration::from_millis(400),
+    )
+}
+
+/// Creating the schema waits for another session creating it for as long as that takes: only
+/// its statements' waits for a table's lock are bounded (a second), not this one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn creating_the_schema_waits_for_another_session_creating_it() {
+    let server = PostgresServer::start();
+    let mut creating = another_session_creating_the_schema(&server, 1.5).await;
     let began = std::time::Instant::now();
     lock_once(&registry(&server)).await;
     let took = began.elapsed();
@@ -1245,10 +1263,7 @@ async fn a_registry_whose_timeouts_make_a_round_under_a_second_connects() {
     let server = PostgresServer::start();
     // The schema made first, so the short timeouts bound a lock's statements alone.
     connected(&server).await;
-    let quick = lock_tests::with_timeouts(
-        Registry::builder().postgres(server.url()),
-        Duration::from_millis(400),
-    );
+    let quick = quick_registry(&server);
     let held = quick.lock("k").acquire().await.expect("connected");
     held.release().await.expect("release");
 }
@@ -1263,21 +1278,8 @@ async fn a_schema_check_that_timed_out_then_failed_leaves_no_connection_refusing
     let mut app_client = app(&server).await;
     let tx = app_client.transaction().await.expect("begin");
     check_in(&tx, &held).await;
-    let mut creating = server.client().spawn(
-        &format!("BEGIN; SELECT pg_advisory_xact_lock({SCHEMA_LOCK}); SELECT pg_sleep(2); COMMIT"),
-        "creating",
-    );
-    eventually(LIMIT, "the other session creates the schema", || async {
-        server.psql(
-            "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid) \
-             WHERE l.locktype = 'advisory' AND l.granted AND a.application_name = 'creating'",
-        ) == "1"
-    })
-    .await;
-    let late = lock_tests::with_timeouts(
-        Registry::builder().postgres(server.url()),
-        Duration::from_millis(400),
-    );
+    let mut creating = another_session_creating_the_schema(&server, 2.0).await;
+    let late = quick_registry(&server);
     let err = late
         .inspect("busy")
         .await

@@ -240,10 +240,7 @@ impl Store for MemoryStore {
             },
             owner => {
                 let again = owner.is_some_and(|o| o == attempt.token);
-                let since = match data.locks.get(&key.stored) {
-                    Some(entry) if again => entry.since,
-                    _ => now,
-                };
+                let since = data.held_since(&key.stored, attempt.token, now);
                 data.leave_queue(&key.stored, attempt.token);
                 data.locks.insert(
                     key.stored.clone(),

@@ -88,6 +88,15 @@ impl Data {
         }
         self.locks.get_mut(key)
     }
+
+    /// When `token`'s hold of `key` began, if it holds it now (asking again keeps the count, as
+    /// a renewal would); otherwise `now`, when a new hold begins.
+    pub(super) fn held_since(&mut self, key: &str, token: &str, now: Instant) -> Instant {
+        match self.live(key, now) {
+            Some(entry) if entry.token == token => entry.since,
+            _ => now,
+        }
+    }
 }
 
 impl Data {
@@ -139,10 +148,7 @@ impl Data {
             }
         }
         for key in keys {
-            let since = match self.locks.get(&key.stored) {
-                Some(held) if held.token == attempt.token => held.since,
-                _ => now,
-            };
+            let since = self.held_since(&key.stored, attempt.token, now);
             let entry = Entry {
                 token: attempt.token.to_owned(),
                 expires_at: Some(now + attempt.ttl),

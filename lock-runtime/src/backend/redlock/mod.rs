@@ -521,39 +521,12 @@ impl Store for Redlock {
         batch: &[Renewal<'_>],
         budget: Duration,
     ) -> Result<Vec<Option<Renewed>>, LockError> {
-        // Each node's task outlives this call's borrow of the batch.
-        // Key, token, ttl ms, share and how long it has been held (`Renewal::note_held`).
-        type Owned = (LockKey, String, u64, Share, Option<u64>);
-        let owned: Arc<Vec<Owned>> = Arc::new(
-            batch
-                .iter()
-                .map(|r| {
-                    (
-                        r.key.clone(),
-                        r.token.to_owned(),
-                        r.ttl_ms,
-                        r.share,
-                        r.note_held,
-                    )
-                })
-                .collect(),
-        );
+        let owned: Arc<Vec<OwnedRenewal>> = Arc::new(batch.iter().map(OwnedRenewal::of).collect());
         let quorums: Vec<usize> = batch.iter().map(|r| self.quorum_for(r.share)).collect();
         let mut replies = self.fan_out(budget, |_, node| {
             let owned = owned.clone();
             async move {
-                // Redlock takes no fencing tokens, so there is no counter to keep.
-                let batch: Vec<Renewal<'_>> = owned
-                    .iter()
-                    .map(|(key, token, ttl_ms, share, note_held)| Renewal {
-                        key,
-                        token,
-                        ttl_ms: *ttl_ms,
-                        share: *share,
-                        fence: None,
-                        note_held: *note_held,
-                    })
-                    .collect();
+                let batch: Vec<Renewal<'_>> = owned.iter().map(OwnedRenewal::renewal).collect();
                 node.renew(&batch, budget).await
             }
         });
@@ -704,6 +677,40 @@ impl Store for Redlock {
             .flatten()
             .flatten()
             .any(|deleted| deleted))
+    }
+}
+
+/// A [`Renewal`] that each node's task can own: the tasks outlive the call's borrow of the
+/// batch.
+struct OwnedRenewal {
+    key: LockKey,
+    token: String,
+    ttl_ms: u64,
+    share: Share,
+    note_held: Option<u64>,
+}
+
+impl OwnedRenewal {
+    fn of(renewal: &Renewal<'_>) -> Self {
+        Self {
+            key: renewal.key.clone(),
+            token: renewal.token.to_owned(),
+            ttl_ms: renewal.ttl_ms,
+            share: renewal.share,
+            note_held: renewal.note_held,
+        }
+    }
+
+    /// Redlock takes no fencing tokens, so there is no counter to keep.
+    fn renewal(&self) -> Renewal<'_> {
+        Renewal {
+            key: &self.key,
+            token: &self.token,
+            ttl_ms: self.ttl_ms,
+            share: self.share,
+            fence: None,
+            note_held: self.note_held,
+        }
     }
 }
 

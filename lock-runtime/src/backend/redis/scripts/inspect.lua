@@ -29,7 +29,7 @@ for _, waiter in ipairs(redis.call('ZRANGE', KEYS[3], 0, -1)) do
 end
 local held = false
 if token then
-  local since = held_since(KEYS[1], token)
+  local since = held_since(held_key(KEYS[1]), redis.sha1hex(token))
   if since then held = math.max(now - since, 0) end
 end
 return {token, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2]), tag, queue, holders, aside, held}

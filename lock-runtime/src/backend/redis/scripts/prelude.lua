@@ -102,16 +102,17 @@ end
 local function may_touch(command, ...)
   return not redis.acl_check_cmd or redis.acl_check_cmd(command, ...)
 end
--- What the note beside `key` says of `token`: since when (ms, server clock), or nil; and
--- whether the key holds a note at all (anyone's) or nothing, which a renewal may write over.
--- Anything else there (another type, a string no script wrote) says nothing and is left alone.
-local function held_since(key, token)
-  if not may_touch('GET', held_key(key)) then return nil, false end
-  local note = redis.pcall('GET', held_key(key))
+-- What the note at `at` (a `held_key`) says of `tenure` (the SHA-1 of a token): since when
+-- (ms, server clock), or nil; and whether the key holds a note at all (anyone's) or nothing,
+-- which a renewal may write over. Anything else there (another type, a string no script wrote)
+-- says nothing and is left alone.
+local function held_since(at, tenure)
+  if not may_touch('GET', at) then return nil, false end
+  local note = redis.pcall('GET', at)
   if note == false then return nil, true end
   if type(note) ~= 'string' then return nil, false end
-  local tenure, since = string.match(note, '^(%x+) (%d+)$')
-  if not tenure or #tenure ~= 40 or #since > 15 then return nil, false end
-  if tenure ~= redis.sha1hex(token) then return nil, true end
+  local noted, since = string.match(note, '^(%x+) (%d+)$')
+  if not noted or #noted ~= 40 or #since > 15 then return nil, false end
+  if noted ~= tenure then return nil, true end
   return tonumber(since), true
 end

@@ -7,14 +7,16 @@
 -- `SET .. IFEQ`) in between need not touch it. Anything there that is not a note (another
 -- type, a string no script wrote) is left alone, and the lock goes without.
 local function note_held(key, token, held, ttl)
-  if not may_touch('SET', held_key(key), '') then return end
+  local at = held_key(key)
+  if not may_touch('SET', at, '') then return end
   local keep = string.format('%d', tonumber(ttl) * HELD_NOTE_TTLS)
-  local since, writable = held_since(key, token)
+  local tenure = redis.sha1hex(token)
+  local since, writable = held_since(at, tenure)
   if since then
-    redis.pcall('PEXPIRE', held_key(key), keep)
+    redis.pcall('PEXPIRE', at, keep)
   elseif writable then
-    local note = redis.sha1hex(token) .. ' ' .. string.format('%d', now_ms() - tonumber(held))
-    redis.pcall('SET', held_key(key), note, 'PX', keep)
+    local note = tenure .. ' ' .. string.format('%d', now_ms() - tonumber(held))
+    redis.pcall('SET', at, note, 'PX', keep)
   end
 end
 local out, n, counters = {}, #ARGV / 4, 0
