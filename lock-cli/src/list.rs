@@ -79,20 +79,7 @@ pub async fn list(
             }
         });
     }
-    if listing.queued {
-        locks.retain(|l| l.info.as_ref().is_ok_and(|info| info.waiters > 0));
-        // Stable: ties stay in key order.
-        locks.sort_by_key(|l| std::cmp::Reverse(l.info.as_ref().map_or(0, |i| i.waiters)));
-    }
-    held_as_of(&mut locks, Instant::now());
-    if listing.oldest {
-        let held_for = |l: &Lock| l.info.as_ref().ok().and_then(|i| i.held_for);
-        locks.retain(|l| held_for(l).is_some());
-        locks.sort_by_key(|l| std::cmp::Reverse(held_for(l)));
-    }
-    if let Some(top) = listing.top {
-        locks.truncate(top);
-    }
+    arrange(&mut locks, listing, Instant::now());
     if listing.json {
         let rows: Vec<_> = locks
             .iter()
@@ -169,16 +156,39 @@ async fn read(registry: &Registry, found: &Found) -> Lock {
     }
 }
 
+/// The rows `listing` asks for, in its order, with every time held as of `now` (see
+/// [`held_as_of`]): only the locks with callers queued, the longest queue first, or those
+/// whose time held is known, the oldest holder first; at most `top` of them.
+fn arrange(locks: &mut Vec<Lock>, listing: &Listing, now: Instant) {
+    held_as_of(locks, now);
+    if listing.queued {
+        locks.retain(|l| l.info.as_ref().is_ok_and(|info| info.waiters > 0));
+        // Stable: ties stay in key order.
+        locks.sort_by_key(|l| std::cmp::Reverse(l.info.as_ref().map_or(0, |i| i.waiters)));
+    }
+    if listing.oldest {
+        let held_for = |l: &Lock| l.info.as_ref().ok().and_then(|i| i.held_for);
+        locks.retain(|l| held_for(l).is_some());
+        locks.sort_by_key(|l| std::cmp::Reverse(held_for(l)));
+    }
+    if let Some(top) = listing.top {
+        locks.truncate(top);
+    }
+}
+
 /// Brings every time held to one moment, `now`: each was measured when its lock was read, and
 /// a lock read later would otherwise count the scan's time as held, and could pass an older one.
+/// At most by the lease that was left when it was read: past that, the lock may have ended.
 fn held_as_of(locks: &mut [Lock], now: Instant) {
     for lock in locks {
         if let Ok(LockInfo {
             held_for: Some(held),
+            remaining,
             ..
         }) = &mut lock.info
         {
-            *held += now.saturating_duration_since(lock.answered);
+            let since_read = now.saturating_duration_since(lock.answered);
+            *held += remaining.map_or(since_read, |left| since_read.min(left));
         }
     }
 }
@@ -222,6 +232,7 @@ mod tests {
     fn read_at(key: &str, held_ms: u64, answered: Instant) -> Lock {
         let mut info = LockInfo::default();
         info.held_for = Some(Duration::from_millis(held_ms));
+        info.remaining = Some(Duration::from_secs(30));
         Lock {
             key: key.to_owned(),
             found: Found {
@@ -238,16 +249,39 @@ mod tests {
     }
 
     #[test]
-    fn times_held_are_compared_as_of_one_moment_not_as_each_lock_was_read() {
+    fn the_oldest_holder_comes_first_as_of_one_moment_not_as_each_lock_was_read() {
         let start = Instant::now();
         // Taken 100 ms before the first read; the second lock, taken 30 ms after it, was read
         // 50 ms later, when it had been held 120 ms.
-        let mut locks = [
-            read_at("early", 100, start),
+        let mut locks = vec![
             read_at("late", 120, start + Duration::from_millis(50)),
+            read_at("early", 100, start),
         ];
-        held_as_of(&mut locks, start + Duration::from_millis(60));
+        let oldest = Listing {
+            oldest: true,
+            top: Some(1),
+            ..Listing::default()
+        };
+        arrange(&mut locks, &oldest, start + Duration::from_millis(60));
+        let keys: Vec<&str> = locks.iter().map(|l| l.key.as_str()).collect();
+        assert_eq!(keys, ["early"]);
         assert_eq!(held_ms(&locks[0]), 160);
-        assert_eq!(held_ms(&locks[1]), 130);
+    }
+
+    #[test]
+    fn a_time_held_grows_after_its_read_by_no_more_than_the_lease_left() {
+        let start = Instant::now();
+        let mut lock = read_at("ended", 100, start);
+        if let Ok(info) = &mut lock.info {
+            info.remaining = Some(Duration::from_millis(2_000));
+        }
+        let mut locks = [lock, read_at("held", 100, start)];
+        held_as_of(&mut locks, start + Duration::from_secs(25));
+        assert_eq!(
+            held_ms(&locks[0]),
+            2_100,
+            "it may have ended with its lease"
+        );
+        assert_eq!(held_ms(&locks[1]), 25_100);
     }
 }

@@ -84,10 +84,11 @@ pub struct History {
     pub asking: usize,
     /// The server's losses (`kill -9`, failover), in order.
     pub outages: Vec<Outage>,
-    /// Each [`Pulse`](super::monitor::Pulse) that ran more than [`PULSE_SLACK_US`] late: (when
-    /// it was due, when it ran), in µs. Over that span the server, or the test process and
-    /// the proxies in it, were kept off the CPU, or the server was down.
-    pub pulse_stalls: Vec<(i64, i64)>,
+    /// Each [`Pulse`](super::monitor::Pulse) that ran more than [`PULSE_SLACK_US`] late: (the
+    /// server, when it was due, when it ran), times in µs. Over that span the server, or the
+    /// test process and the proxies in it, were kept off the CPU. Not across a loss of the
+    /// server or a gap in its history, which say nothing of when it ran.
+    pub pulse_stalls: Vec<(usize, i64, i64)>,
 }
 
 /// A pulse this late (µs) is a stall; a later one only shows the usual jitter of a sleep.
@@ -973,14 +974,21 @@ impl Unit<'_> {
     }
 }
 
+/// A [`Pulse`](super::monitor::Pulse)'s `ECHO`.
+fn is_pulse(e: &Entry) -> bool {
+    !e.lua && e.name() == "ECHO" && e.arg(1) == PULSE
+}
+
 /// One server's events as units: each script call with the commands it ran.
 fn units(events: &[Event]) -> Vec<Unit<'_>> {
     let mut out = Vec::new();
     let mut seen_until_us = i64::MIN;
     let mut i = 0;
     while i < events.len() {
-        if let Event::Command(e) = &events[i] {
-            seen_until_us = e.at_us;
+        match &events[i] {
+            // A pulse is no client's: what the server last ran for one is what a loss hides.
+            Event::Command(e) if !is_pulse(e) => seen_until_us = e.at_us,
+            _ => {}
         }
         match &events[i] {
             Event::Lost { at_us } => out.push(Unit::Lost {
@@ -1187,6 +1195,7 @@ pub fn rebuild(streams: &[Vec<Event>], prefix: &str, ifeq: bool) -> History {
                 seen_until_us,
             } => {
                 b.lost_sight(server, seen_until_us, at_us, false);
+                last_pulse.remove(&server);
                 b.history.server_losses += 1;
                 b.last_loss_us = Some(at_us);
                 b.unseen_until_us = (!b.replicated).then_some(at_us);
@@ -1203,16 +1212,17 @@ pub fn rebuild(streams: &[Vec<Event>], prefix: &str, ifeq: bool) -> History {
                 to_us,
             } => {
                 b.lost_sight(server, seen_until_us, to_us, true);
+                last_pulse.remove(&server);
                 b.history.gaps += 1;
                 b.unseen_until_us = Some(to_us);
             }
-            Unit::Command(e, _) if e.name() == "ECHO" && e.arg(1) == PULSE => {
+            Unit::Command(e, _) if is_pulse(e) => {
                 // Not a client's: it says only when the server ran.
                 let period = i64::try_from(PULSE_PERIOD.as_micros()).expect("fits");
                 if let Some(last) = last_pulse.insert(server, e.at_us) {
                     let due = last + period;
                     if e.at_us - due > PULSE_SLACK_US {
-                        b.history.pulse_stalls.push((due, e.at_us));
+                        b.history.pulse_stalls.push((server, due, e.at_us));
                     }
                 }
             }
