@@ -2432,6 +2432,22 @@ fn ready<const N: usize>(workers: [(u32, u32); N]) -> [Line; N] {
     })
 }
 
+/// A `kill -9` at 10 s of worker 1, holding the register's lock with token `h:11:a` and
+/// `pttl_ms` of its lease left.
+#[cfg(test)]
+fn kill_9_of_the_holder_h_11_a_at_10_s(pttl_ms: i64) -> FaultRecord {
+    FaultRecord {
+        kind: "client-kill-9".into(),
+        start_us: 10_000_000,
+        end_us: 10_000_000,
+        victim: Some(1),
+        held: true,
+        pttl_ms,
+        victim_token: Some("h:11:a".into()),
+        key: None,
+    }
+}
+
 #[test]
 fn a_lock_handed_to_a_stopped_or_dead_processs_waiter_is_not_a_hand_over() {
     let lines = ready([(1, 11), (2, 22), (3, 33)]);
@@ -2444,16 +2460,7 @@ fn a_lock_handed_to_a_stopped_or_dead_processs_waiter_is_not_a_hand_over() {
     ]);
     let histories = [model::rebuild(&[events], "lock:", false)];
     let faults = [
-        FaultRecord {
-            kind: "client-kill-9".into(),
-            start_us: 10_000_000,
-            end_us: 10_000_000,
-            victim: Some(1),
-            held: true,
-            pttl_ms: 900,
-            victim_token: Some("h:11:a".into()),
-            key: None,
-        },
+        kill_9_of_the_holder_h_11_a_at_10_s(900),
         FaultRecord {
             kind: "client-sigstop-waiter".into(),
             start_us: 9_500_000,
@@ -2490,16 +2497,7 @@ fn a_hand_over_across_a_jump_of_the_wall_clock_is_timed_without_the_jump() {
         r#"+19.600000 [0 127.0.0.1:1] "SET" "lock:register" "h:22:b" "NX" "PX" "1000""#,
     ]);
     let histories = [model::rebuild(&[events], "lock:", false)];
-    let faults = [FaultRecord {
-        kind: "client-kill-9".into(),
-        start_us: 10_000_000,
-        end_us: 10_000_000,
-        victim: Some(1),
-        held: true,
-        pttl_ms: 500,
-        victim_token: Some("h:11:a".into()),
-        key: None,
-    }];
+    let faults = [kill_9_of_the_holder_h_11_a_at_10_s(500)];
     let killed: HashMap<u32, i64> = [(1, 10_000_000)].into();
     let hand_over = |steps: &[ClockStep]| {
         check(&Inputs {
@@ -2530,16 +2528,7 @@ fn a_hand_over_across_a_jump_of_the_wall_clock_is_timed_without_the_jump() {
 /// never a worker's late heartbeat, which the library's own code can cause.
 #[test]
 fn a_hand_over_late_by_a_stall_of_the_servers_pulses_is_excused_and_only_by_it() {
-    let faults = [FaultRecord {
-        kind: "client-kill-9".into(),
-        start_us: 10_000_000,
-        end_us: 10_000_000,
-        victim: Some(1),
-        held: true,
-        pttl_ms: 900,
-        victim_token: Some("h:11:a".into()),
-        key: None,
-    }];
+    let faults = [kill_9_of_the_holder_h_11_a_at_10_s(900)];
     let killed: HashMap<u32, i64> = [(1, 10_000_000)].into();
     // The holder (worker 1) is killed at 10 s with 900 ms of lease left; worker 2 takes the
     // lock 1377 ms later, 77 ms past the bound. Two servers of one group run a pulse every
@@ -2838,16 +2827,7 @@ fn hits_of_a_holder_that_another_fault_followed_are_counted_as_unjudged() {
         "lock:",
         false,
     )];
-    let kill = || FaultRecord {
-        kind: "client-kill-9".into(),
-        start_us: 10_000_000,
-        end_us: 10_000_000,
-        victim: Some(1),
-        held: true,
-        pttl_ms: 900,
-        victim_token: Some("h:11:a".into()),
-        key: None,
-    };
+    let kill = || kill_9_of_the_holder_h_11_a_at_10_s(900);
     let killed: HashMap<u32, i64> = [(1, 10_000_000)].into();
     let summary = |next_fault_at: i64| {
         let faults = [
