@@ -78,13 +78,7 @@ async fn a_holder_past_its_lease_cannot_commit_its_transaction() {
     tx_b.execute("INSERT INTO ledger VALUES ('b')", &[])
         .await
         .expect("write");
-    let checked = next.transaction_check().expect("checks");
-    tx_b.execute(
-        TransactionCheck::STATEMENT,
-        &[&checked.keys(), &checked.token()],
-    )
-    .await
-    .expect("the holder's check passes");
+    check_in(&tx_b, &next).await;
     tx_b.commit().await.expect("the holder commits");
 
     let refused = tx_a
